@@ -1,0 +1,7 @@
+"""``python -m gpumon`` is the ``gpumon`` command."""
+
+import sys
+
+from gpumon.cli import main
+
+sys.exit(main())

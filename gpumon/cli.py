@@ -1,0 +1,196 @@
+"""The face: parse arguments and config, then run the daemon, collect once, or check.
+
+Exit codes (the interface contract): 0 ok; 1 a requested collector or sink failed; 2 bad usage or
+bad config, with a message naming the key and the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from gpumon import __version__, daemon, logs, registry, report
+from gpumon.config import DAEMON, Config, ConfigError, SectionSchema, load
+
+log = logging.getLogger("gpumon")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def schemas() -> list[SectionSchema]:
+    """The [daemon] section plus the section each installed collector and sink declares."""
+    found = [DAEMON]
+    for name in registry.available_collectors():
+        options = registry.collector_class(name).options
+        if options is not None:
+            found.append(options)
+    for name in registry.available_sinks():
+        options = registry.sink_class(name).options
+        if options is not None:
+            found.append(options)
+    return found
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML config file (default /etc/gpumon/gpumon.toml when present)")
+    parser.add_argument("--collectors", metavar="LIST", help="comma-separated collectors, or 'auto'")
+    parser.add_argument("--sinks", metavar="LIST", help="comma-separated sinks (prometheus,otel,azure_monitor)")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="Prometheus endpoint address (default 0.0.0.0:9470)")
+    parser.add_argument("--interval", metavar="SECONDS", help="default collection interval")
+    parser.add_argument("--sysfs-root", metavar="DIR", help="directory holding class/infiniband (default /sys)")
+    parser.add_argument("--simulate", metavar="PROFILE", help="serve a simulated host, e.g. nd-h100-v5")
+    parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
+    parser.add_argument("--log-format", metavar="FORMAT", help="text or json")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpumon", description="GPU and InfiniBand telemetry exporter.")
+    parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    run = sub.add_parser("run", help="run the daemon")
+    _common(run)
+    once = sub.add_parser("once", help="collect once and print")
+    _common(once)
+    once.add_argument("--format", choices=("table", "json", "prometheus"), default="table")
+    check = sub.add_parser("check", help="probe every enabled collector and sink and print a verdict")
+    _common(check)
+    return parser
+
+
+def load_config(args: argparse.Namespace) -> Config:
+    flags = {key: getattr(args, key) for key in
+             ("collectors", "sinks", "interval", "sysfs_root", "simulate", "log_level", "log_format", "listen")}
+    config = load(schemas(), args.config, os.environ, flags)
+    _check_names(config, "collectors", registry.available_collectors() + ["auto"])
+    _check_names(config, "sinks", registry.available_sinks())
+    return config
+
+
+def _check_names(config: Config, key: str, known: list[str]) -> None:
+    for name in config.daemon[key]:
+        if name not in known:
+            where = config.origins.get(f"daemon.{key}", config.source)
+            raise ConfigError(where, f"[daemon] {key}", f"unknown name {name!r} (known: {', '.join(known)})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args)
+    except ConfigError as exc:
+        print(f"gpumon: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.setup(config.daemon.log_level, config.daemon.log_format)
+    command = {"run": cmd_run, "once": cmd_once, "check": cmd_check}[args.command]
+    try:
+        return command(args, config)
+    except daemon.StartupError as exc:
+        print(f"gpumon: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except ConfigError as exc:  # files named by the config (web config, credentials) are config too
+        print(f"gpumon: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def cmd_run(args: argparse.Namespace, config: Config) -> int:
+    stop = threading.Event()
+    reload = threading.Event()
+
+    def on_stop(signum: int, _frame: Any) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
+    runner = daemon.Daemon(config)
+    runner.start()
+    while not stop.is_set():
+        if stop.wait(0.5):
+            break
+        if reload.is_set():
+            reload.clear()
+            _reload(args, runner)
+    runner.stop(timeout=4.5)
+    return EXIT_OK
+
+
+def _reload(args: argparse.Namespace, runner: daemon.Daemon) -> None:
+    log.info("SIGHUP: reloading configuration")
+    try:
+        new = load_config(args)
+    except ConfigError as exc:
+        log.error("new configuration rejected, keeping the running one: %s", exc)
+        runner.reload_rejected()
+        return
+    logs.setup(new.daemon.log_level, new.daemon.log_format)
+    runner.reload(new)
+
+
+def _once_context(config: Config):
+    """``once`` never leaves a simulated tree behind: it simulates in a temporary directory."""
+    if not config.daemon.simulate:
+        return daemon.make_context(config), None
+    tmp = tempfile.mkdtemp(prefix="gpumon-once-")
+    return daemon.make_context(config.replace("daemon", state_dir=tmp)), tmp
+
+
+def cmd_once(args: argparse.Namespace, config: Config) -> int:
+    ctx, tmp = _once_context(config)
+    try:
+        plan = daemon.plan_collectors(config, ctx)
+        snapshot = daemon.collect_once(config, plan, ctx)
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    render = {"table": report.as_table, "json": report.as_json, "prometheus": report.as_prometheus}[args.format]
+    sys.stdout.write(render(snapshot))
+    if args.format == "json":
+        sys.stdout.write("\n")
+    problems = plan.problems() + [f"collector '{c.name}' failed: {c.error}" for c in snapshot.collectors
+                                  if not c.ok and c.available]
+    for problem in problems:
+        print(f"gpumon: {problem}", file=sys.stderr)
+    return EXIT_FAILED if problems else EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace, config: Config) -> int:
+    ctx, tmp = _once_context(config)
+    failed = False
+    try:
+        plan = daemon.plan_collectors(config, ctx)
+        for planned in plan.collectors:
+            if planned.available:
+                verdict, detail = "ok", "source found"
+            elif planned.explicit:
+                verdict, detail, failed = "FAIL", planned.reason, True
+            else:
+                verdict, detail = "skip", planned.reason
+            print(f"collector {planned.name:<12} {verdict:<5} {detail}")
+            if planned.collector is not None:
+                planned.collector.close()
+        sctx = daemon.sink_context(config)
+        for name in config.daemon.sinks:
+            try:
+                sink = daemon.make_sinks(config.replace("daemon", sinks=[name]), sctx)[0]
+                results = sink.check()
+            except daemon.StartupError as exc:
+                print(f"sink      {name:<12} FAIL  {exc}")
+                failed = True
+                continue
+            for result in results:
+                failed |= not result.ok
+                print(f"sink      {result.item:<12} {'ok' if result.ok else 'FAIL':<5} {result.message}")
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return EXIT_FAILED if failed else EXIT_OK

@@ -1,0 +1,107 @@
+"""The contract between a collector and the loop.
+
+A collector is a class with a ``name``, its own config section (``options``), and three calls:
+``probe()`` says whether this host has the source, ``collect()`` returns one :class:`Collection`,
+``close()`` releases what it holds. The loop calls ``collect()`` from one thread per collector, so a
+collector needs no locking of its own state; state shared between two collectors (the link-flap
+detector fed by both the IB counters and the fast state watcher) goes through
+:meth:`Context.get_shared`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from gpumon.config import Section, SectionSchema
+from gpumon.model import Collection, MetricSpec, Snapshot
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a collector's source exists on this host, and if not, the reason a person reads."""
+
+    available: bool
+    reason: str = ""
+
+
+class CollectorUnavailable(Exception):
+    """Raised by ``collect()`` when the source went away (driver unloaded, tree removed).
+
+    The loop reports the collector unavailable with this message rather than failed.
+    """
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows for ``gpumon once --format table``: one row per GPU, per port, and so on."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+@dataclass
+class Context:
+    """What the daemon gives every collector: where the sources are, and a place to share state."""
+
+    hostname: str
+    sysfs_root: str = "/sys"
+    state_dir: str = "/var/lib/gpumon"
+    simulation: Any = None
+    """A :class:`gpumon.simulate.Simulation` when ``--simulate`` is set, else None."""
+    nvml: Any = None
+    """The ``pynvml`` module to use; None means import the real one. Simulation puts its double here."""
+    _shared: dict[str, Any] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def get_shared(self, key: str, factory: Callable[[], T]) -> T:
+        """One object per key for all collectors of this daemon, created on first use."""
+        with self._lock:
+            if key not in self._shared:
+                self._shared[key] = factory()
+            return self._shared[key]
+
+
+class Collector:
+    """Base class; subclasses set the class attributes and implement ``collect``."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    options: ClassVar[SectionSchema | None] = None
+    """The collector's own config section, named like the collector. An ``interval`` option, if
+    declared, overrides ``[daemon] interval`` for this collector (0 = use the daemon's)."""
+    implies: ClassVar[tuple[str, ...]] = ()
+    """Collectors that run whenever this one runs (``infiniband`` implies ``linkflap``)."""
+
+    def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
+        self.ctx = ctx
+        self.cfg = cfg
+
+    @classmethod
+    def metrics(cls) -> tuple[MetricSpec, ...]:
+        """Every metric this collector can produce, for the docs and the cardinality check."""
+        return ()
+
+    @classmethod
+    def summarize(cls, snapshot: Snapshot) -> Table | None:
+        """This collector's part of the terminal table, built from the snapshot alone."""
+        return None
+
+    def interval(self, default: float) -> float:
+        own = self.cfg.get("interval", 0) if self.cfg is not None else 0
+        return float(own) if own else default
+
+    def probe(self) -> Availability:
+        """Cheap check that the source exists; must not raise."""
+        return Availability(True)
+
+    def collect(self) -> Collection:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release file descriptors, threads, library handles."""

@@ -1,0 +1,366 @@
+"""Configuration: a schema of sections and options, loaded from TOML, the environment and flags.
+
+Each collector and sink declares its own options (as Telegraf plugins do); the core declares the
+``[daemon]`` section. Layers, later wins: defaults, the TOML file, ``GPUMON_<SECTION>_<KEY>``
+variables, command-line flags. Every error names the key and where the bad value came from.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+DEFAULT_CONFIG_PATH = "/etc/gpumon/gpumon.toml"
+
+
+class ConfigError(Exception):
+    """A config value is wrong. ``str()`` is the one line the CLI prints before exiting 2."""
+
+    def __init__(self, source: str, key: str, message: str) -> None:
+        self.source, self.key, self.message = source, key, message
+        super().__init__(f"{source}: {key}: {message}")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One config key: its type, default, bounds and the sentence the docs print for it."""
+
+    key: str
+    type: type
+    default: Any
+    help: str
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] | None = None
+    check: Callable[[Any], str | None] | None = None
+    secret: bool = False
+
+    def validate(self, value: Any) -> Any:
+        """Return the value coerced to the option's type, or raise ValueError with a reason."""
+        value = _coerce(self.type, value)
+        if self.choices is not None:
+            items = value if isinstance(value, list) else [value]
+            for item in items:
+                if item not in self.choices:
+                    raise ValueError(f"{item!r} is not one of {', '.join(self.choices)}")
+        if self.min is not None and value < self.min:
+            raise ValueError(f"must be >= {self.min} (got {value})")
+        if self.max is not None and value > self.max:
+            raise ValueError(f"must be <= {self.max} (got {value})")
+        if self.check is not None:
+            problem = self.check(value)
+            if problem:
+                raise ValueError(problem)
+        return value
+
+
+def _coerce(kind: type, value: Any) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"must be true or false (got {value!r})")
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"must be an integer (got {value!r})")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"must be a number (got {value!r})")
+        if not math.isfinite(value):
+            raise ValueError(f"must be a finite number (got {value!r})")
+        return float(value)
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"must be a string (got {value!r})")
+        if "\x00" in value:
+            raise ValueError("must not contain NUL characters")
+        return value
+    if kind is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"must be a list of strings (got {value!r})")
+        return list(value)
+    raise TypeError(f"unsupported option type {kind}")  # pragma: no cover - schema bug
+
+
+def _from_text(kind: type, text: str) -> Any:
+    """Parse an environment variable's text into the option's type."""
+    if kind is bool:
+        lowered = text.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"must be true or false (got {text!r})")
+    if kind is int:
+        try:
+            return int(text.strip())
+        except ValueError:
+            raise ValueError(f"must be an integer (got {text!r})") from None
+    if kind is float:
+        try:
+            return float(text.strip())
+        except ValueError:
+            raise ValueError(f"must be a number (got {text!r})") from None
+    return text
+
+
+def regex_check(value: str) -> str | None:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        return f"not a valid regular expression: {exc}"
+    return None
+
+
+def listen_check(value: str) -> str | None:
+    try:
+        parse_listen(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``:PORT`` or ``[v6]:PORT`` -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"must be HOST:PORT (got {value!r})")
+    port_num = int(port)
+    if not 0 <= port_num <= 65535:
+        raise ValueError(f"port must be 0-65535 (got {port_num})")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, port_num
+
+
+@dataclass(frozen=True)
+class SectionSchema:
+    name: str
+    help: str
+    options: tuple[Option, ...]
+
+    def option(self, key: str) -> Option | None:
+        for opt in self.options:
+            if opt.key == key:
+                return opt
+        return None
+
+
+class Section(Mapping[str, Any]):
+    """The validated values of one section; read them as attributes (``cfg.interval``)."""
+
+    def __init__(self, name: str, values: Mapping[str, Any]) -> None:
+        self._name = name
+        self._values = dict(values)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self._values[key]
+        except KeyError:
+            raise AttributeError(f"[{self._name}] has no option {key!r}") from None
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Section({self._name!r}, {self._values!r})"
+
+
+@dataclass
+class Config:
+    sections: dict[str, Section]
+    source: str = "(defaults)"
+    origins: dict[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Section:
+        return self.sections[name]
+
+    @property
+    def daemon(self) -> Section:
+        return self.sections["daemon"]
+
+    def replace(self, section: str, **values: Any) -> Config:
+        """A copy with some values of one section replaced (already-validated values only)."""
+        sections = dict(self.sections)
+        sections[section] = Section(section, {**self.sections[section], **values})
+        return Config(sections, self.source, self.origins)
+
+
+DAEMON = SectionSchema(
+    "daemon",
+    "The loop: which collectors and sinks run, how often, and where state is kept.",
+    (
+        Option("collectors", list, ["auto"],
+               "Collectors to run. `auto` runs every collector whose source this host has and reports "
+               "the others as unavailable; a collector named explicitly that is unavailable is an error."),
+        Option("sinks", list, ["prometheus"], "Sinks that publish each snapshot."),
+        Option("interval", float, 10.0,
+               "Default collection interval in seconds for collectors that do not set their own.",
+               min=0.05, max=3600.0),
+        Option("deadline", float, 0.0,
+               "Seconds a collector run may take before the collector is reported down; 0 means the "
+               "collector's interval (at least 1 s).", min=0.0, max=3600.0),
+        Option("sysfs_root", str, "/sys",
+               "Directory holding `class/infiniband` and `class/net` (/host/sys in a container)."),
+        Option("state_dir", str, "/var/lib/gpumon",
+               "Where state that must survive a restart is kept (flap window, spools)."),
+        Option("hostname", str, "", "Host name reported to sinks; empty means the system's host name."),
+        Option("simulate", str, "", check=lambda v: _simulate_check(v), help=
+               "Serve a simulated host instead of the real one (for demos, dashboards and tests): "
+               "a profile such as `nd-h100-v5`; empty for the real host."),
+        Option("log_level", str, "info", "Log level.",
+               choices=("debug", "info", "warning", "error")),
+        Option("log_format", str, "text", "Log line format.", choices=("text", "json")),
+    ),
+)
+
+def _simulate_check(value: str) -> str | None:
+    from gpumon.simulate import HOSTS
+
+    if value and value not in HOSTS:
+        return f"unknown simulation profile {value!r} (known: {', '.join(sorted(HOSTS))})"
+    return None
+
+
+# Command-line flags and the (section, key) each one sets.
+FLAG_KEYS: dict[str, tuple[str, str]] = {
+    "collectors": ("daemon", "collectors"),
+    "sinks": ("daemon", "sinks"),
+    "interval": ("daemon", "interval"),
+    "sysfs_root": ("daemon", "sysfs_root"),
+    "simulate": ("daemon", "simulate"),
+    "log_level": ("daemon", "log_level"),
+    "log_format": ("daemon", "log_format"),
+    "listen": ("prometheus", "listen"),
+}
+
+
+def load(
+    schemas: Iterable[SectionSchema],
+    path: str | None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build a validated Config. ``path=None`` uses the default file when it exists."""
+    schemas = {s.name: s for s in schemas}
+    environ = os.environ if environ is None else environ
+    values: dict[str, dict[str, Any]] = {
+        name: {opt.key: _copy(opt.default) for opt in schema.options} for name, schema in schemas.items()
+    }
+    origins: dict[str, str] = {}
+
+    source = "(defaults)"
+    if path is None and os.path.exists(DEFAULT_CONFIG_PATH):
+        path = DEFAULT_CONFIG_PATH
+    if path is not None:
+        source = path
+        document = _read_toml(path)
+        for section_name, table in document.items():
+            schema = schemas.get(section_name)
+            if schema is None:
+                known = ", ".join(sorted(schemas))
+                raise ConfigError(path, f"[{section_name}]", f"unknown section (known: {known})")
+            if not isinstance(table, dict):
+                raise ConfigError(path, f"[{section_name}]", "must be a table")
+            for key, raw in table.items():
+                opt = _option(schema, key, path)
+                values[section_name][key] = _validated(opt, raw, path, section_name)
+                origins[f"{section_name}.{key}"] = path
+
+    for var, text in environ.items():
+        if not var.startswith("GPUMON_"):
+            continue
+        section_name, key = _split_env(var, schemas)
+        where = f"environment variable {var}"
+        if section_name is None:
+            raise ConfigError(where, var, "does not name a known section and key")
+        opt = _option(schemas[section_name], key, where)
+        try:
+            raw = _from_text(opt.type, text)
+        except ValueError as exc:
+            raise ConfigError(where, f"[{section_name}] {key}", str(exc)) from None
+        values[section_name][key] = _validated(opt, raw, where, section_name)
+        origins[f"{section_name}.{key}"] = where
+
+    for flag, raw in (flags or {}).items():
+        if raw is None:
+            continue
+        section_name, key = FLAG_KEYS[flag]
+        if section_name not in schemas:
+            continue
+        where = f"flag --{flag.replace('_', '-')}"
+        opt = _option(schemas[section_name], key, where)
+        if isinstance(raw, str) and opt.type is not str:
+            try:
+                raw = _from_text(opt.type, raw)
+            except ValueError as exc:
+                raise ConfigError(where, f"[{section_name}] {key}", str(exc)) from None
+        values[section_name][key] = _validated(opt, raw, where, section_name)
+        origins[f"{section_name}.{key}"] = where
+
+    return Config({n: Section(n, v) for n, v in values.items()}, source, origins)
+
+
+def _copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(path, "(file)", "no such file") from None
+    except PermissionError:
+        raise ConfigError(path, "(file)", "permission denied") from None
+    except IsADirectoryError:
+        raise ConfigError(path, "(file)", "is a directory") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, "(syntax)", f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(path, "(file)", "not UTF-8 text") from None
+
+
+def _option(schema: SectionSchema, key: str, where: str) -> Option:
+    opt = schema.option(key)
+    if opt is None:
+        known = ", ".join(o.key for o in schema.options)
+        raise ConfigError(where, f"[{schema.name}] {key}", f"unknown key (known: {known})")
+    return opt
+
+
+def _validated(opt: Option, raw: Any, where: str, section: str) -> Any:
+    try:
+        return opt.validate(raw)
+    except ValueError as exc:
+        raise ConfigError(where, f"[{section}] {opt.key}", str(exc)) from None
+
+
+def _split_env(var: str, schemas: Mapping[str, SectionSchema]) -> tuple[str | None, str]:
+    """``GPUMON_AZURE_MONITOR_ENDPOINT`` -> ("azure_monitor", "endpoint"): longest section wins."""
+    rest = var[len("GPUMON_"):].lower()
+    for name in sorted(schemas, key=len, reverse=True):
+        if rest.startswith(name + "_"):
+            return name, rest[len(name) + 1:]
+    return None, rest
+
+
+def env_name(section: str, key: str) -> str:
+    return f"GPUMON_{section.upper()}_{key.upper()}"

@@ -1,0 +1,523 @@
+"""The loop: every collector on its own thread, one composer that turns results into Snapshots.
+
+Each :class:`CollectorRunner` calls its collector's ``collect()`` on the collector's interval and
+hands the result to the :class:`Loop`. The loop's own thread wakes on every result (and four times a
+second otherwise), marks down any collector whose run has outlived its deadline, composes an
+immutable Snapshot of the latest good results, and publishes it to every sink. A hung or failing
+collector therefore never stalls another collector, the loop, or a sink; and a down collector's
+series are withdrawn rather than served stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from gpumon import __version__, registry
+from gpumon.collectors.base import Collector, CollectorUnavailable, Context
+from gpumon.config import Config
+from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot
+from gpumon.selfmetrics import CollectorBook, SelfMetrics
+from gpumon.sinks.base import Sink, SinkContext, SinkHealth
+
+log = logging.getLogger("gpumon.daemon")
+event_log = logging.getLogger("gpumon.event")
+
+
+class StartupError(Exception):
+    """A collector or sink that was asked for cannot run: ``gpumon run`` exits 1 with this message."""
+
+
+@dataclass
+class PlannedCollector:
+    name: str
+    collector: Collector | None
+    explicit: bool
+    available: bool
+    reason: str = ""
+
+
+@dataclass
+class Plan:
+    """Which collectors run, decided from the config and each collector's probe."""
+
+    collectors: list[PlannedCollector] = field(default_factory=list)
+
+    @property
+    def running(self) -> list[PlannedCollector]:
+        return [p for p in self.collectors if p.available]
+
+    def problems(self) -> list[str]:
+        return [f"collector '{p.name}' is unavailable: {p.reason}"
+                for p in self.collectors if p.explicit and not p.available]
+
+
+def hostname(config: Config) -> str:
+    return config.daemon.hostname or socket.gethostname()
+
+
+def make_context(config: Config) -> Context:
+    """The collectors' view of the host; with ``simulate`` set, a simulated host under state_dir."""
+    d = config.daemon
+    ctx = Context(hostname=hostname(config), sysfs_root=d.sysfs_root, state_dir=d.state_dir)
+    if d.simulate:
+        from gpumon.simulate import Simulation
+
+        base = d.state_dir
+        if not _writable(base):
+            base = tempfile.mkdtemp(prefix="gpumon-simulate-")
+        workdir = os.path.join(base, "simulate", d.simulate)
+        simulation = Simulation(d.simulate, workdir)
+        ctx.simulation = simulation
+        ctx.sysfs_root = simulation.sysfs_root
+        ctx.state_dir = os.path.join(workdir, "state")
+        ctx.nvml = simulation.nvml
+        os.makedirs(ctx.state_dir, exist_ok=True)
+    return ctx
+
+
+def _writable(path: str) -> bool:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK)
+
+
+def plan_collectors(config: Config, ctx: Context) -> Plan:
+    """Resolve ``auto``, explicit names and implied collectors, then probe each."""
+    wanted = list(config.daemon.collectors)
+    auto = "auto" in wanted
+    explicit = [n for n in wanted if n != "auto"]
+    names = list(dict.fromkeys((registry.available_collectors() if auto else []) + explicit))
+    for name in explicit:
+        if name not in registry.available_collectors():
+            raise StartupError(f"unknown collector '{name}' (known: {', '.join(registry.available_collectors())})")
+    i = 0
+    while i < len(names):  # implied collectors join the run, after the one that implies them
+        for implied in registry.collector_class(names[i]).implies:
+            if implied not in names and implied in registry.available_collectors():
+                names.append(implied)
+        i += 1
+    plan = Plan()
+    for name in names:
+        cls = registry.collector_class(name)
+        collector = cls(ctx, config.sections.get(name))
+        try:
+            availability = collector.probe()
+        except Exception as exc:  # a probe must not raise; if it does, it is this collector's problem
+            log.exception("probe of collector %s failed", name)
+            availability_ok, reason = False, f"probe failed: {exc}"
+        else:
+            availability_ok, reason = availability.available, availability.reason
+        if not availability_ok:
+            collector.close()
+        plan.collectors.append(PlannedCollector(name, collector if availability_ok else None,
+                                                name in explicit, availability_ok, reason))
+    return plan
+
+
+def make_sinks(config: Config, ctx: SinkContext) -> list[Sink]:
+    sinks = []
+    for name in config.daemon.sinks:
+        try:
+            cls = registry.sink_class(name)
+        except registry.UnknownPlugin:
+            raise StartupError(f"unknown sink '{name}' (known: {', '.join(registry.available_sinks())})") from None
+        if cls.missing_dependencies():
+            raise StartupError(f"sink '{name}' needs: pip install 'gpumon[{cls.extra}]'")
+        sinks.append(cls(ctx, config.sections.get(name)))
+    return sinks
+
+
+def log_event(event: Event) -> None:
+    """Every event is also one structured log line (``extra`` carries the fields for JSON logs)."""
+    level = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING,
+             Severity.ERROR: logging.ERROR, Severity.CRITICAL: logging.CRITICAL}[event.severity]
+    subject = " ".join(f"{k}={v}" for k, v in event.subject.items())
+    event_log.log(level, "%s %s: %s", event.kind, subject, event.message, extra={"event": event.as_dict()})
+
+
+class CollectorRunner:
+    """One collector's thread. Results go to ``loop.accept``; the loop enforces the deadline."""
+
+    def __init__(self, loop: Loop, collector: Collector, interval: float, deadline: float) -> None:
+        self.loop = loop
+        self.collector = collector
+        self.name = collector.name
+        self.interval = interval
+        self.deadline = deadline
+        self.started: float | None = None
+        self.overran = False
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"collector-{self.name}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        next_run = time.monotonic()
+        while not self._stop.is_set():
+            self.started = t0 = time.monotonic()
+            self.overran = False
+            result: Collection | None = None
+            failure = ""
+            unavailable = False
+            try:
+                result = self.collector.collect()
+            except CollectorUnavailable as exc:
+                failure, unavailable = str(exc) or "source unavailable", True
+            except Exception as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+                log.debug("collector %s raised", self.name, exc_info=True)
+            duration = time.monotonic() - t0
+            self.started = None
+            if self._stop.is_set():
+                break
+            self.loop.accept(self, result, failure, unavailable, duration)
+            next_run += self.interval
+            now = time.monotonic()
+            if next_run < now:  # a slow run: skip the missed ticks rather than bunching runs up
+                next_run = now + self.interval - ((now - next_run) % self.interval)
+            self._stop.wait(next_run - now)
+        try:
+            self.collector.close()
+        except Exception:
+            log.debug("closing collector %s failed", self.name, exc_info=True)
+
+
+@dataclass
+class _Slot:
+    """What the loop knows about one collector."""
+
+    book: CollectorBook
+    families: tuple[MetricFamily, ...] = ()
+    status: CollectorStatus | None = None
+    down_reported: bool = False
+
+
+class Loop:
+    """Composes snapshots from collector results and publishes them to the sinks."""
+
+    TICK = 0.25
+
+    def __init__(self, config: Config, plan: Plan, ctx: Context, sinks: list[Sink],
+                 reloads: dict[str, int] | None = None) -> None:
+        self.config = config
+        self.reloads = reloads
+        self.plan = plan
+        self.ctx = ctx
+        self.sinks = sinks
+        self.host = ctx.hostname
+        self.self_metrics = SelfMetrics()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._events: list[Event] = []
+        self._slots: dict[str, _Slot] = {}
+        self._seq = 0
+        self.heartbeat = time.monotonic()
+        self.latest: Snapshot | None = None
+        self.snapshot_ready = threading.Condition(self._lock)
+        default_interval = float(config.daemon.interval)
+        self.runners: list[CollectorRunner] = []
+        for planned in plan.running:
+            assert planned.collector is not None
+            interval = planned.collector.interval(default_interval)
+            deadline = float(config.daemon.deadline) or max(interval, 1.0)
+            self.runners.append(CollectorRunner(self, planned.collector, interval, deadline))
+            self._slots[planned.name] = _Slot(CollectorBook())
+        self.thread = threading.Thread(target=self._run, name="loop", daemon=True)
+        self._sink_health: dict[str, SinkHealth] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self.publish_now()  # sinks have a page (self-metrics) before the first collection ends
+        self.thread.start()
+        for runner in self.runners:
+            runner.start()
+
+    def stop(self, timeout: float = 5.0, keep: frozenset[str] = frozenset()) -> None:
+        """Stop collectors and the loop, publish a last snapshot, then flush the sinks in time.
+
+        Sinks named in ``keep`` stay running (a reload that did not change them)."""
+        end = time.monotonic() + timeout
+        for runner in self.runners:
+            runner.stop()
+        self._stop.set()
+        self._wake.set()
+        self.thread.join(timeout=max(0.0, min(1.0, end - time.monotonic())))
+        for runner in self.runners:
+            runner.thread.join(timeout=max(0.0, min(0.5, end - time.monotonic())))
+        for sink in self.sinks:
+            if sink.name in keep:
+                continue
+            try:
+                sink.stop(max(0.1, end - time.monotonic()))
+            except Exception:
+                log.exception("stopping sink %s failed", sink.name)
+
+    def alive(self) -> bool:
+        return self.thread.is_alive() and time.monotonic() - self.heartbeat < 30.0
+
+    # -- results -----------------------------------------------------------------------------
+    def accept(self, runner: CollectorRunner, result: Collection | None, failure: str,
+               unavailable: bool, duration: float) -> None:
+        with self._lock:
+            slot = self._slots[runner.name]
+            book = slot.book
+            book.runs += 1
+            book.duration = duration
+            if result is not None:
+                for reason, n in result.errors.items():
+                    book.count(reason, n)
+                self._events.extend(result.events)
+                for event in result.events:
+                    log_event(event)
+                slot.families = tuple(result.families)
+                slot.status = CollectorStatus(runner.name, True, duration)
+                if not book.up and slot.down_reported:
+                    log.info("collector %s is up again", runner.name)
+                book.up, slot.down_reported = True, False
+            else:
+                book.count("unavailable" if unavailable else "exception")
+                self._mark_down(runner.name, slot, failure, duration, available=not unavailable)
+        self._wake.set()
+
+    def _mark_down(self, name: str, slot: _Slot, error: str, duration: float, available: bool = True) -> None:
+        """Withdraw the collector's series and report it down once (called with the lock held)."""
+        slot.families = ()
+        slot.status = CollectorStatus(name, False, duration, error, available)
+        slot.book.up = False
+        if not slot.down_reported:
+            slot.down_reported = True
+            event = Event("collector_down", Severity.ERROR, {"collector": name},
+                          f"collector {name} is down: {error}", {"error": error})
+            self._events.append(event)
+            log_event(event)
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for runner in self.runners:
+            started = runner.started
+            if started is not None and not runner.overran and now - started > runner.deadline:
+                runner.overran = True
+                with self._lock:
+                    slot = self._slots[runner.name]
+                    slot.book.count("deadline")
+                    self._mark_down(runner.name, slot, f"run exceeded its {runner.deadline:g} s deadline",
+                                    now - started)
+                self._wake.set()
+
+    # -- composing ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.heartbeat = time.monotonic()
+            self._wake.wait(self.TICK)
+            self._wake.clear()
+            self._check_deadlines()
+            if self._stop.is_set():
+                break
+            try:
+                self.publish_now()
+            except Exception:  # a sink bug must not kill the loop; /healthz would go red
+                log.exception("publishing a snapshot failed")
+        self.publish_now()
+
+    def compose(self) -> Snapshot:
+        for sink in self.sinks:
+            try:
+                self._sink_health[sink.name] = sink.health()
+            except Exception as exc:
+                self._sink_health[sink.name] = SinkHealth(up=False, detail=str(exc))
+        with self._lock:
+            families: list[MetricFamily] = []
+            statuses = []
+            for planned in self.plan.collectors:
+                slot = self._slots.get(planned.name)
+                if slot is None:
+                    statuses.append(CollectorStatus(planned.name, False, 0.0, planned.reason, available=False))
+                    continue
+                families.extend(slot.families)
+                statuses.append(slot.status or CollectorStatus(planned.name, False, 0.0, "no run yet"))
+            books = {name: slot.book for name, slot in self._slots.items()}
+            reloads = None
+            if self.reloads is not None:
+                reloads = {k: v for k, v in self.reloads.items() if k != "last_ok"}
+                reloads["last_ok"] = self.reloads["last_ok"]
+            families.extend(self.self_metrics.families(books, self._sink_health, reloads))
+            events, self._events = tuple(self._events), []
+            self._seq += 1
+            snapshot = Snapshot(self.host, time.time(), _merged(families), events, tuple(statuses), self._seq)
+            self.latest = snapshot
+            self.snapshot_ready.notify_all()
+        return snapshot
+
+    def publish_now(self) -> Snapshot:
+        snapshot = self.compose()
+        for sink in self.sinks:
+            try:
+                sink.publish(snapshot)
+            except Exception:
+                log.exception("sink %s failed to take a snapshot", sink.name)
+        return snapshot
+
+
+def collect_once(config: Config, plan: Plan, ctx: Context, timeout: float | None = None) -> Snapshot:
+    """``gpumon once``: every running collector once, in parallel, each bounded by its deadline."""
+    loop = Loop(config, plan, ctx, [])
+    threads = []
+    for runner in loop.runners:
+        def run(r: CollectorRunner = runner) -> None:
+            t0 = time.monotonic()
+            try:
+                result, failure, unavailable = r.collector.collect(), "", False
+            except CollectorUnavailable as exc:
+                result, failure, unavailable = None, str(exc), True
+            except Exception as exc:
+                result, failure, unavailable = None, f"{type(exc).__name__}: {exc}", False
+            loop.accept(r, result, failure, unavailable, time.monotonic() - t0)
+
+        thread = threading.Thread(target=run, name=f"once-{runner.name}", daemon=True)
+        thread.start()
+        threads.append((runner, thread))
+    for runner, thread in threads:
+        limit = timeout if timeout is not None else runner.deadline
+        thread.join(limit)
+        if thread.is_alive():
+            with loop._lock:
+                slot = loop._slots[runner.name]
+                slot.book.count("deadline")
+                loop._mark_down(runner.name, slot, f"run exceeded its {limit:g} s deadline", limit)
+    snapshot = loop.compose()
+    for runner, thread in threads:
+        if not thread.is_alive():
+            runner.collector.close()
+    return snapshot
+
+
+def sink_context(config: Config, loop_alive=lambda: True, simulation=None) -> SinkContext:
+    return SinkContext(hostname=hostname(config), state_dir=config.daemon.state_dir, version=__version__,
+                       loop_alive=loop_alive, simulation=simulation)
+
+
+class Daemon:
+    """``gpumon run``: builds the loop from a Config, and rebuilds it on reload."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.loop: Loop | None = None
+        self.ctx: Context | None = None
+        self.reloads = {"success": 0, "failure": 0, "last_ok": 1}
+
+    def start(self, kept: dict[str, Sink] | None = None) -> Plan:
+        """Probe, start sinks, start collectors. Raises StartupError for exit 1.
+
+        ``kept`` are running sinks carried over by a reload; they are reused, not restarted."""
+        kept = kept or {}
+        config = self.config
+        ctx = make_context(config)
+        plan = plan_collectors(config, ctx)
+        problems = plan.problems()
+        for planned in plan.collectors:
+            if not planned.available:
+                (log.error if planned.explicit else log.info)(
+                    "collector %s unavailable: %s", planned.name, planned.reason)
+        if problems:
+            _close_plan(plan)
+            raise StartupError("; ".join(problems))
+        holder: dict[str, Loop] = {}
+        sctx = sink_context(config, lambda: holder["loop"].alive() if "loop" in holder else True,
+                            ctx.simulation)
+        fresh = make_sinks(config.replace("daemon", sinks=[n for n in config.daemon.sinks if n not in kept]), sctx)
+        sinks = [kept[name] if name in kept else fresh.pop(0) for name in config.daemon.sinks]
+        for sink in kept.values():
+            sink.ctx.loop_alive = sctx.loop_alive
+        started: list[Sink] = []
+        try:
+            for sink in sinks:
+                if sink.name not in kept:
+                    sink.start()
+                    started.append(sink)
+        except Exception as exc:
+            for sink in started:
+                sink.stop(1.0)
+            for sink in kept.values():
+                sink.stop(1.0)
+            _close_plan(plan)
+            raise StartupError(f"sink '{sink.name}' failed to start: {exc}") from exc
+        loop = Loop(config, plan, ctx, sinks, self.reloads)
+        holder["loop"] = loop
+        if ctx.simulation is not None:
+            ctx.simulation.start()
+        loop.start()
+        self.loop, self.ctx = loop, ctx
+        log.info("gpumon %s running collectors: %s; sinks: %s", __version__,
+                 ", ".join(p.name for p in plan.running) or "none", ", ".join(s.name for s in sinks))
+        return plan
+
+    def stop(self, timeout: float = 5.0, keep: frozenset[str] = frozenset()) -> None:
+        if self.loop is not None:
+            self.loop.stop(timeout, keep)
+            self.loop = None
+        if self.ctx is not None and self.ctx.simulation is not None:
+            self.ctx.simulation.stop()
+
+    def reload(self, new_config: Config) -> None:
+        """Swap in a new config: stop everything, start again; on failure go back to the old one."""
+        old = self.config
+        running = {sink.name: sink for sink in self.loop.sinks} if self.loop is not None else {}
+        kept = {name: sink for name, sink in running.items()
+                if name in new_config.daemon.sinks and _section(old, name) == _section(new_config, name)}
+        self.stop(timeout=3.0, keep=frozenset(kept))
+        self.config = new_config
+        try:
+            self.start(kept)
+        except StartupError as exc:
+            log.error("reload failed (%s); keeping the previous configuration", exc)
+            self.config = old
+            self.reload_rejected()
+            self.start()
+        else:
+            self.reloads["success"] += 1
+            self.reloads["last_ok"] = 1
+
+    def reload_rejected(self) -> None:
+        self.reloads["failure"] += 1
+        self.reloads["last_ok"] = 0
+        if self.loop is not None:
+            self.loop.publish_now()
+
+
+def _merged(families: list[MetricFamily]) -> tuple[MetricFamily, ...]:
+    """One family per name: two collectors emitting the same metric must not produce two HELP/TYPE
+    blocks, which is not a valid exposition."""
+    index: dict[str, int] = {}
+    out: list[MetricFamily] = []
+    for fam in families:
+        at = index.get(fam.name)
+        if at is None:
+            index[fam.name] = len(out)
+            out.append(fam)
+        else:
+            out[at] = MetricFamily(out[at].spec, out[at].samples + fam.samples)
+    return tuple(out)
+
+
+def _section(config: Config, name: str) -> dict | None:
+    section = config.sections.get(name)
+    return dict(section) if section is not None else None
+
+
+def _close_plan(plan: Plan) -> None:
+    for planned in plan.collectors:
+        if planned.collector is not None:
+            planned.collector.close()

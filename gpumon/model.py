@@ -1,0 +1,171 @@
+"""The one data model every collector produces and every sink reads.
+
+Collectors return :class:`Collection` objects; the loop folds the latest good one of each collector
+into an immutable :class:`Snapshot`. Nothing here knows about a wire format.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+Labels = tuple[tuple[str, str], ...]
+"""Label pairs in a fixed order: hashable, so renderers can cache per-series text."""
+
+
+class MetricType(str, enum.Enum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    INFO = "info"
+
+
+class Severity(str, enum.Enum):
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """What a metric is. ``name`` is the exposed Prometheus name: counters end in ``_total``,
+    info metrics in ``_info`` (value 1, identity in the labels)."""
+
+    name: str
+    type: MetricType
+    help: str
+    unit: str = ""
+    labels: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.type is MetricType.COUNTER and not self.name.endswith("_total"):
+            raise ValueError(f"counter {self.name!r} must end in _total")
+        if self.type is MetricType.INFO and not self.name.endswith("_info"):
+            raise ValueError(f"info metric {self.name!r} must end in _info")
+
+    def sample(self, value: float, *label_values: str) -> Sample:
+        """A sample with this spec's labels, values given in ``labels`` order."""
+        if len(label_values) != len(self.labels):
+            raise ValueError(f"{self.name} takes labels {self.labels}, got {label_values}")
+        return Sample(tuple(zip(self.labels, label_values)), float(value))
+
+
+class Sample(NamedTuple):
+    labels: Labels
+    value: float
+
+    def label(self, name: str) -> str | None:
+        for key, value in self.labels:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True)
+class MetricFamily:
+    spec: MetricSpec
+    samples: tuple[Sample, ...]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened once (a flap, an XID): logged, and sent by sinks that carry events."""
+
+    kind: str
+    severity: Severity
+    subject: Mapping[str, str]
+    message: str
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    time: float = field(default_factory=time.time)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "kind": self.kind,
+            "severity": self.severity.value,
+            "subject": dict(self.subject),
+            "message": self.message,
+            "attributes": dict(self.attributes),
+        }
+
+
+@dataclass
+class Collection:
+    """One run of one collector: its samples, the events it saw, and the faults it counted.
+
+    ``errors`` maps a short reason (``"parse"``, ``"read"``, ``"nvml_not_supported"``) to how many
+    times it happened in this run; the loop keeps the running totals.
+    """
+
+    families: list[MetricFamily] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def add(self, spec: MetricSpec, samples: Iterable[Sample]) -> None:
+        samples = tuple(samples)
+        if samples:
+            self.families.append(MetricFamily(spec, samples))
+
+    def count_error(self, reason: str, n: int = 1) -> None:
+        self.errors[reason] = self.errors.get(reason, 0) + n
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    name: str
+    ok: bool
+    duration_seconds: float
+    error: str = ""
+    available: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "duration_seconds": self.duration_seconds,
+            "error": self.error or None,
+        }
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything sinks see at one moment. ``events`` holds only events new since the last snapshot."""
+
+    host: str
+    time: float
+    families: tuple[MetricFamily, ...]
+    events: tuple[Event, ...]
+    collectors: tuple[CollectorStatus, ...]
+    seq: int = 0
+
+    def family(self, name: str) -> MetricFamily | None:
+        for fam in self.families:
+            if fam.name == name:
+                return fam
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``gpumon once --format json`` shape of the interface contract."""
+        return {
+            "host": self.host,
+            "time": self.time,
+            "metrics": [
+                {
+                    "name": fam.spec.name,
+                    "type": fam.spec.type.value,
+                    "unit": fam.spec.unit,
+                    "help": fam.spec.help,
+                    "samples": [{"labels": dict(s.labels), "value": s.value} for s in fam.samples],
+                }
+                for fam in self.families
+            ],
+            "events": [e.as_dict() for e in self.events],
+            "collectors": [c.as_dict() for c in self.collectors],
+        }

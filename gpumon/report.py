@@ -1,0 +1,68 @@
+"""What ``gpumon once`` prints: a table for a person, JSON for tools, the exposition for promtool."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable
+
+from gpumon import registry
+from gpumon.collectors.base import Table
+from gpumon.model import Snapshot
+from gpumon.render import Renderer
+
+WIDTH = 100
+
+
+def as_json(snapshot: Snapshot) -> str:
+    return json.dumps(snapshot.as_dict(), indent=2, sort_keys=False)
+
+
+def as_prometheus(snapshot: Snapshot) -> str:
+    return Renderer().render(snapshot.families)
+
+
+def format_table(table: Table, width: int = WIDTH) -> str:
+    """Columns sized to their content; the last column is cut so a row never passes ``width``."""
+    rows = [tuple(str(c) for c in row) for row in table.rows]
+    widths = [len(c) for c in table.columns]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = [table.title]
+
+    def line(cells: Iterable[str]) -> str:
+        text = "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+    lines.append(line(table.columns))
+    lines.extend(line(row) for row in rows)
+    if not rows:
+        lines.append("(none)")
+    return "\n".join(lines)
+
+
+def as_table(snapshot: Snapshot, width: int = WIDTH) -> str:
+    when = dt.datetime.fromtimestamp(snapshot.time, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    parts = [f"gpumon on {snapshot.host} at {when}"]
+    for status in snapshot.collectors:
+        if not status.ok:
+            continue
+        try:
+            cls = registry.collector_class(status.name)
+        except registry.UnknownPlugin:
+            continue
+        table = cls.summarize(snapshot)
+        if table is not None:
+            parts.append(format_table(table, width))
+    events = Table("Events", ("time", "severity", "kind", "subject", "message"), tuple(
+        (dt.datetime.fromtimestamp(e.time, dt.timezone.utc).strftime("%H:%M:%S"), e.severity.value, e.kind,
+         " ".join(f"{k}={v}" for k, v in e.subject.items()), e.message)
+        for e in snapshot.events))
+    parts.append(format_table(events, width))
+    collectors = Table("Collectors", ("collector", "status", "time", "detail"), tuple(
+        (c.name, "ok" if c.ok else ("unavailable" if not c.available else "FAILED"),
+         f"{c.duration_seconds * 1000:.1f} ms" if c.ok or c.available else "-", c.error)
+        for c in snapshot.collectors))
+    parts.append(format_table(collectors, width))
+    return "\n\n".join(parts) + "\n"

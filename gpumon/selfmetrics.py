@@ -1,0 +1,128 @@
+"""gpumon's metrics about itself: build, collectors, sinks and the process.
+
+Kept apart from the loop so the loop stays about threads and time; this module only turns the loop's
+bookkeeping into metric families.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import CollectorRegistry
+
+from gpumon import __version__
+from gpumon.model import MetricFamily, MetricSpec, MetricType
+from gpumon.sinks.base import SinkHealth
+
+BUILD_INFO = MetricSpec("gpumon_build_info", MetricType.INFO, "gpumon version and the Python running it.",
+                        labels=("version", "python"))
+COLLECTOR_UP = MetricSpec("gpumon_collector_up", MetricType.GAUGE,
+                          "1 when the collector's latest run succeeded within its deadline; its series "
+                          "are withdrawn while 0.", labels=("collector",))
+COLLECTOR_DURATION = MetricSpec("gpumon_collector_duration_seconds", MetricType.GAUGE,
+                                "Wall time of the collector's latest completed run.", "seconds",
+                                ("collector",))
+COLLECTOR_RUNS = MetricSpec("gpumon_collector_runs_total", MetricType.COUNTER,
+                            "Completed runs of the collector, successful or not.", labels=("collector",))
+COLLECTOR_ERRORS = MetricSpec("gpumon_collector_errors_total", MetricType.COUNTER,
+                              "Faults counted by the collector (unreadable values, failed calls) and by "
+                              "the loop (exception, deadline), by reason.", labels=("collector", "reason"))
+SINK_UP = MetricSpec("gpumon_sink_up", MetricType.GAUGE, "1 while the sink is able to deliver.",
+                     labels=("sink",))
+SINK_EXPORTED = MetricSpec("gpumon_sink_exported_total", MetricType.COUNTER,
+                           "Items the sink delivered: scrapes served, data points or rows accepted.",
+                           labels=("sink",))
+SINK_FAILED = MetricSpec("gpumon_sink_failed_total", MetricType.COUNTER,
+                         "Deliveries that failed (and were retried or dropped).", labels=("sink",))
+SINK_DROPPED = MetricSpec("gpumon_sink_dropped_total", MetricType.COUNTER,
+                          "Items the sink gave up on (spool full, rejected by the service).", labels=("sink",))
+
+CONFIG_RELOADS = MetricSpec("gpumon_config_reloads_total", MetricType.COUNTER,
+                            "SIGHUP reloads by result; a failed one keeps the running configuration.",
+                            labels=("result",))
+CONFIG_RELOAD_OK = MetricSpec("gpumon_config_last_reload_successful", MetricType.GAUGE,
+                              "0 when the latest reload was rejected and an older configuration runs.")
+
+SPECS = (BUILD_INFO, COLLECTOR_UP, COLLECTOR_DURATION, COLLECTOR_RUNS, COLLECTOR_ERRORS,
+         SINK_UP, SINK_EXPORTED, SINK_FAILED, SINK_DROPPED, CONFIG_RELOADS, CONFIG_RELOAD_OK)
+
+
+@dataclass
+class CollectorBook:
+    """The loop's running totals for one collector."""
+
+    up: bool | None = None
+    """None until the first run ends, so a collector that has not run yet is not reported down."""
+    duration: float = 0.0
+    runs: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def count(self, reason: str, n: int = 1) -> None:
+        self.errors[reason] = self.errors.get(reason, 0) + n
+
+
+class SelfMetrics:
+    def __init__(self) -> None:
+        self._build = MetricFamily(BUILD_INFO, (BUILD_INFO.sample(1, __version__, platform.python_version()),))
+        registry = CollectorRegistry(auto_describe=False)
+        self._process = ProcessCollector(registry=registry)
+        self._process_specs: dict[str, MetricSpec] = {}
+
+    def families(self, collectors: dict[str, CollectorBook], sinks: dict[str, SinkHealth],
+                 reloads: dict[str, int] | None = None) -> list[MetricFamily]:
+        names = sorted(collectors)
+        out = [
+            self._build,
+            MetricFamily(COLLECTOR_UP, tuple(COLLECTOR_UP.sample(int(collectors[n].up), n)
+                                            for n in names if collectors[n].up is not None)),
+            MetricFamily(COLLECTOR_DURATION,
+                         tuple(COLLECTOR_DURATION.sample(collectors[n].duration, n) for n in names)),
+            MetricFamily(COLLECTOR_RUNS, tuple(COLLECTOR_RUNS.sample(collectors[n].runs, n) for n in names)),
+            MetricFamily(COLLECTOR_ERRORS, tuple(
+                COLLECTOR_ERRORS.sample(count, n, reason)
+                for n in names for reason, count in sorted(collectors[n].errors.items()))),
+        ]
+        if sinks:
+            sink_names = sorted(sinks)
+            out += [
+                MetricFamily(SINK_UP, tuple(SINK_UP.sample(int(sinks[s].up), s) for s in sink_names)),
+                MetricFamily(SINK_EXPORTED, tuple(SINK_EXPORTED.sample(sinks[s].exported, s) for s in sink_names)),
+                MetricFamily(SINK_FAILED, tuple(SINK_FAILED.sample(sinks[s].failed, s) for s in sink_names)),
+                MetricFamily(SINK_DROPPED, tuple(SINK_DROPPED.sample(sinks[s].dropped, s) for s in sink_names)),
+            ]
+            extras = sorted({key for s in sinks.values() for key in s.extra})
+            for key in extras:
+                spec = self._extra_spec(key)
+                out.append(MetricFamily(spec, tuple(spec.sample(sinks[s].extra[key], s)
+                                                    for s in sink_names if key in sinks[s].extra)))
+        if reloads is not None:
+            out.append(MetricFamily(CONFIG_RELOADS, tuple(CONFIG_RELOADS.sample(n, result)
+                                                          for result, n in sorted(reloads.items()))))
+            out.append(MetricFamily(CONFIG_RELOAD_OK, (CONFIG_RELOAD_OK.sample(int(reloads.get("last_ok", 1))),)))
+        out.extend(self._process_families())
+        return [fam for fam in out if fam.samples]
+
+    def _extra_spec(self, key: str) -> MetricSpec:
+        name = f"gpumon_sink_{key}"
+        spec = self._process_specs.get(name)
+        if spec is None:
+            spec = MetricSpec(name, MetricType.GAUGE, f"Sink-specific gauge {key!r} (see the sink's docs).",
+                              labels=("sink",))
+            self._process_specs[name] = spec
+        return spec
+
+    def _process_families(self) -> list[MetricFamily]:
+        """The process_* metrics prometheus-client computes from /proc, in gpumon's model."""
+        out = []
+        for metric in self._process.collect():
+            for sample in metric.samples:
+                spec = self._process_specs.get(sample.name)
+                if spec is None:
+                    kind = MetricType.COUNTER if sample.name.endswith("_total") else MetricType.GAUGE
+                    unit = "seconds" if "seconds" in sample.name else ("bytes" if "bytes" in sample.name else "")
+                    spec = MetricSpec(sample.name, kind, metric.documentation, unit)
+                    self._process_specs[sample.name] = spec
+                out.append(MetricFamily(spec, (spec.sample(sample.value),)))
+        return out

@@ -1,0 +1,161 @@
+"""Simulated hosts for ``--simulate PROFILE``, demos, dashboards development and the tests.
+
+A profile pairs a synthetic NVML (:mod:`gpumon.simulate.nvml`, a stand-in for the ``pynvml`` module)
+with a synthetic sysfs tree (:mod:`gpumon.simulate.sysfs`) written to disk under the state directory,
+whose counters grow while the daemon runs. Faults are injected at run time by dropping JSON files
+into ``<state_dir>/simulate/control/`` (see :meth:`Simulation.apply`), so an end-to-end test or a
+person at a shell can provoke a flap, a port-down period, an XID or a lost GPU in a running daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("gpumon.simulate")
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """A simulated host: which GPU model and how many, which IB tree."""
+
+    description: str
+    gpu_profile: str | None
+    gpu_count: int
+    ib_profile: str | None
+
+
+HOSTS: dict[str, HostProfile] = {
+    "nd-h100-v5": HostProfile("Azure ND H100 v5: 8 x H100 80GB HBM3, 8 x NDR 400 IB + mlx5_an0",
+                              "h100-sxm5-80gb", 8, "nd-h100-v5"),
+    "nd-a100-v4": HostProfile("Azure ND A100 v4: 8 x A100 80GB SXM, 8 x HDR 200 IB + mlx5_an0",
+                              "a100-sxm4-80gb", 8, "nd-a100-v4"),
+    "nv-a10-v5": HostProfile("Azure NVads A10 v5: 1 x A10, no InfiniBand", "a10", 1, None),
+    "hbv4": HostProfile("Azure HBv4: no GPU, 1 x NDR IB", None, 0, "hbv4"),
+}
+
+
+class UnknownProfile(ValueError):
+    pass
+
+
+class Simulation:
+    """The live state of one simulated host. ``start()`` begins growing counters every ``tick``."""
+
+    def __init__(self, profile: str, workdir: str, tick: float = 1.0) -> None:
+        if profile not in HOSTS:
+            raise UnknownProfile(f"unknown simulation profile {profile!r} (known: {', '.join(sorted(HOSTS))})")
+        self.profile = profile
+        self.host = HOSTS[profile]
+        self.workdir = workdir
+        self.sysfs_root = os.path.join(workdir, "sys")
+        self.control_dir = os.path.join(workdir, "control")
+        os.makedirs(self.control_dir, exist_ok=True)
+        self.fabric: Any = None
+        self.nvml: Any = None
+        if self.host.ib_profile:
+            from gpumon.simulate import sysfs
+
+            self.fabric = sysfs.build_tree(self.host.ib_profile, self.sysfs_root)
+        else:
+            os.makedirs(self.sysfs_root, exist_ok=True)
+        if self.host.gpu_profile:
+            from gpumon.simulate import nvml
+
+            self.nvml = nvml.FakeNVML(self.host.gpu_profile, self.host.gpu_count)
+        self._tick = tick
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="simulate", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._tick):
+            self.step(self._tick)
+
+    def step(self, seconds: float) -> None:
+        """Advance the simulated host by ``seconds`` and apply any control files dropped meanwhile."""
+        with self._lock:
+            if self.fabric is not None:
+                self.fabric.tick(seconds)
+            if self.nvml is not None:
+                self.nvml.tick(seconds)
+            self._read_controls()
+
+    def _read_controls(self) -> None:
+        try:
+            names = sorted(os.listdir(self.control_dir))
+        except OSError:
+            return
+        for name in names:
+            if not name.endswith(".json"):
+                continue
+            path = os.path.join(self.control_dir, name)
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    command = json.load(fh)
+                self.apply(command)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("simulate: ignoring control file %s: %s", name, exc)
+            finally:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+    def apply(self, command: dict[str, Any]) -> None:
+        """Apply one fault. Actions:
+
+        - ``{"action": "flap", "device": "mlx5_ib0", "port": 1}``: a flap shorter than any poll
+          (``link_downed`` and ``carrier_changes`` grow, the state never shows it);
+        - ``{"action": "port_down", "device": ..., "port": 1, "seconds": 30}``: the port goes DOWN
+          and comes back after ``seconds`` (0 = stays down until ``port_up``);
+        - ``{"action": "port_up", "device": ..., "port": 1}``;
+        - ``{"action": "xid", "gpu": 3, "xid": 79}``: the GPU reports an XID event;
+        - ``{"action": "gpu_lost", "gpu": 2}``: every NVML call for that GPU raises GPU_IS_LOST.
+        """
+        action = command["action"]
+        if action in ("flap", "port_down", "port_up"):
+            if self.fabric is None:
+                raise ValueError(f"profile {self.profile} has no InfiniBand")
+            device, port = str(command["device"]), int(command.get("port", 1))
+            if action == "flap":
+                self.fabric.flap(device, port)
+            elif action == "port_down":
+                self.fabric.set_down(device, port, float(command.get("seconds", 0)))
+            else:
+                self.fabric.set_up(device, port)
+        elif action in ("xid", "gpu_lost"):
+            if self.nvml is None:
+                raise ValueError(f"profile {self.profile} has no GPU")
+            if action == "xid":
+                self.nvml.inject_xid(int(command["gpu"]), int(command["xid"]))
+            else:
+                self.nvml.set_lost(int(command["gpu"]))
+        else:
+            raise ValueError(f"unknown action {action!r}")
+        log.info("simulate: applied %s", command)
+
+
+def control(workdir: str, command: dict[str, Any]) -> str:
+    """Drop a control file for a running simulation (tests and the shell use this)."""
+    control_dir = os.path.join(workdir, "control")
+    os.makedirs(control_dir, exist_ok=True)
+    tmp = os.path.join(control_dir, f".{os.getpid()}-{threading.get_ident()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(command, fh)
+    final = os.path.join(control_dir, f"{os.times().elapsed:020.6f}-{os.getpid()}.json")
+    os.replace(tmp, final)
+    return final

@@ -1,0 +1,1 @@
+"""Sinks: each turns snapshots into one wire format without blocking the loop."""

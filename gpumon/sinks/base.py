@@ -1,0 +1,100 @@
+"""The contract between the loop and a sink.
+
+``publish(snapshot)`` is called on the loop's thread after every change and must return at once: a
+sink that needs I/O hands the snapshot to its own thread (or, like the Prometheus sink, swaps a
+pre-rendered page). ``stop(timeout)`` flushes what can be flushed within the timeout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from gpumon.config import Section, SectionSchema
+from gpumon.model import Snapshot
+
+
+class SinkDependencyMissing(Exception):
+    """The sink's optional extra is not installed; the message says what to pip install."""
+
+
+@dataclass(frozen=True)
+class SinkHealth:
+    up: bool
+    exported: int = 0
+    """Items delivered so far (scrapes served, data points or rows accepted)."""
+    failed: int = 0
+    """Deliveries that failed so far."""
+    dropped: int = 0
+    """Items given up on (spool overflow, rejected rows)."""
+    detail: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+    """Sink-specific gauges for self-metrics, e.g. ``{"spool_bytes": 1234}``."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One line of ``gpumon check``: an item, a verdict, and a sentence."""
+
+    item: str
+    ok: bool
+    message: str
+
+
+@dataclass
+class SinkContext:
+    hostname: str
+    state_dir: str
+    version: str
+    loop_alive: Callable[[], bool] = lambda: True
+    """True while the collector loop is running; the Prometheus sink's /healthz reads it."""
+    simulation: Any = None
+
+
+class Sink:
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    options: ClassVar[SectionSchema | None] = None
+    requires: ClassVar[tuple[str, ...]] = ()
+    """Importable modules the sink needs beyond the core (checked before the SDK is imported)."""
+    extra: ClassVar[str] = ""
+    """The ``pip install 'gpumon[extra]'`` that provides ``requires``."""
+
+    def __init__(self, ctx: SinkContext, cfg: Section | None = None) -> None:
+        self.ctx = ctx
+        self.cfg = cfg
+
+    @classmethod
+    def missing_dependencies(cls) -> list[str]:
+        missing = []
+        for module in cls.requires:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                missing.append(module)
+        return missing
+
+    @classmethod
+    def ensure_dependencies(cls) -> None:
+        if cls.missing_dependencies():
+            raise SinkDependencyMissing(f"sink '{cls.name}' needs: pip install 'gpumon[{cls.extra}]'")
+
+    def start(self) -> None:
+        """Open sockets, start threads. Raise to fail start-up (exit 1)."""
+
+    def publish(self, snapshot: Snapshot) -> None:
+        raise NotImplementedError
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Flush and release within ``timeout`` seconds."""
+
+    def health(self) -> SinkHealth:
+        return SinkHealth(up=True)
+
+    def check(self) -> list[CheckResult]:
+        """Probe the endpoint and credentials for ``gpumon check`` without sending data."""
+        return [CheckResult(self.name, True, "no check defined")]

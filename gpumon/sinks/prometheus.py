@@ -1,0 +1,240 @@
+"""The embedded Prometheus endpoint: a page rendered once per snapshot, served by a threaded server.
+
+A scrape never triggers a collection: ``publish`` renders the snapshot to text 0.0.4 (and its gzip
+twin) and swaps it in; OpenMetrics is rendered on the first scrape that asks for it and kept with
+the page. Each connection gets its own thread, its own socket timeout and, with TLS, its own
+handshake, so an idle or garbage-sending client cannot hold up other scrapes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import html
+import logging
+import socket
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from gpumon.config import Option, SectionSchema, listen_check, parse_listen
+from gpumon.model import MetricFamily, Snapshot
+from gpumon.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
+from gpumon.sinks.base import CheckResult, Sink, SinkHealth
+from gpumon.sinks.webconfig import WebConfig, load_web_config
+
+log = logging.getLogger("gpumon.sinks.prometheus")
+
+OPTIONS = SectionSchema(
+    "prometheus",
+    "The embedded Prometheus endpoint (the default sink).",
+    (
+        Option("listen", str, "0.0.0.0:9470", "Address and port to serve /metrics on; `[::]:9470` for IPv6.",
+               check=listen_check),
+        Option("web_config_file", str, "",
+               "Exporter-toolkit web config (YAML) with `tls_server_config` and `basic_auth_users`, the "
+               "same file node_exporter takes as `--web.config.file`. Empty: plain HTTP, no auth."),
+        Option("request_timeout", float, 10.0,
+               "Seconds a connection may stay idle or take to send its request before it is closed.",
+               min=0.1, max=300.0),
+        Option("backlog", int, 256, "Listen backlog: pending connections the kernel queues.",
+               min=16, max=65535),
+    ),
+)
+
+LANDING = """<!doctype html>
+<html><head><title>gpumon</title></head>
+<body><h1>gpumon {version}</h1>
+<p>GPU and InfiniBand telemetry for {host}.</p>
+<ul><li><a href="/metrics">/metrics</a></li><li><a href="/healthz">/healthz</a></li></ul>
+</body></html>
+"""
+
+
+class Page:
+    """One snapshot's exposition in every variant a scraper may ask for, built at most once each."""
+
+    def __init__(self, families: tuple[MetricFamily, ...], text: bytes) -> None:
+        self._families = families
+        self._bodies: dict[tuple[bool, bool], bytes] = {(False, False): text}
+        self._lock = threading.RLock()  # the gzip variant builds the plain one under the same lock
+
+    def body(self, openmetrics: bool, gzipped: bool) -> bytes:
+        key = (openmetrics, gzipped)
+        found = self._bodies.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._bodies.get(key)
+            if found is None:
+                if gzipped:
+                    found = gzip.compress(self.body(openmetrics, False), 6, mtime=0)
+                else:  # OpenMetrics plain: rendered without the shared prefix cache (rarely asked)
+                    found = Renderer().render(self._families, openmetrics=True).encode("utf-8")
+                self._bodies[key] = found
+            return found
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, address, handler, sink: PrometheusSink, backlog: int, ipv6: bool) -> None:
+        self.address_family = socket.AF_INET6 if ipv6 else socket.AF_INET
+        self.request_queue_size = backlog
+        self.sink = sink
+        super().__init__(address, handler)
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+    def finish_request(self, request, client_address) -> None:
+        """Runs on the connection's own thread: the TLS handshake happens here, never in accept."""
+        sink = self.sink
+        request.settimeout(sink.request_timeout)
+        context = sink.web.ssl_context
+        if context is not None:
+            try:
+                request = context.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError) as exc:
+                sink.count_failure()
+                log.debug("TLS handshake from %s failed: %s", client_address[0], exc)
+                return
+        try:
+            self.RequestHandlerClass(request, client_address, self)
+        finally:
+            if context is not None:
+                try:
+                    request.close()
+                except OSError:
+                    pass
+
+    def handle_error(self, request, client_address) -> None:
+        self.sink.count_failure()
+        log.debug("error serving %s", client_address[0], exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    server_version = "gpumon"
+    sys_version = ""
+
+    def setup(self) -> None:
+        self.timeout = self.server.sink.request_timeout
+        super().setup()
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def do_HEAD(self) -> None:
+        self._route(head=True)
+
+    def do_GET(self) -> None:
+        self._route(head=False)
+
+    def _route(self, head: bool) -> None:
+        sink = self.server.sink
+        path = self.path.split("?", 1)[0]
+        if sink.web.auth_required and not sink.web.authorized(self.headers.get("Authorization")):
+            self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8", head,
+                       {"WWW-Authenticate": 'Basic realm="gpumon"'})
+            return
+        if path == "/metrics":
+            page = sink.page
+            if page is None:
+                self._send(503, b"no collection yet\n", "text/plain; charset=utf-8", head)
+                return
+            openmetrics = "application/openmetrics-text" in (self.headers.get("Accept") or "")
+            gzipped = "gzip" in (self.headers.get("Accept-Encoding") or "")
+            body = page.body(openmetrics, gzipped)
+            extra = {"Content-Encoding": "gzip"} if gzipped else {}
+            self._send(200, body, OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE, head, extra)
+            sink.count_scrape()
+        elif path == "/healthz":
+            if sink.ctx.loop_alive():
+                self._send(200, b"ok\n", "text/plain; charset=utf-8", head)
+            else:
+                self._send(503, b"collector loop is not running\n", "text/plain; charset=utf-8", head)
+        elif path == "/":
+            body = LANDING.format(version=html.escape(sink.ctx.version), host=html.escape(sink.ctx.hostname))
+            self._send(200, body.encode("utf-8"), "text/html; charset=utf-8", head)
+        else:
+            self._send(404, b"not found\n", "text/plain; charset=utf-8", head)
+
+    def _send(self, code: int, body: bytes, content_type: str, head: bool,
+              extra: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in {**self.server.sink.web.headers, **(extra or {})}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+
+class PrometheusSink(Sink):
+    name = "prometheus"
+    description = "Serves /metrics (text 0.0.4, OpenMetrics, gzip), /healthz and a landing page."
+    options = OPTIONS
+
+    def __init__(self, ctx, cfg=None) -> None:
+        super().__init__(ctx, cfg)
+        values = cfg if cfg is not None else {o.key: o.default for o in OPTIONS.options}
+        self.host, self.port = parse_listen(values["listen"])
+        self.request_timeout = float(values["request_timeout"])
+        self.backlog = int(values["backlog"])
+        self.web = load_web_config(values["web_config_file"]) if values["web_config_file"] else WebConfig()
+        self.page: Page | None = None
+        self._renderer = Renderer()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._scrapes = 0
+        self._failures = 0
+
+    def start(self) -> None:
+        ipv6 = ":" in self.host
+        self._server = _Server((self.host, self.port), _Handler, self, self.backlog, ipv6)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="prometheus-http", daemon=True)
+        self._thread.start()
+        scheme = "https" if self.web.ssl_context else "http"
+        log.info("serving %s://%s:%d/metrics", scheme, self.host, self.port)
+
+    def publish(self, snapshot: Snapshot) -> None:
+        text = self._renderer.render(snapshot.families).encode("utf-8")
+        self.page = Page(snapshot.families, text)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def count_scrape(self) -> None:
+        with self._lock:
+            self._scrapes += 1
+
+    def count_failure(self) -> None:
+        with self._lock:
+            self._failures += 1
+
+    def health(self) -> SinkHealth:
+        return SinkHealth(up=self._server is not None, exported=self._scrapes, failed=self._failures)
+
+    def check(self) -> list[CheckResult]:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((self.host, self.port))
+            except OSError as exc:
+                return [CheckResult("prometheus", False, f"cannot listen on {self.host}:{self.port}: "
+                                    f"{exc.strerror or exc}")]
+        tls = "TLS" if self.web.ssl_context else "plain HTTP"
+        auth = f", basic auth for {len(self.web.users)} user(s)" if self.web.users else ""
+        return [CheckResult("prometheus", True, f"can listen on {self.host}:{self.port} ({tls}{auth})")]

@@ -1,0 +1,169 @@
+"""The Prometheus exporter-toolkit web-config file: TLS, mutual TLS and basic auth.
+
+Users already have this YAML for node_exporter (``--web.config.file``); gpumon reads the same file.
+Supported: ``tls_server_config`` (cert_file, key_file, client_auth_type, client_ca_file,
+min_version, max_version) and ``basic_auth_users`` (bcrypt hashes). Keys the toolkit knows but
+gpumon cannot honour are rejected by name rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import ssl
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from gpumon.config import ConfigError
+
+_CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_UNSUPPORTED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
+_TLS_VERSIONS = {
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
+             "cipher_suites", "curve_preferences", "prefer_server_cipher_suites"}
+_IGNORED_TLS_KEYS = {"prefer_server_cipher_suites"}  # Go-only tuning knobs with no OpenSSL effect
+
+
+@dataclass
+class WebConfig:
+    ssl_context: ssl.SSLContext | None = None
+    users: dict[str, bytes] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    """Extra response headers from ``http_server_config.headers``."""
+    _ok_cache: dict[tuple[str, bytes], bool] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def auth_required(self) -> bool:
+        return bool(self.users)
+
+    def authorized(self, header: str | None) -> bool:
+        """Check an ``Authorization`` header. bcrypt costs ~100 ms per check, so a successful
+        (user, password digest) pair is remembered; failures are always recomputed."""
+        if not self.users:
+            return True
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            user, _, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        hashed = self.users.get(user)
+        if hashed is None:
+            return False
+        digest = hashlib.sha256(password.encode("utf-8")).digest()
+        key = (user, digest)
+        with self._lock:
+            if self._ok_cache.get(key):
+                return True
+        import bcrypt
+
+        try:
+            ok = bcrypt.checkpw(password.encode("utf-8"), hashed)
+        except ValueError:
+            ok = False
+        if ok:
+            with self._lock:
+                if len(self._ok_cache) > 64:
+                    self._ok_cache.clear()
+                self._ok_cache[key] = True
+        return ok
+
+
+def load_web_config(path: str) -> WebConfig:
+    """Parse and validate the file; every problem is a ConfigError naming the key and the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigError(path, "(file)", "no such web config file") from None
+    except OSError as exc:
+        raise ConfigError(path, "(file)", exc.strerror or str(exc)) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, "(syntax)", f"not valid YAML: {exc}".splitlines()[0]) from None
+    if doc is None:
+        return WebConfig()
+    if not isinstance(doc, dict):
+        raise ConfigError(path, "(top level)", "must be a mapping")
+    unknown = set(doc) - {"tls_server_config", "basic_auth_users", "http_server_config"}
+    if unknown:
+        raise ConfigError(path, sorted(unknown)[0], "unknown key (known: tls_server_config, "
+                          "basic_auth_users, http_server_config)")
+    http = doc.get("http_server_config") or {}
+    if not isinstance(http, dict) or http.get("http2") is True or set(http) - {"http2", "headers"}:
+        raise ConfigError(path, "http_server_config", "only http2: false and headers are supported")
+    config = WebConfig()
+    headers = http.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise ConfigError(path, "http_server_config.headers", "must map header names to strings")
+    config.headers = {str(k): v for k, v in headers.items()}
+    if doc.get("tls_server_config") is not None:
+        config.ssl_context = _tls_context(path, doc["tls_server_config"])
+    users = doc.get("basic_auth_users") or {}
+    if not isinstance(users, dict):
+        raise ConfigError(path, "basic_auth_users", "must map user names to bcrypt hashes")
+    for user, hashed in users.items():
+        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+            raise ConfigError(path, f"basic_auth_users.{user}", "must be a bcrypt hash ($2y$...)")
+        config.users[str(user)] = hashed.encode("ascii")
+    return config
+
+
+def _tls_context(path: str, tls: Any) -> ssl.SSLContext:
+    if not isinstance(tls, dict):
+        raise ConfigError(path, "tls_server_config", "must be a mapping")
+    unknown = set(tls) - _TLS_KEYS
+    if unknown:
+        raise ConfigError(path, f"tls_server_config.{sorted(unknown)[0]}", "unknown key")
+    for key in ("cipher_suites", "curve_preferences"):
+        if tls.get(key):
+            raise ConfigError(path, f"tls_server_config.{key}",
+                              "not supported; OpenSSL's defaults for the TLS version are used")
+    cert, key = tls.get("cert_file"), tls.get("key_file")
+    if not cert or not key:
+        raise ConfigError(path, "tls_server_config.cert_file", "cert_file and key_file are both required")
+    base = os.path.dirname(os.path.abspath(path))
+    cert, key = (os.path.join(base, str(p)) for p in (cert, key))  # relative to the file, as the toolkit
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = _version(path, tls, "min_version", "TLS12")
+    if tls.get("max_version"):
+        context.maximum_version = _version(path, tls, "max_version", "TLS13")
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(path, "tls_server_config.cert_file", f"cannot load certificate/key: {exc}") from None
+    auth = tls.get("client_auth_type") or "NoClientCert"
+    if auth in _UNSUPPORTED_CLIENT_AUTH:
+        raise ConfigError(path, "tls_server_config.client_auth_type",
+                          f"{auth} is not supported; use VerifyClientCertIfGiven or RequireAndVerifyClientCert")
+    if auth not in _CLIENT_AUTH:
+        raise ConfigError(path, "tls_server_config.client_auth_type",
+                          f"{auth!r} is not one of {', '.join(_CLIENT_AUTH)}")
+    context.verify_mode = _CLIENT_AUTH[auth]
+    if context.verify_mode != ssl.CERT_NONE:
+        ca = tls.get("client_ca_file")
+        if not ca:
+            raise ConfigError(path, "tls_server_config.client_ca_file", f"required with {auth}")
+        try:
+            context.load_verify_locations(os.path.join(base, str(ca)))
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(path, "tls_server_config.client_ca_file", f"cannot load: {exc}") from None
+    return context
+
+
+def _version(path: str, tls: dict, key: str, default: str) -> ssl.TLSVersion:
+    value = tls.get(key) or default
+    if value not in _TLS_VERSIONS:
+        raise ConfigError(path, f"tls_server_config.{key}", f"{value!r} is not one of TLS12, TLS13")
+    return _TLS_VERSIONS[value]

@@ -1,0 +1,110 @@
+"""Shared test plumbing: free ports, polling with a deadline, and a real `gpumon run` process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02) -> object:
+    """Poll ``predicate`` until it returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)
+
+
+def http_get(url: str, headers: dict[str, str] | None = None, timeout: float = 5.0,
+             context=None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test's environment without any GPUMON_ variable leaking in from the caller."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMON_")}
+    env.update(extra)
+    return env
+
+
+class GpumonProcess:
+    """A real `gpumon run` child process listening on a loopback port."""
+
+    def __init__(self, args: list[str], env: dict[str, str], port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpumon", "run", "--listen", f"127.0.0.1:{port}", *args],
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"gpumon exited {self.proc.returncode}: {self.proc.stdout.read()}")
+            try:
+                return http_get(self.url + "/healthz", timeout=1)[0] == 200
+            except OSError:
+                return False
+
+        wait_for(ready, timeout)
+
+    def metrics(self) -> str:
+        status, _, body = http_get(self.url + "/metrics")
+        assert status == 200
+        return body.decode()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            raise AssertionError(f"gpumon did not stop within {timeout} s: {out}") from None
+        return self.proc.returncode, out
+
+
+@pytest.fixture
+def gpumon_run(tmp_path):
+    """Start `gpumon run` with extra args; stopped (SIGTERM) at the end of the test."""
+    started: list[GpumonProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> GpumonProcess:
+        environment = clean_env(GPUMON_DAEMON_STATE_DIR=str(tmp_path / "state"))
+        environment.update(env or {})
+        process = GpumonProcess(list(args), environment, free_port())
+        started.append(process)
+        if ready:
+            process.wait_ready()
+        return process
+
+    yield start
+    for process in started:
+        if process.proc.poll() is None:
+            process.proc.kill()
+            process.proc.communicate()

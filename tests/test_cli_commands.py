@@ -1,0 +1,121 @@
+"""The face: `gpumon run|once|check|--version`, exit codes, signals and reload, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from gpumon import __version__
+from tests.conftest import clean_env, http_get, wait_for
+
+
+def gpumon(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpumon", *args], env=clean_env(**env),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_version():
+    result = gpumon("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"gpumon {__version__}"
+
+
+def test_no_command_is_usage_error():
+    assert gpumon().returncode == 2
+
+
+def test_once_json_has_the_contract_shape():
+    result = gpumon("once", "--format", "json", "--sysfs-root", "/nonexistent")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc) == {"host", "time", "metrics", "events", "collectors"}
+    build = next(m for m in doc["metrics"] if m["name"] == "gpumon_build_info")
+    assert build["type"] == "info" and build["samples"][0]["labels"]["version"] == __version__
+    for status in doc["collectors"]:
+        assert set(status) == {"name", "ok", "duration_seconds", "error"}
+
+
+def test_once_prometheus_is_promtool_clean():
+    result = gpumon("once", "--format", "prometheus")
+    assert result.returncode == 0
+    lint = subprocess.run(["promtool", "check", "metrics"], input=result.stdout, capture_output=True,
+                          text=True, timeout=30)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_once_table_fits_100_columns():
+    result = gpumon("once", "--format", "table")
+    assert result.returncode == 0
+    assert "Collectors" in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 100
+
+
+def test_run_serves_then_stops_on_sigterm_within_5_s(gpumon_run):
+    process = gpumon_run("--collectors", "auto")
+    assert "gpumon_build_info" in process.metrics()
+    status, _, body = http_get(process.url + "/")
+    assert status == 200
+    t0 = time.monotonic()
+    code, output = process.stop(signal.SIGTERM)
+    assert code == 0 and time.monotonic() - t0 < 5.0, output
+
+
+def test_sigint_stops_too(gpumon_run):
+    process = gpumon_run()
+    code, _ = process.stop(signal.SIGINT)
+    assert code == 0
+
+
+def test_sighup_reload_keeps_old_config_when_new_is_bad(gpumon_run, tmp_path):
+    config = tmp_path / "gpumon.toml"
+    config.write_text('[daemon]\nlog_level = "info"\n')
+    process = gpumon_run("--config", str(config))
+    config.write_text("[daemon]\ninterval = -5\n")
+    process.proc.send_signal(signal.SIGHUP)
+    # the endpoint keeps serving through and after the rejected reload, and says it was rejected
+    wait_for(lambda: 'gpumon_config_reloads_total{result="failure"} 1' in process.metrics())
+    assert "gpumon_config_last_reload_successful 0" in process.metrics()
+    config.write_text('[daemon]\nlog_level = "debug"\n')
+    process.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: 'gpumon_config_reloads_total{result="success"} 1' in process.metrics())
+    assert "gpumon_config_last_reload_successful 1" in process.metrics()
+    code, output = process.stop()
+    assert "new configuration rejected" in output and "[daemon] interval" in output
+    assert output.count("SIGHUP: reloading") == 2
+
+
+def test_run_with_port_in_use_exits_1(gpumon_run):
+    process = gpumon_run()
+    result = gpumon("run", "--listen", f"127.0.0.1:{process.port}")
+    assert result.returncode == 1 and "sink 'prometheus' failed to start" in result.stderr
+
+
+def test_check_reports_each_item():
+    result = gpumon("check", "--listen", "127.0.0.1:0", "--sysfs-root", "/nonexistent")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sink      prometheus   ok" in result.stdout
+
+
+def test_missing_sink_extra_names_the_pip_command(monkeypatch):
+    from gpumon import registry
+    from gpumon.cli import schemas
+    from gpumon.config import load
+    from gpumon.daemon import StartupError, make_sinks, sink_context
+    from gpumon.sinks.base import Sink
+
+    class Needy(Sink):
+        name = "azure_monitor"
+        requires = ("surely_not_installed_module",)
+        extra = "azure"
+
+    monkeypatch.setattr(registry, "sink_class", lambda name: Needy)
+    config = load(schemas(), None, {}, {})
+    config.daemon._values["sinks"] = ["azure_monitor"]
+    try:
+        make_sinks(config, sink_context(config))
+    except StartupError as exc:
+        assert str(exc) == "sink 'azure_monitor' needs: pip install 'gpumon[azure]'"
+    else:
+        raise AssertionError("a sink without its extra must not start")

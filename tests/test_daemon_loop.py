@@ -1,0 +1,180 @@
+"""The loop: own thread per collector, deadlines, withdrawal of series, events, self-metrics."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from gpumon.cli import schemas
+from gpumon.collectors.base import Collector, CollectorUnavailable, Context
+from gpumon.config import load
+from gpumon.daemon import Loop, Plan, PlannedCollector, collect_once
+from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity, Snapshot
+from gpumon.sinks.base import Sink, SinkContext
+from tests.conftest import wait_for
+
+VALUE = MetricSpec("gpumon_test_value", MetricType.GAUGE, "A test value.", labels=("source",))
+
+
+class Scripted(Collector):
+    """A collector whose next behaviour the test chooses: return, raise, hang, or go unavailable."""
+
+    name = "scripted"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(Context(hostname="test"))
+        self.name = name
+        self.mode = "ok"
+        self.release = threading.Event()
+        self.runs = 0
+        self.events: list[Event] = []
+
+    def collect(self) -> Collection:
+        self.runs += 1
+        if self.mode == "raise":
+            raise RuntimeError("sensor on fire")
+        if self.mode == "hang":
+            self.release.wait(30)
+        if self.mode == "unavailable":
+            raise CollectorUnavailable("driver not loaded")
+        result = Collection()
+        result.add(VALUE, [VALUE.sample(self.runs, self.name)])
+        result.count_error("parse", 2)
+        result.events.extend(self.events)
+        self.events = []
+        return result
+
+
+class Recorder(Sink):
+    name = "recorder"
+
+    def __init__(self) -> None:
+        super().__init__(SinkContext("test", "/tmp", "0"))
+        self.snapshots: list[Snapshot] = []
+
+    def publish(self, snapshot: Snapshot) -> None:
+        self.snapshots.append(snapshot)
+
+
+def make_loop(*collectors: Scripted, interval: float = 0.05, deadline: float = 0.5) -> tuple[Loop, Recorder]:
+    config = load(schemas(), None, {"GPUMON_DAEMON_INTERVAL": str(interval),
+                                    "GPUMON_DAEMON_DEADLINE": str(deadline)}, {})
+    plan = Plan([PlannedCollector(c.name, c, True, True) for c in collectors])
+    sink = Recorder()
+    return Loop(config, plan, Context(hostname="test"), [sink]), sink
+
+
+def values(snapshot: Snapshot, name: str) -> dict[tuple, float]:
+    fam = snapshot.family(name)
+    return {} if fam is None else {s.labels: s.value for s in fam.samples}
+
+
+@pytest.fixture
+def loop_of():
+    loops: list[Loop] = []
+
+    def make(*collectors, **kw):
+        loop, sink = make_loop(*collectors, **kw)
+        loops.append(loop)
+        loop.start()
+        return loop, sink
+
+    yield make
+    for loop in loops:
+        for runner in loop.runners:
+            runner.collector.release.set()
+        loop.stop(2)
+
+
+def latest(sink: Recorder) -> Snapshot:
+    return sink.snapshots[-1]
+
+
+def test_results_compose_into_snapshots_with_self_metrics(loop_of):
+    a, b = Scripted("a"), Scripted("b")
+    loop, sink = loop_of(a, b)
+    wait_for(lambda: len(values(latest(sink), "gpumon_test_value")) == 2)
+    snap = latest(sink)
+    assert values(snap, "gpumon_collector_up") == {(("collector", "a"),): 1, (("collector", "b"),): 1}
+    assert values(snap, "gpumon_collector_errors_total")[(("collector", "a"), ("reason", "parse"))] >= 2
+    assert snap.family("gpumon_build_info") is not None
+    assert snap.family("process_resident_memory_bytes") is not None
+    assert [c.name for c in snap.collectors] == ["a", "b"] and all(c.ok for c in snap.collectors)
+
+
+def test_raising_collector_is_down_withdrawn_and_recovers(loop_of):
+    bad, good = Scripted("bad"), Scripted("good")
+    loop, sink = loop_of(bad, good)
+    wait_for(lambda: (("source", "bad"),) in values(latest(sink), "gpumon_test_value"))
+    bad.mode = "raise"
+    wait_for(lambda: values(latest(sink), "gpumon_collector_up").get((("collector", "bad"),)) == 0)
+    snap = latest(sink)
+    assert (("source", "bad"),) not in values(snap, "gpumon_test_value")  # withdrawn, not stale
+    runs_before = good.runs
+    wait_for(lambda: good.runs > runs_before + 3)  # the other collector keeps going
+    downs = [e for s in sink.snapshots for e in s.events if e.kind == "collector_down"]
+    assert len(downs) == 1 and "sensor on fire" in downs[0].message  # reported once, not every run
+    status = {c.name: c for c in latest(sink).collectors}["bad"]
+    assert not status.ok and "RuntimeError" in status.error
+    bad.mode = "ok"
+    wait_for(lambda: (("source", "bad"),) in values(latest(sink), "gpumon_test_value"))
+    assert values(latest(sink), "gpumon_collector_errors_total")[(("collector", "bad"), ("reason", "exception"))] >= 1
+
+
+def test_hung_collector_misses_deadline_without_stalling_others(loop_of):
+    hung, good = Scripted("hung"), Scripted("good")
+    hung.mode = "hang"
+    loop, sink = loop_of(hung, good, deadline=0.3)
+    wait_for(lambda: values(latest(sink), "gpumon_collector_up").get((("collector", "hung"),)) == 0, timeout=5)
+    status = {c.name: c for c in latest(sink).collectors}["hung"]
+    assert "deadline" in status.error
+    runs_before = good.runs
+    wait_for(lambda: good.runs > runs_before + 3)
+    assert values(latest(sink), "gpumon_collector_up")[(("collector", "good"),)] == 1
+    hung.mode = "ok"
+    hung.release.set()
+    wait_for(lambda: values(latest(sink), "gpumon_collector_up").get((("collector", "hung"),)) == 1)
+
+
+def test_events_reach_one_snapshot_each(loop_of):
+    a = Scripted("a")
+    a.events = [Event("gpu_xid", Severity.CRITICAL, {"gpu": "0"}, "XID 79")]
+    loop, sink = loop_of(a)
+    wait_for(lambda: a.runs > 3)
+    seen = [e for s in list(sink.snapshots) for e in s.events if e.kind == "gpu_xid"]
+    assert len(seen) == 1
+
+
+def test_unavailable_at_run_time_is_reported_as_such(loop_of):
+    a = Scripted("a")
+    a.mode = "unavailable"
+    loop, sink = loop_of(a)
+    wait_for(lambda: latest(sink).collectors[0].error == "driver not loaded")
+    assert not latest(sink).collectors[0].available
+    assert values(latest(sink), "gpumon_collector_errors_total")[(("collector", "a"), ("reason", "unavailable"))] >= 1
+
+
+def test_once_bounds_a_hung_collector():
+    hung, good = Scripted("hung"), Scripted("good")
+    hung.mode = "hang"
+    config = load(schemas(), None, {"GPUMON_DAEMON_DEADLINE": "0.2"}, {})
+    plan = Plan([PlannedCollector(c.name, c, True, True) for c in (hung, good)])
+    snapshot = collect_once(config, plan, Context(hostname="t"))
+    hung.release.set()
+    status = {c.name: c for c in snapshot.collectors}
+    assert status["good"].ok and not status["hung"].ok and "deadline" in status["hung"].error
+    assert list(values(snapshot, "gpumon_test_value")) == [(("source", "good"),)]
+
+
+def test_stop_is_prompt_with_a_hung_collector():
+    import time
+
+    hung = Scripted("hung")
+    hung.mode = "hang"
+    loop, sink = make_loop(hung)
+    loop.start()
+    t0 = time.monotonic()
+    loop.stop(2.0)
+    hung.release.set()
+    assert time.monotonic() - t0 < 2.5

@@ -1,0 +1,174 @@
+"""The embedded endpoint over real sockets: negotiation, health, and clients that misbehave."""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import threading
+import time
+
+import pytest
+
+from gpumon.config import Section
+from gpumon.model import MetricFamily, MetricSpec, MetricType, Snapshot
+from gpumon.sinks.base import SinkContext
+from gpumon.sinks.prometheus import OPTIONS, PrometheusSink
+from tests.conftest import http_get, wait_for
+
+SPEC = MetricSpec("gpumon_test_value", MetricType.GAUGE, "A value.", labels=("i",))
+
+
+def snapshot(n: int = 50) -> Snapshot:
+    fam = MetricFamily(SPEC, tuple(SPEC.sample(i, str(i)) for i in range(n)))
+    return Snapshot("host", time.time(), (fam,), (), ())
+
+
+def section(**values) -> Section:
+    defaults = {o.key: o.default for o in OPTIONS.options}
+    defaults.update({"listen": "127.0.0.1:0", **values})
+    return Section("prometheus", defaults)
+
+
+@pytest.fixture
+def sink():
+    alive = {"value": True}
+    made = []
+
+    def make(**values) -> PrometheusSink:
+        s = PrometheusSink(SinkContext("host", "/tmp", "9.9", loop_alive=lambda: alive["value"]), section(**values))
+        s.alive = alive
+        s.start()
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+def url(s: PrometheusSink, path: str = "/metrics") -> str:
+    return f"http://127.0.0.1:{s.port}{path}"
+
+
+def test_no_page_yet_is_503_then_text_format(sink):
+    s = sink()
+    assert http_get(url(s))[0] == 503
+    s.publish(snapshot())
+    status, headers, body = http_get(url(s))
+    assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert b'gpumon_test_value{i="49"} 49\n' in body
+
+
+def test_openmetrics_and_gzip_by_headers(sink):
+    s = sink()
+    s.publish(snapshot())
+    status, headers, body = http_get(url(s), {"Accept": "application/openmetrics-text; version=1.0.0",
+                                             "Accept-Encoding": "gzip"})
+    assert status == 200 and headers["Content-Encoding"] == "gzip"
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    assert gzip.decompress(body).endswith(b"# EOF\n")
+
+
+def test_scrape_serves_the_page_it_was_given_and_counts(sink):
+    s = sink()
+    s.publish(snapshot(3))
+    for _ in range(3):
+        http_get(url(s))
+    s.publish(snapshot(5))
+    assert b'i="4"' in http_get(url(s))[2]
+    assert s.health().exported == 4
+
+
+def test_healthz_follows_the_loop_and_landing_page(sink):
+    s = sink()
+    assert http_get(url(s, "/healthz"))[0] == 200
+    s.alive["value"] = False
+    assert http_get(url(s, "/healthz"))[0] == 503
+    status, _, body = http_get(url(s, "/"))
+    assert status == 200 and b'href="/metrics"' in body and b"9.9" in body
+    assert http_get(url(s, "/nope"))[0] == 404
+
+
+def raw(s: PrometheusSink, data: bytes, read: bool = True, timeout: float = 5.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", s.port), timeout=timeout) as conn:
+        conn.sendall(data)
+        if not read:
+            return b""
+        chunks = []
+        try:
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except TimeoutError:
+            pass
+        return b"".join(chunks)
+
+
+def test_garbage_and_oversize_requests_are_answered_without_harm(sink):
+    s = sink(request_timeout=1.0)
+    s.publish(snapshot())
+    assert b"Error code: 400" in raw(s, b"\x16\x03\x01garbage\r\n\r\n")
+    assert raw(s, b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n").startswith(b"HTTP/1.1 431")
+    many = b"".join(b"X-%d: y\r\n" % i for i in range(200))
+    assert raw(s, b"GET /metrics HTTP/1.1\r\n" + many + b"\r\n").startswith(b"HTTP/1.1 431")
+    assert raw(s, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n").startswith(b"HTTP/1.1 501")
+    assert http_get(url(s))[0] == 200
+
+
+def test_idle_and_slow_clients_do_not_block_scrapes(sink):
+    s = sink(request_timeout=2.0)
+    s.publish(snapshot())
+    idle = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(20)]
+    half = socket.create_connection(("127.0.0.1", s.port))
+    half.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finishes its headers
+    try:
+        t0 = time.monotonic()
+        for _ in range(10):
+            assert http_get(url(s), timeout=2)[0] == 200
+        assert time.monotonic() - t0 < 2.0
+        # the server closes the idle connections after request_timeout
+        idle[0].settimeout(5)
+        assert idle[0].recv(1) == b""
+    finally:
+        for conn in idle + [half]:
+            conn.close()
+
+
+def test_concurrent_scrapes_all_succeed(sink):
+    s = sink()
+    s.publish(snapshot(2000))
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def scrape() -> None:
+        for _ in range(5):
+            status = http_get(url(s), timeout=10)[0]
+            with lock:
+                results.append(status)
+
+    threads = [threading.Thread(target=scrape) for _ in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == [200] * 320
+
+
+def test_port_in_use_fails_start_and_check(sink):
+    s = sink()
+    other = PrometheusSink(SinkContext("h", "/tmp", "1"), section(listen=f"127.0.0.1:{s.port}"))
+    [verdict] = other.check()
+    assert not verdict.ok and "cannot listen" in verdict.message
+    with pytest.raises(OSError):
+        other.start()
+
+
+def test_head_request_has_no_body(sink):
+    s = sink()
+    s.publish(snapshot())
+    reply = raw(s, b"HEAD /metrics HTTP/1.0\r\n\r\n")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and body == b""
+    wait_for(lambda: s.health().exported >= 1)
