@@ -17,7 +17,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from gpumon import __version__, daemon, logs, registry, report
+from gpumon import __version__, daemon, logs, registry, report, sdnotify
 from gpumon.config import DAEMON, Config, ConfigError, SectionSchema, load
 
 log = logging.getLogger("gpumon")
@@ -28,12 +28,14 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 def schemas() -> list[SectionSchema]:
     """The [daemon] section plus the section each installed collector and sink declares."""
     found = [DAEMON]
-    for name in registry.available_collectors():
-        options = registry.collector_class(name).options
-        if options is not None:
-            found.append(options)
-    for name in registry.available_sinks():
-        options = registry.sink_class(name).options
+    plugins = [(name, registry.collector_class) for name in registry.available_collectors()]
+    plugins += [(name, registry.sink_class) for name in registry.available_sinks()]
+    for name, lookup in plugins:
+        try:
+            options = lookup(name).options
+        except registry.BrokenPlugin as exc:  # one broken plugin must not take the others down
+            print(f"gpumon: warning: plugin '{name}' cannot be loaded: {exc}", file=sys.stderr)
+            continue
         if options is not None:
             found.append(options)
     return found
@@ -114,12 +116,19 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     signal.signal(signal.SIGHUP, lambda *_: reload.set())
     runner = daemon.Daemon(config)
     runner.start()
+    sdnotify.notify("READY=1")  # the port is bound: `systemctl start` may return
+    watchdog = sdnotify.Watchdog.from_environ()
     while not stop.is_set():
         if stop.wait(0.5):
             break
+        if runner.loop is not None and runner.loop.alive():
+            watchdog.tick()  # a wedged loop stops the pings and systemd restarts the service
         if reload.is_set():
             reload.clear()
+            sdnotify.reloading()
             _reload(args, runner)
+            sdnotify.notify("READY=1")
+    sdnotify.notify("STOPPING=1")
     runner.stop(timeout=4.5)
     return EXIT_OK
 

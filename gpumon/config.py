@@ -290,7 +290,10 @@ def load(
         section_name, key = _split_env(var, schemas)
         where = f"environment variable {var}"
         if section_name is None:
-            raise ConfigError(where, var, "does not name a known section and key")
+            # Not ours: Kubernetes service links for a Service named gpumon (GPUMON_SERVICE_HOST,
+            # GPUMON_PORT_9470_TCP) and other tools share the prefix. A typo in a key of a known
+            # section is still an error below.
+            continue
         opt = _option(schemas[section_name], key, where)
         try:
             raw = _from_text(opt.type, text)

@@ -94,31 +94,39 @@ def plan_collectors(config: Config, ctx: Context) -> Plan:
     wanted = list(config.daemon.collectors)
     auto = "auto" in wanted
     explicit = [n for n in wanted if n != "auto"]
-    names = list(dict.fromkeys((registry.available_collectors() if auto else []) + explicit))
+    known = registry.available_collectors()
     for name in explicit:
-        if name not in registry.available_collectors():
-            raise StartupError(f"unknown collector '{name}' (known: {', '.join(registry.available_collectors())})")
+        if name not in known:
+            raise StartupError(f"unknown collector '{name}' (known: {', '.join(known)})")
+    names = list(dict.fromkeys((known if auto else []) + explicit))
+    classes: dict[str, type[Collector] | str] = {}
     i = 0
     while i < len(names):  # implied collectors join the run, after the one that implies them
-        for implied in registry.collector_class(names[i]).implies:
-            if implied not in names and implied in registry.available_collectors():
-                names.append(implied)
+        try:
+            cls = classes[names[i]] = registry.collector_class(names[i])
+        except registry.BrokenPlugin as exc:
+            classes[names[i]] = f"cannot be loaded: {exc}"
+        else:
+            names.extend(n for n in cls.implies if n not in names and n in known)
         i += 1
     plan = Plan()
     for name in names:
-        cls = registry.collector_class(name)
+        cls = classes[name]
+        if isinstance(cls, str):
+            plan.collectors.append(PlannedCollector(name, None, name in explicit, False, cls))
+            continue
         collector = cls(ctx, config.sections.get(name))
         try:
             availability = collector.probe()
         except Exception as exc:  # a probe must not raise; if it does, it is this collector's problem
             log.exception("probe of collector %s failed", name)
-            availability_ok, reason = False, f"probe failed: {exc}"
+            available, reason = False, f"probe failed: {exc}"
         else:
-            availability_ok, reason = availability.available, availability.reason
-        if not availability_ok:
+            available, reason = availability.available, availability.reason
+        if not available:
             collector.close()
-        plan.collectors.append(PlannedCollector(name, collector if availability_ok else None,
-                                                name in explicit, availability_ok, reason))
+        plan.collectors.append(PlannedCollector(name, collector if available else None,
+                                                name in explicit, available, reason))
     return plan
 
 
@@ -129,6 +137,8 @@ def make_sinks(config: Config, ctx: SinkContext) -> list[Sink]:
             cls = registry.sink_class(name)
         except registry.UnknownPlugin:
             raise StartupError(f"unknown sink '{name}' (known: {', '.join(registry.available_sinks())})") from None
+        except registry.BrokenPlugin as exc:
+            raise StartupError(f"sink '{name}' cannot be loaded: {exc}") from None
         if cls.missing_dependencies():
             raise StartupError(f"sink '{name}' needs: pip install 'gpumon[{cls.extra}]'")
         sinks.append(cls(ctx, config.sections.get(name)))

@@ -33,6 +33,10 @@ class UnknownPlugin(KeyError):
     pass
 
 
+class BrokenPlugin(ImportError):
+    """A plugin is registered but its module fails to import (a third-party bug, a missing file)."""
+
+
 def _targets(group: str, builtins: dict[str, str]) -> dict[str, str]:
     found = dict(builtins)
     for ep in entry_points(group=group):
@@ -42,15 +46,10 @@ def _targets(group: str, builtins: dict[str, str]) -> dict[str, str]:
 
 def _load(target: str):
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def collector_names() -> list[str]:
-    return sorted(_targets("gpumon.collectors", BUILTIN_COLLECTORS))
-
-
-def sink_names() -> list[str]:
-    return sorted(_targets("gpumon.sinks", BUILTIN_SINKS))
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except Exception as exc:
+        raise BrokenPlugin(f"{target}: {type(exc).__name__}: {exc}") from exc
 
 
 def _installed(target: str) -> bool:

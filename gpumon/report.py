@@ -50,7 +50,7 @@ def as_table(snapshot: Snapshot, width: int = WIDTH) -> str:
             continue
         try:
             cls = registry.collector_class(status.name)
-        except registry.UnknownPlugin:
+        except (registry.UnknownPlugin, registry.BrokenPlugin):
             continue
         table = cls.summarize(snapshot)
         if table is not None:

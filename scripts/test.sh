@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBIAN_PACKAGES=(prometheus prometheus-node-exporter systemd)
+# prometheus/promtool: end-to-end scrapes and rule tests; node_exporter: the benchmarks' peer;
+# systemd: systemd-analyze for the unit; buildah, debootstrap: the container image build;
+# shellcheck: the VM installer.
+DEBIAN_PACKAGES=(prometheus prometheus-node-exporter systemd buildah debootstrap shellcheck)
 missing=()
 for pkg in "${DEBIAN_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -17,5 +20,14 @@ fi
 
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" -m pip install -q -e '.[test]'
+
+# Policy and schema checkers for the Kubernetes manifests live in their own venv: checkov pins
+# versions of common packages that would otherwise be downgraded in the main environment.
+TOOLS="${DEPLOY_TOOLS_DIR:-/opt/gpumon-tools}"
+if [ ! -x "$TOOLS/bin/checkov" ] || [ ! -x "$TOOLS/bin/kubernetes-validate" ]; then
+    "$PYTHON" -m venv "$TOOLS"
+    "$TOOLS/bin/pip" install -q checkov==3.3.30 kubernetes-validate==1.37.0
+fi
+export DEPLOY_TOOLS_BIN="$TOOLS/bin"
 "$PYTHON" -m ruff check .
 "$PYTHON" -m pytest -q "$@"

@@ -86,6 +86,13 @@ def test_sighup_reload_keeps_old_config_when_new_is_bad(gpumon_run, tmp_path):
     assert output.count("SIGHUP: reloading") == 2
 
 
+def test_run_with_unavailable_explicit_collector_exits_1(tmp_path):
+    result = gpumon("run", "--collectors", "infiniband", "--sysfs-root", str(tmp_path), "--listen",
+                    "127.0.0.1:0", GPUMON_DAEMON_STATE_DIR=str(tmp_path))
+    assert result.returncode == 1
+    assert "collector 'infiniband' is unavailable" in result.stderr
+
+
 def test_run_with_port_in_use_exits_1(gpumon_run):
     process = gpumon_run()
     result = gpumon("run", "--listen", f"127.0.0.1:{process.port}")
@@ -119,3 +126,23 @@ def test_missing_sink_extra_names_the_pip_command(monkeypatch):
         assert str(exc) == "sink 'azure_monitor' needs: pip install 'gpumon[azure]'"
     else:
         raise AssertionError("a sink without its extra must not start")
+
+
+def test_run_speaks_sd_notify(gpumon_run, tmp_path):
+    import socket as socketlib
+
+    path = str(tmp_path / "notify.sock")
+    receiver = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_DGRAM)
+    receiver.bind(path)
+    receiver.settimeout(10)
+    try:
+        process = gpumon_run(env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"})
+        messages = [receiver.recv(4096).decode()]
+        while "WATCHDOG=1" not in messages:
+            messages.append(receiver.recv(4096).decode())
+        assert messages[0] == "READY=1"
+        process.stop()
+        while "STOPPING=1" not in messages:
+            messages.append(receiver.recv(4096).decode())
+    finally:
+        receiver.close()

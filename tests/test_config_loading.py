@@ -83,8 +83,14 @@ def test_bad_environment_is_named():
         load(schemas(), None, {"GPUMON_DAEMON_DEADLINE": "-1"}, {})
     assert err.value.source == "environment variable GPUMON_DAEMON_DEADLINE"
     with pytest.raises(ConfigError) as err:
-        load(schemas(), None, {"GPUMON_NOPE_X": "1"}, {})
-    assert "GPUMON_NOPE_X" in str(err.value)
+        load(schemas(), None, {"GPUMON_DAEMON_INTERVL": "1"}, {})
+    assert "GPUMON_DAEMON_INTERVL" in str(err.value) and "unknown key" in str(err.value)
+
+
+def test_kubernetes_service_links_are_not_config():
+    env = {"GPUMON_SERVICE_HOST": "10.0.0.1", "GPUMON_PORT": "tcp://10.0.0.1:9470",
+           "GPUMON_PORT_9470_TCP_ADDR": "10.0.0.1"}
+    assert load(schemas(), None, env, {}).daemon.interval == 10.0
 
 
 def test_missing_file():

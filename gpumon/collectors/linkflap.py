@@ -1,0 +1,225 @@
+"""The fast link-state watcher: reads only what is cheap, often, and exports the flap verdicts.
+
+Every second (by default) it reads each port's ``state`` and ``phys_state`` and the port's netdev
+``carrier_changes`` (a plain kernel counter: no firmware query), feeds them to the shared
+:class:`gpumon.flaps.FlapDetector`, and exports the flap counts, the flapping flag and the
+``ib_link_*`` events. ``link_downed`` reaches the same detector from the ``infiniband`` collector
+on its slower counter interval, so a flap seen both ways counts once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
+from gpumon.collectors.infiniband import (
+    PHYS_STATE_NAMES,
+    STATE_NAMES,
+    Attr,
+    Fault,
+    FaultLog,
+    PortPaths,
+    class_dir,
+    device_filter,
+    discover,
+    parse_counter,
+    parse_state,
+    read_mode_cached,
+    tree_signature,
+)
+from gpumon.config import Option, Section, SectionSchema, regex_check
+from gpumon.flaps import SIGNALS, shared_detector
+from gpumon.model import Collection, MetricSpec, MetricType, Sample
+
+log = logging.getLogger("gpumon.collectors.linkflap")
+
+PORT_LABELS = ("device", "port")
+
+SPEC_FLAPS = MetricSpec(
+    "gpumon_ib_link_flaps_total", MetricType.COUNTER,
+    "Link flaps (down and back) since gpumon started; one flap seen by several signals counts once.",
+    labels=PORT_LABELS)
+SPEC_SIGNALS = MetricSpec(
+    "gpumon_ib_link_flap_signals_total", MetricType.COUNTER,
+    "Flaps each signal saw (state, link_downed, carrier_changes), before de-duplication.",
+    labels=("device", "port", "signal"))
+SPEC_WINDOW = MetricSpec(
+    "gpumon_ib_port_flaps_in_window", MetricType.GAUGE,
+    "Flaps within the flap window (default 24 h), kept across restarts.", labels=PORT_LABELS)
+SPEC_FLAPPING = MetricSpec(
+    "gpumon_ib_port_flapping", MetricType.GAUGE,
+    "1 when flaps in the window reach the threshold (default 5 in 24 h, as Azure's NHC2005), else 0.",
+    labels=PORT_LABELS)
+SPEC_LAST = MetricSpec(
+    "gpumon_ib_last_flap_timestamp_seconds", MetricType.GAUGE,
+    "Unix time of the port's last flap (only ports that have flapped within the window or since start).",
+    "seconds", PORT_LABELS)
+SPEC_DOWN = MetricSpec(
+    "gpumon_ib_port_down_seconds", MetricType.GAUGE,
+    "How long the port has been seen down (not ACTIVE/LinkUp); 0 while up.", "seconds", PORT_LABELS)
+SPEC_LAST_DOWN = MetricSpec(
+    "gpumon_ib_port_last_down_duration_seconds", MetricType.GAUGE,
+    "How long the last completed down period lasted, to within one watch interval.", "seconds",
+    PORT_LABELS)
+
+OPTIONS = SectionSchema(
+    "linkflap",
+    "The fast port-state watcher and the link-flap rule.",
+    (
+        Option("watch_interval", float, 1.0,
+               "Seconds between state reads. Each read of state/phys_state queries the port, so keep "
+               "it at 0.5 s or more on large hosts.", min=0.05, max=3600.0),
+        Option("flap_threshold", int, 5, "Flaps within flap_window that make a port flapping.",
+               min=1, max=100000),
+        Option("flap_window", float, 86400.0, "Seconds of the flap window (kept across restarts).",
+               min=60.0, max=30 * 86400.0),
+        Option("carrier_changes", bool, True,
+               "Also read the port netdev's carrier_changes (no firmware query): catches a flap "
+               "shorter than any poll within one watch interval."),
+        Option("include_devices", str, "", "Regular expression; only matching devices are watched.",
+               check=regex_check),
+        Option("exclude_devices", str, "", "Regular expression; matching devices are not watched.",
+               check=regex_check),
+        Option("read_mode", str, "auto", "As [infiniband] read_mode.", choices=("auto", "pread", "open")),
+    ),
+)
+
+
+def _option(cfg: Section | None, key: str):
+    if cfg is not None and key in cfg:
+        return cfg[key]
+    opt = OPTIONS.option(key)
+    assert opt is not None
+    return opt.default
+
+
+@dataclass
+class _Watched:
+    paths: PortPaths
+    labels: tuple[tuple[str, str], ...]
+    state: Attr
+    phys_state: Attr
+    carrier: Attr | None
+
+
+class LinkflapCollector(Collector):
+    name = "linkflap"
+    description = "Fast InfiniBand port-state watcher: link flaps, flapping ports, down periods."
+    options = OPTIONS
+
+    def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
+        super().__init__(ctx, cfg)
+        self._watch_interval = float(_option(cfg, "watch_interval"))
+        self._carrier = bool(_option(cfg, "carrier_changes"))
+        self._wanted = device_filter(_option(cfg, "include_devices"), _option(cfg, "exclude_devices"))
+        self._cached = read_mode_cached(_option(cfg, "read_mode"), ctx.sysfs_root)
+        self._detector = shared_detector(ctx)
+        self._detector.configure(int(_option(cfg, "flap_threshold")), float(_option(cfg, "flap_window")))
+        self._faults = FaultLog(log)
+        self._signature: tuple[tuple[str, str], ...] | None = None
+        self._stale = True
+        self._ports: list[_Watched] = []
+
+    @classmethod
+    def metrics(cls) -> tuple[MetricSpec, ...]:
+        return (SPEC_FLAPS, SPEC_SIGNALS, SPEC_WINDOW, SPEC_FLAPPING, SPEC_LAST, SPEC_DOWN, SPEC_LAST_DOWN)
+
+    def interval(self, default: float) -> float:
+        """The watcher keeps its own pace, whatever the daemon's interval."""
+        return self._watch_interval
+
+    def probe(self) -> Availability:
+        base = class_dir(self.ctx.sysfs_root)
+        if not os.path.isdir(base):
+            return Availability(False, f"no {base} (no InfiniBand driver loaded)")
+        try:
+            if not os.listdir(base):
+                return Availability(False, f"{base} has no devices (no RDMA-capable NIC)")
+        except OSError as exc:
+            return Availability(False, f"cannot list {base}: {exc.strerror or exc}")
+        return Availability(True)
+
+    def close(self) -> None:
+        for port in self._ports:
+            for attr in (port.state, port.phys_state, port.carrier):
+                if attr is not None:
+                    attr.close()
+        self._ports = []
+        self._stale = True
+
+    def _rediscover(self) -> None:
+        self.close()
+        ports = []
+        for paths in discover(self.ctx.sysfs_root, self._wanted):
+            carrier = None
+            if self._carrier:
+                for ndir in paths.netdev_dirs:
+                    path = os.path.join(ndir, "carrier_changes")
+                    if os.path.exists(path):
+                        carrier = Attr(path, self._cached)
+                        break
+            ports.append(_Watched(
+                paths, (("device", paths.device), ("port", paths.port)),
+                Attr(os.path.join(paths.port_dir, "state"), self._cached),
+                Attr(os.path.join(paths.port_dir, "phys_state"), self._cached),
+                carrier))
+        self._ports = ports
+
+    def collect(self) -> Collection:
+        coll = Collection()
+        signature = tree_signature(self.ctx.sysfs_root)
+        if not signature:
+            self.close()
+            self._signature = signature
+            raise CollectorUnavailable(f"no InfiniBand devices under {class_dir(self.ctx.sysfs_root)}")
+        if self._stale or signature != self._signature:
+            self._rediscover()
+            self._signature = signature
+        self._stale = False
+        detector = self._detector
+        for port in self._ports:
+            state = self._read(coll, port.state, lambda t: parse_state(t, STATE_NAMES))
+            phys = self._read(coll, port.phys_state, lambda t: parse_state(t, PHYS_STATE_NAMES))
+            carrier = self._read(coll, port.carrier, parse_counter) if port.carrier is not None else None
+            detector.observe(port.paths.key, time.monotonic(), state=state, phys_state=phys,
+                             carrier_changes=carrier)
+        self._export(coll)
+        coll.events.extend(detector.drain_events())
+        for reason, count in detector.drain_errors().items():
+            coll.count_error(reason, count)
+        return coll
+
+    def _read(self, coll: Collection, attr: Attr, parse) -> int | None:
+        try:
+            return parse(attr.read())
+        except Fault as fault:
+            self._faults.report(coll, fault, attr.path)
+            if fault.reason == "vanished":
+                self._stale = True
+            return None
+
+    def _export(self, coll: Collection) -> None:
+        flaps, signals, window, flapping, last, down, last_down = ([] for _ in range(7))
+        for port in self._ports:
+            st = self._detector.status(port.paths.key)
+            labels = port.labels
+            flaps.append(Sample(labels, float(st.flaps_total)))
+            for signal in SIGNALS:
+                signals.append(Sample(labels + (("signal", signal),), float(st.signal_counts.get(signal, 0))))
+            window.append(Sample(labels, float(st.window_flaps)))
+            flapping.append(Sample(labels, 1.0 if st.flapping else 0.0))
+            if st.last_flap_timestamp is not None:
+                last.append(Sample(labels, st.last_flap_timestamp))
+            down.append(Sample(labels, st.down_seconds))
+            if st.last_down_seconds is not None:
+                last_down.append(Sample(labels, st.last_down_seconds))
+        coll.add(SPEC_FLAPS, flaps)
+        coll.add(SPEC_SIGNALS, signals)
+        coll.add(SPEC_WINDOW, window)
+        coll.add(SPEC_FLAPPING, flapping)
+        coll.add(SPEC_LAST, last)
+        coll.add(SPEC_DOWN, down)
+        coll.add(SPEC_LAST_DOWN, last_down)

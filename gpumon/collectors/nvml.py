@@ -1,0 +1,727 @@
+"""The NVML GPU collector: the whole GPU health picture through nvidia-ml-py, without DCGM.
+
+Reads every GPU through one shared NVML session (:mod:`gpumon.collectors.nvml_session`), in three
+tiers that bound the calls per GPU per run (:mod:`gpumon.collectors.nvml_metrics`). A metric NVML
+refuses for a GPU (not supported, no permission, function missing, deprecated, refused under MIG) is
+dropped for that GPU and asked again only at the hourly re-probe. A GPU that is lost is reported by
+``gpumon_gpu_lost`` and a ``gpu_lost`` event, its other series withdrawn, the other GPUs unaffected.
+When the library or driver is missing the collector is unavailable and re-initialises with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumon.collectors import nvml_metrics as M
+from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context, Table
+from gpumon.collectors.nvml_session import Device, NvmlSession, classify, shared_session, text
+from gpumon.collectors.nvml_tables import (
+    CLOCK_EVENT_REASONS,
+    GPM_ALL_IDS,
+    GPM_NVLINK,
+    GPM_PCIE,
+    GPM_RATIOS,
+    THROTTLE_REASONS,
+    error_name,
+)
+from gpumon.config import Option, Section, SectionSchema
+from gpumon.model import Collection, MetricSpec, Sample, Snapshot
+
+log = logging.getLogger("gpumon.nvml")
+
+LOST_RETRY_SECONDS = 60.0
+GPM_FIRST_SAMPLE_GAP = 0.1
+MIB = 1024.0 * 1024.0
+
+OPTIONS = SectionSchema(
+    "nvml",
+    "NVIDIA GPUs through NVML (nvidia-ml-py).",
+    (
+        Option("interval", float, 0.0, "Collection interval in seconds; 0 uses [daemon] interval.",
+               min=0.0, max=3600.0),
+        Option("per_process", bool, False,
+               "Export memory per process (`gpumon_gpu_process_memory_bytes{pid}`): one series per "
+               "process, so off by default."),
+        Option("gpm", bool, True, "Profiling metrics through GPM on Hopper and newer (no DCGM, no SYS_ADMIN)."),
+        Option("nvlink_per_link", bool, False,
+               "Export NVLink state, errors and bytes per link (18 links x 7 series per H100); the "
+               "per-GPU NVLink totals are always exported."),
+        Option("reprobe_interval", float, 3600.0,
+               "Seconds before a metric NVML refused for a GPU is asked again, and between re-reads of "
+               "static facts (identity, maxima, MIG layout).", min=60.0, max=86400.0),
+        Option("max_calls_per_gpu", int, 8,
+               "NVML calls per GPU per run in steady state. Fast values are read every run; slowly moving "
+               "ones share what is left (at least one per run). 0 reads everything every run.",
+               min=0, max=1000),
+    ),
+)
+
+
+class _GpuLost(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _NvmlGone(Exception):
+    pass
+
+
+@dataclass
+class _Gpm:
+    """Two GPM sample buffers used alternately: each run's metrics span the previous run's sample."""
+
+    samples: list[Any]
+    sampler: str
+    args: tuple[Any, ...]
+    idx: int = 0
+    taken: int = 0
+
+    @property
+    def valid(self) -> bool:
+        return self.taken >= 2
+
+
+@dataclass
+class _Mig:
+    handle: Any
+    gpu_instance: int
+    compute_instance: int
+
+
+@dataclass
+class _Gpu:
+    dev: Device
+    static_at: float = -1.0
+    info: tuple[str, ...] = ()
+    static_rows: list[M.Row] = field(default_factory=list)
+    link_count: int = 0
+    gpm: _Gpm | None = None
+    mig: list[_Mig] = field(default_factory=list)
+    mig_gpm: dict[int, _Gpm] = field(default_factory=dict)
+    dropped: dict[Any, float] = field(default_factory=dict)
+    slow_cache: dict[str, list[M.Row]] = field(default_factory=dict)
+    slow_last: dict[str, int] = field(default_factory=dict)
+    lost_checked: float = 0.0
+
+
+class NvmlCollector(Collector):
+    name = "nvml"
+    description = "NVIDIA GPUs through NVML: utilization, memory, power, clocks, ECC, NVLink, GPM, MIG."
+    options = OPTIONS
+    implies = ("xid",)
+
+    def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
+        super().__init__(ctx, cfg)
+        self.session: NvmlSession = shared_session(ctx)
+        self.session.acquire()
+        self._clock: Callable[[], float] = time.monotonic
+        self._generation = -1
+        self._gpus: list[_Gpu] = []
+        self._run = 0
+        self._logged: set[Any] = set()
+        self._stop = threading.Event()
+        self._closed = False
+        self._parse_ctx = M.ParseContext(per_process=bool(self._opt("per_process")))
+
+    # --- plumbing ------------------------------------------------------------------------------------
+
+    def _opt(self, key: str) -> Any:
+        if self.cfg is not None and key in self.cfg:
+            return self.cfg[key]
+        opt = OPTIONS.option(key)
+        assert opt is not None
+        return opt.default
+
+    @classmethod
+    def metrics(cls) -> tuple[MetricSpec, ...]:
+        return M.ALL_SPECS
+
+    def probe(self) -> Availability:
+        try:
+            self.session.ensure()
+        except CollectorUnavailable as exc:
+            return Availability(False, str(exc))
+        if not self.session.devices:
+            return Availability(False, "NVML reports no GPUs")
+        return Availability(True)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self.session.release()
+
+    def _log_once(self, key: Any, level: int, msg: str, *args: Any) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.log(level, msg, *args)
+
+    # --- the run -------------------------------------------------------------------------------------
+
+    def collect(self) -> Collection:
+        self.session.ensure()
+        out = Collection()
+        if self._generation != self.session.generation:
+            self._generation = self.session.generation
+            self._gpus = [_Gpu(d) for d in self.session.devices]
+            self._run = 0
+        self._run += 1
+        now = self._clock()
+        rows_by_spec: dict[MetricSpec, list[Sample]] = {}
+        pending_gpm: list[tuple[_Gpu, list[M.Row]]] = []
+
+        def emit(gpu: _Gpu, rows: list[M.Row]) -> None:
+            for spec, extra, value in rows:
+                rows_by_spec.setdefault(spec, []).append(Sample(tuple(zip(spec.labels, gpu.dev.labels + extra)),
+                                                                float(value)))
+
+        try:
+            for gpu in self._gpus:
+                if gpu.dev.lost and not self._retry_lost(gpu, now, out):
+                    continue
+                rows: list[M.Row] = []
+                try:
+                    self._collect_gpu(gpu, now, rows, out)
+                    if self._needs_second_sample(gpu):
+                        pending_gpm.append((gpu, rows))
+                    else:
+                        emit(gpu, rows)
+                except _GpuLost as lost:
+                    self.session.mark_lost(gpu.dev, lost.reason)
+            if pending_gpm and not self._stop.wait(GPM_FIRST_SAMPLE_GAP):
+                for gpu, rows in pending_gpm:
+                    try:
+                        self._gpm_step(gpu, rows, out)
+                        emit(gpu, rows)
+                    except _GpuLost as lost:
+                        self.session.mark_lost(gpu.dev, lost.reason)
+        except _NvmlGone as gone:
+            self.session.invalidate(str(gone))
+            raise CollectorUnavailable(str(gone)) from None
+
+        for gpu in self._gpus:
+            emit(gpu, [(M.LOST, (), 1.0 if gpu.dev.lost else 0.0)])
+        for spec in M.ALL_SPECS:
+            if spec in rows_by_spec:
+                out.add(spec, rows_by_spec[spec])
+        out.add(M.CALLS, [M.CALLS.sample(n, fn) for fn, n in sorted(self.session.calls.items())])
+        out.events.extend(self.session.drain_lost_events())
+        return out
+
+    def _collect_gpu(self, gpu: _Gpu, now: float, rows: list[M.Row], out: Collection) -> None:
+        reprobe = float(self._opt("reprobe_interval"))
+        if gpu.dropped:
+            gpu.dropped = {k: t for k, t in gpu.dropped.items() if now - t < reprobe}
+        if gpu.static_at < 0 or now - gpu.static_at >= reprobe:
+            self._refresh_static(gpu, now, out)
+        rows.append((M.INFO_SPEC, gpu.info, 1.0))
+        rows.extend(gpu.static_rows)
+
+        calls = 0
+        if self._fields(gpu, rows, out):
+            calls += 1
+        for item in self._active(gpu, list(M.FAST_CALLS) + self._field_fallbacks(gpu, fast=True)):
+            calls += 1
+            rows.extend(self._call_item(gpu, item, out) or [])
+        for mig in gpu.mig:
+            rows.extend(self._mig_memory(gpu, mig, out))
+        if gpu.gpm is not None:
+            calls += 2
+            self._gpm_sample(gpu, gpu.gpm, out)
+        # slow tier: fill the budget left after the fast tier, oldest (weighted) first
+        slow = list(self._active(gpu, self._slow_items(gpu)))
+        budget = int(self._opt("max_calls_per_gpu"))
+        slots = len(slow) if budget <= 0 else max(1, budget - calls)
+        # an item never read yet (first run, after a re-probe or a recovery) is read now, budget or not
+        slots = max(slots, sum(1 for it in slow if it.key not in gpu.slow_last))
+        slow.sort(key=lambda it: self._slow_priority(gpu, it), reverse=True)
+        for item in slow[:slots]:
+            gpu.slow_last[item.key] = self._run
+            result = self._call_item(gpu, item, out)
+            if result is None:
+                gpu.slow_cache.pop(item.key, None)
+            else:
+                gpu.slow_cache[item.key] = result
+        active_keys = {it.key for it in slow}
+        for key, cached in gpu.slow_cache.items():
+            if key in active_keys:
+                rows.extend(cached)
+        if gpu.gpm is not None and gpu.gpm.valid:
+            self._gpm_metrics(gpu, gpu.gpm, rows, (), M.ACTIVITY, out)
+        for gi, pair in gpu.mig_gpm.items():
+            self._mig_gpm(gpu, gi, pair, rows, out)
+
+    def _slow_priority(self, gpu: _Gpu, item: M.CallItem) -> float:
+        last = gpu.slow_last.get(item.key)
+        if last is None:
+            return float("inf")
+        return (self._run - last) * item.weight
+
+    def _slow_items(self, gpu: _Gpu) -> list[M.CallItem]:
+        items = list(M.SLOW_CALLS) + self._field_fallbacks(gpu, fast=False)
+        if self._opt("nvlink_per_link"):
+            for link in range(gpu.link_count):
+                items.append(M.CallItem(
+                    f"nvlink_crc_data_{link}", "nvmlDeviceGetNvLinkErrorCounter",
+                    (link, M.NVLINK_ERROR_DL_CRC_DATA),
+                    _link_error_parser(link)))
+        return items
+
+    @staticmethod
+    def _field_fallbacks(gpu: _Gpu, fast: bool) -> list[M.CallItem]:
+        """Calls standing in for fields this GPU refused; power and energy stay in the fast tier."""
+        keys: list[str] = []
+        for fs in M.FIELDS:
+            if (fs.fallback and ("field", fs.field_id, 0) in gpu.dropped and fs.fallback not in keys
+                    and (fs.fallback in M.FAST_FALLBACKS) == fast):
+                keys.append(fs.fallback)
+        return [M.FALLBACK_CALLS[k] for k in keys]
+
+    def _active(self, gpu: _Gpu, items: Any) -> list[M.CallItem]:
+        """The items not dropped for this GPU, with fallbacks standing in for dropped ones."""
+        active = []
+        for item in items:
+            if ("call", item.key) not in gpu.dropped:
+                active.append(item)
+            elif item.fallback and ("call", item.fallback) not in gpu.dropped:
+                active.append(M.FALLBACK_CALLS[item.fallback])
+        return active
+
+    # --- error handling ------------------------------------------------------------------------------
+
+    def _handle_error(self, gpu: _Gpu, key: Any, what: str, exc: BaseException, out: Collection) -> None:
+        """Turn one NVML failure into its outcome: drop, lost, unavailable, or absent this run."""
+        kind, code = classify(exc)
+        reason = f"nvml_{error_name(code)}" if code is not None else "nvml_error"
+        if kind == "lost":
+            out.count_error(reason)
+            raise _GpuLost(f"{what}: {exc}")
+        if kind == "unavailable":
+            out.count_error(reason)
+            raise _NvmlGone(f"NVML became unusable ({what}: {exc})")
+        if kind == "unsupported":
+            gpu.dropped[key] = self._clock()
+            out.count_error(reason)
+            self._log_once(("drop", key, code), logging.INFO,
+                           "GPU %d: %s not available (%s); dropped for each GPU that refuses it until the "
+                           "re-probe", gpu.dev.index, what, exc)
+            return
+        out.count_error(reason)
+        self._log_once(("transient", key, code), logging.WARNING,
+                       "GPU %d: %s failed (%s); the value is absent this run", gpu.dev.index, what, exc)
+
+    def _call_item(self, gpu: _Gpu, item: M.CallItem, out: Collection) -> list[M.Row] | None:
+        try:
+            value = self.session.call(item.fn, gpu.dev.handle, *item.args)
+        except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome, none escapes
+            self._handle_error(gpu, ("call", item.key), item.fn, exc, out)
+            return None
+        try:
+            return item.parse(value, self._parse_ctx)
+        except (TypeError, ValueError, AttributeError) as exc:
+            out.count_error("nvml_parse")
+            self._log_once(("parse", item.key), logging.WARNING, "%s returned %r: %s", item.fn, value, exc)
+            return None
+
+    def _try(self, gpu: _Gpu, key: Any, fn: str, *args: Any, out: Collection) -> Any:
+        """A static call: the value, or None when NVML refused (handled like any other call)."""
+        if key in gpu.dropped:
+            return None
+        try:
+            return self.session.call(fn, *args)
+        except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome
+            self._handle_error(gpu, key, fn, exc, out)
+            return None
+
+    # --- lost GPUs -----------------------------------------------------------------------------------
+
+    def _retry_lost(self, gpu: _Gpu, now: float, out: Collection) -> bool:
+        """Ask a lost GPU again every minute; True when it answers (same UUID) and is collected again."""
+        if now - max(gpu.lost_checked, gpu.dev.lost_since) < LOST_RETRY_SECONDS:
+            return False
+        gpu.lost_checked = now
+        try:
+            handle = self.session.call("nvmlDeviceGetHandleByIndex", gpu.dev.index)
+            uuid = text(self.session.call("nvmlDeviceGetUUID", handle))
+            self.session.call("nvmlDeviceGetTemperatureV", handle, 0)
+        except Exception as exc:  # noqa: BLE001 - still lost, or worse
+            kind, _ = classify(exc)
+            if kind == "unavailable":
+                raise _NvmlGone(f"NVML became unusable ({exc})") from None
+            return False
+        if uuid != gpu.dev.uuid:
+            return False
+        gpu.dev.handle = handle
+        gpu.static_at = -1.0
+        gpu.gpm = None
+        gpu.mig_gpm = {}
+        self.session.mark_recovered(gpu.dev)
+        return True
+
+    # --- static facts --------------------------------------------------------------------------------
+
+    def _refresh_static(self, gpu: _Gpu, now: float, out: Collection) -> None:
+        h = gpu.dev.handle
+        gpu.static_at = now
+        s = self.session
+        name = self._try(gpu, ("static", "name"), "nvmlDeviceGetName", h, out=out)
+        pci = self._try(gpu, ("static", "pci"), "nvmlDeviceGetPciInfo_v3", h, out=out)
+        serial = self._try(gpu, ("static", "serial"), "nvmlDeviceGetSerial", h, out=out)
+        vbios = self._try(gpu, ("static", "vbios"), "nvmlDeviceGetVbiosVersion", h, out=out)
+        mig = self._try(gpu, ("static", "mig"), "nvmlDeviceGetMigMode", h, out=out)
+        mig_on = bool(mig and mig[0] == 1)
+        gpu.info = (text(name or ""), text(pci.busId) if pci is not None else "", text(serial or ""),
+                    text(vbios or ""), s.driver_version, s.cuda_version,
+                    "" if mig is None else ("enabled" if mig_on else "disabled"))
+        rows: list[M.Row] = []
+        for clock, label in ((M.CLOCK_SM, "sm"), (M.CLOCK_MEM, "memory"), (M.CLOCK_GRAPHICS, "graphics")):
+            v = self._try(gpu, ("static", "max_clock", clock), "nvmlDeviceGetMaxClockInfo", h, clock, out=out)
+            if v is not None:
+                rows.append((M.CLOCK_MAX, (label,), float(v) * 1e6))
+        for fn, spec in (("nvmlDeviceGetMaxPcieLinkGeneration", M.PCIE_GEN_MAX),
+                         ("nvmlDeviceGetMaxPcieLinkWidth", M.PCIE_WIDTH_MAX)):
+            v = self._try(gpu, ("static", fn), fn, h, out=out)
+            if v is not None:
+                rows.append((spec, (), float(v)))
+        ecc = self._try(gpu, ("static", "ecc"), "nvmlDeviceGetEccMode", h, out=out)
+        if ecc is not None:
+            rows.append((M.ECC_MODE, (), 1.0 if ecc[0] else 0.0))
+        gpu.link_count = 0
+        links = self._try(gpu, ("static", "links"), "nvmlDeviceGetFieldValues", h,
+                          [M.FIELD_NVLINK_LINK_COUNT], out=out)
+        if links is not None and links[0].nvmlReturn == 0:
+            gpu.link_count = int(_field_value(links[0]))
+        if gpu.link_count:
+            rows.append((M.NVLINK_LINKS, (), float(gpu.link_count)))
+        gpu.static_rows = rows
+        self._setup_gpm(gpu, out)
+        self._setup_mig(gpu, mig_on, out)
+
+    def _setup_gpm(self, gpu: _Gpu, out: Collection) -> None:
+        if not self._opt("gpm") or gpu.gpm is not None:
+            return
+        support = self._try(gpu, ("static", "gpm"), "nvmlGpmQueryDeviceSupport", gpu.dev.handle, out=out)
+        if support is None or not support.isSupportedDevice:
+            if support is not None:
+                gpu.dropped[("static", "gpm")] = self._clock()
+                self._log_once(("gpm", gpu.dev.index), logging.INFO,
+                               "GPU %d: GPM profiling metrics not supported (pre-Hopper GPU)", gpu.dev.index)
+            return
+        samples = self._alloc_samples(gpu, out)
+        if samples is not None:
+            gpu.gpm = _Gpm(samples, "nvmlGpmSampleGet", (gpu.dev.handle,))
+
+    def _alloc_samples(self, gpu: _Gpu, out: Collection) -> list[Any] | None:
+        samples = []
+        for _ in range(2):
+            sample = self._try(gpu, ("static", "gpm_alloc"), "nvmlGpmSampleAlloc", out=out)
+            if sample is None:
+                return None
+            samples.append(sample)
+        return samples
+
+    def _setup_mig(self, gpu: _Gpu, mig_on: bool, out: Collection) -> None:
+        gpu.mig = []
+        if not mig_on:
+            gpu.mig_gpm = {}
+            return
+        h = gpu.dev.handle
+        count = self._try(gpu, ("static", "mig_count"), "nvmlDeviceGetMaxMigDeviceCount", h, out=out) or 0
+        for i in range(int(count)):
+            try:
+                mh = self.session.call("nvmlDeviceGetMigDeviceHandleByIndex", h, i)
+                gi = int(self.session.call("nvmlDeviceGetGpuInstanceId", mh))
+                ci = int(self.session.call("nvmlDeviceGetComputeInstanceId", mh))
+            except Exception as exc:  # noqa: BLE001 - an empty MIG slot answers NOT_FOUND
+                kind, _ = classify(exc)
+                if kind in ("lost", "unavailable"):
+                    self._handle_error(gpu, ("static", "mig_dev", i), "nvmlDeviceGetMigDeviceHandleByIndex",
+                                       exc, out)
+                continue
+            gpu.mig.append(_Mig(mh, gi, ci))
+        if self._opt("gpm") and gpu.gpm is not None:
+            for gi in sorted({m.gpu_instance for m in gpu.mig}):
+                if gi not in gpu.mig_gpm:
+                    samples = self._alloc_samples(gpu, out)
+                    if samples is not None:
+                        gpu.mig_gpm[gi] = _Gpm(samples, "nvmlGpmMigSampleGet", (gpu.dev.handle, gi))
+
+    # --- fields --------------------------------------------------------------------------------------
+
+    def _field_plan(self, gpu: _Gpu) -> list[tuple[int, int]]:
+        ids = [(fs.field_id, 0) for fs in M.FIELDS]
+        if gpu.link_count:
+            ids += [(fs.field_id, 0) for fs in M.NVLINK_TOTAL_FIELDS]
+            per_link = [M.FIELD_NVLINK_STATE, M.FIELD_NVLINK_TX_KIB, M.FIELD_NVLINK_RX_KIB]
+            if self._opt("nvlink_per_link"):
+                per_link += [fid for fid, _ in M.NVLINK_LINK_ERROR_FIELDS]
+            ids += [(fid, link) for link in range(gpu.link_count) for fid in per_link]
+        return [key for key in ids if ("field",) + key not in gpu.dropped]
+
+    def _fields(self, gpu: _Gpu, rows: list[M.Row], out: Collection) -> bool:
+        """One nvmlDeviceGetFieldValues call for every field-backed value; False when none was asked."""
+        if ("call", "fields") in gpu.dropped:
+            return False
+        plan = self._field_plan(gpu)
+        if not plan:
+            return False
+        try:
+            values = self.session.call("nvmlDeviceGetFieldValues", gpu.dev.handle,
+                                       [(fid, scope) for fid, scope in plan])
+        except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome
+            self._handle_error(gpu, ("call", "fields"), "nvmlDeviceGetFieldValues", exc, out)
+            if ("call", "fields") in gpu.dropped:
+                # the whole call is unavailable: every field falls back to its call, if it has one
+                for fs in M.FIELDS:
+                    gpu.dropped.setdefault(("field", fs.field_id, 0), self._clock())
+            return True
+        got: dict[tuple[int, int], float] = {}
+        for (fid, scope), fv in zip(plan, values):
+            ret = int(fv.nvmlReturn)
+            if ret != 0:
+                err = _code_error(ret)
+                self._handle_error(gpu, ("field", fid, scope), f"field {fid} (scope {scope})", err, out)
+                continue
+            got[(fid, scope)] = _field_value(fv)
+        for fs in M.FIELDS + M.NVLINK_TOTAL_FIELDS:
+            if (fs.field_id, 0) in got:
+                rows.append((fs.spec, fs.extra, got[(fs.field_id, 0)] * fs.scale))
+        if gpu.link_count:
+            self._nvlink_rows(gpu, got, rows)
+        return True
+
+    def _nvlink_rows(self, gpu: _Gpu, got: dict[tuple[int, int], float], rows: list[M.Row]) -> None:
+        links = range(gpu.link_count)
+        states = [got.get((M.FIELD_NVLINK_STATE, link)) for link in links]
+        known = [s for s in states if s is not None]
+        if known:
+            rows.append((M.NVLINK_ACTIVE, (), float(sum(1 for s in known if s == 1))))
+        for fid, direction in ((M.FIELD_NVLINK_TX_KIB, "tx"), (M.FIELD_NVLINK_RX_KIB, "rx")):
+            vals = [got[(fid, link)] for link in links if (fid, link) in got]
+            # a total over some links only would look like a counter reset: all answered, or none
+            if vals and len(vals) == sum(1 for link in links if ("field", fid, link) not in gpu.dropped):
+                rows.append((M.NVLINK_BYTES, (direction,), sum(vals) * 1024.0))
+        if not self._opt("nvlink_per_link"):
+            return
+        for link in links:
+            lk = str(link)
+            if states[link] is not None:
+                rows.append((M.NVLINK_LINK_UP, (lk,), 1.0 if states[link] == 1 else 0.0))
+            for fid, kind in M.NVLINK_LINK_ERROR_FIELDS:
+                if (fid, link) in got:
+                    rows.append((M.NVLINK_LINK_ERRORS, (lk, kind), got[(fid, link)]))
+            for fid, direction in ((M.FIELD_NVLINK_TX_KIB, "tx"), (M.FIELD_NVLINK_RX_KIB, "rx")):
+                if (fid, link) in got:
+                    rows.append((M.NVLINK_LINK_BYTES, (lk, direction), got[(fid, link)] * 1024.0))
+
+    # --- MIG -----------------------------------------------------------------------------------------
+
+    def _mig_memory(self, gpu: _Gpu, mig: _Mig, out: Collection) -> list[M.Row]:
+        key = ("call", "mig_memory", mig.gpu_instance, mig.compute_instance)
+        if key in gpu.dropped:
+            return []
+        try:
+            mem = self.session.call("nvmlDeviceGetMemoryInfo", mig.handle)
+        except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome
+            self._handle_error(gpu, key, "nvmlDeviceGetMemoryInfo (MIG)", exc, out)
+            return []
+        extra = (str(mig.gpu_instance), str(mig.compute_instance))
+        return [(M.MIG_MEM_TOTAL, extra, float(mem.total)), (M.MIG_MEM_USED, extra, float(mem.used))]
+
+    def _mig_gpm(self, gpu: _Gpu, gi: int, pair: _Gpm, rows: list[M.Row], out: Collection) -> None:
+        if ("gpm_mig", gi) in gpu.dropped:
+            return
+        self._gpm_sample(gpu, pair, out, key=("gpm_mig", gi))
+        if not pair.valid:
+            return
+        for mig in gpu.mig:
+            if mig.gpu_instance == gi:
+                self._gpm_metrics(gpu, pair, rows, (str(gi), str(mig.compute_instance)), M.MIG_ACTIVITY, out,
+                                  ratios_only=True)
+                break
+
+    # --- GPM -----------------------------------------------------------------------------------------
+
+    def _gpm_sample(self, gpu: _Gpu, pair: _Gpm, out: Collection, key: Any = ("gpm",)) -> None:
+        """Take one sample into the next buffer; the pair becomes valid once two samples exist."""
+        sample = pair.samples[pair.idx]
+        try:
+            self.session.call(pair.sampler, *pair.args, sample)
+        except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome
+            pair.taken = 0
+            self._handle_error(gpu, key, pair.sampler, exc, out)
+            if key in gpu.dropped and key == ("gpm",):
+                gpu.gpm = None
+            return
+        pair.idx ^= 1
+        pair.taken += 1
+
+    @staticmethod
+    def _needs_second_sample(gpu: _Gpu) -> bool:
+        pairs = ([gpu.gpm] if gpu.gpm is not None else []) + list(gpu.mig_gpm.values())
+        return any(p.taken == 1 for p in pairs)
+
+    def _gpm_step(self, gpu: _Gpu, rows: list[M.Row], out: Collection) -> None:
+        """The second sample of a first run (no previous run to measure against)."""
+        if gpu.gpm is not None and gpu.gpm.taken == 1:
+            self._gpm_sample(gpu, gpu.gpm, out)
+            if gpu.gpm is not None and gpu.gpm.valid:
+                self._gpm_metrics(gpu, gpu.gpm, rows, (), M.ACTIVITY, out)
+        for gi, pair in gpu.mig_gpm.items():
+            if pair.taken == 1:
+                self._mig_gpm(gpu, gi, pair, rows, out)
+
+    def _gpm_metrics(self, gpu: _Gpu, pair: _Gpm, rows: list[M.Row], extra: tuple[str, ...],
+                     ratio_spec: MetricSpec, out: Collection, ratios_only: bool = False) -> None:
+        lib = self.session.lib
+        ids = [mid for mid in GPM_ALL_IDS if ("gpm_metric", mid) not in gpu.dropped]
+        if ratios_only:
+            ratio_ids = {mid for mid, _ in GPM_RATIOS}
+            ids = [mid for mid in ids if mid in ratio_ids]
+        if not ids:
+            return
+        mg = lib.c_nvmlGpmMetricsGet_t()
+        mg.version = lib.NVML_GPM_METRICS_GET_VERSION
+        mg.numMetrics = len(ids)
+        mg.sample1 = pair.samples[pair.idx]        # the older sample
+        mg.sample2 = pair.samples[pair.idx ^ 1]    # the one just taken
+        for i, mid in enumerate(ids):
+            mg.metrics[i].metricId = mid
+        try:
+            self.session.call("nvmlGpmMetricsGet", mg)
+        except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome
+            self._handle_error(gpu, ("gpm_metrics",), "nvmlGpmMetricsGet", exc, out)
+            return
+        names = dict(GPM_RATIOS)
+        pcie, nvlink = dict(GPM_PCIE), dict(GPM_NVLINK)
+        for i, mid in enumerate(ids):
+            metric = mg.metrics[i]
+            if int(metric.nvmlReturn) != 0:
+                self._handle_error(gpu, ("gpm_metric", mid), f"GPM metric {mid}",
+                                   _code_error(int(metric.nvmlReturn)), out)
+                continue
+            value = float(metric.value)
+            if mid in names:
+                rows.append((ratio_spec, extra + (names[mid],), max(0.0, min(1.0, value / 100.0))))
+            elif mid in pcie:
+                rows.append((M.GPM_PCIE, (pcie[mid],), value * MIB))
+            elif mid in nvlink:
+                rows.append((M.GPM_NVLINK, (nvlink[mid],), value * MIB))
+
+    # --- the terminal table --------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, snapshot: Snapshot) -> Table | None:
+        info = snapshot.family(M.INFO_SPEC.name)
+        lost = snapshot.family(M.LOST.name)
+        if info is None and lost is None:
+            return None
+        gpus: dict[str, dict[str, Any]] = {}
+        for fam in (lost, info):
+            for s in fam.samples if fam else ():
+                gpus.setdefault(s.label("gpu") or "?", {"uuid": s.label("uuid")})
+        for s in info.samples if info else ():
+            gpus[s.label("gpu") or "?"]["model"] = s.label("model") or ""
+        for s in lost.samples if lost else ():
+            gpus[s.label("gpu") or "?"]["lost"] = s.value == 1
+
+        def each(name: str, **match: str):
+            fam = snapshot.family(name)
+            for s in fam.samples if fam else ():
+                if all(s.label(k) == v for k, v in match.items()) and s.label("gpu") in gpus:
+                    yield gpus[s.label("gpu")], s
+
+        for row, s in each(M.UTIL.name, engine="gpu"):
+            row["util"] = s.value
+        for row, s in each(M.MEM_USED.name):
+            row["used"] = s.value
+        for row, s in each(M.MEM_TOTAL.name):
+            row["total"] = s.value
+        for row, s in each(M.TEMP.name, sensor="gpu"):
+            row["temp"] = s.value
+        for row, s in each(M.POWER.name):
+            row["power"] = s.value
+        for row, s in each(M.POWER_LIMIT.name):
+            row["limit"] = s.value
+        for row, s in each(M.CLOCK.name, clock="sm"):
+            row["sm"] = s.value
+        short = {"sw_power_cap": "pwr", "hw_slowdown": "hw", "sync_boost": "sync",
+                 "sw_thermal_slowdown": "swtherm", "hw_thermal_slowdown": "hwtherm",
+                 "hw_power_brake_slowdown": "brake"}
+        for row, s in each(M.CLOCK_REASON.name):
+            if s.value == 1 and s.label("reason") in THROTTLE_REASONS:
+                row.setdefault("reasons", []).append(short.get(s.label("reason") or "", "?"))
+        for row, s in each(M.ECC.name, type="uncorrected", counter="volatile"):
+            if s.value:
+                row.setdefault("health", []).append(f"dbe{int(s.value)}")
+        for row, s in each(M.REMAP_PENDING.name):
+            if s.value:
+                row.setdefault("health", []).append("remap-pend")
+        for row, s in each(M.REMAP_FAILURE.name):
+            if s.value:
+                row.setdefault("health", []).append("remap-FAIL")
+        xid_fam = snapshot.family("gpumon_gpu_xid_errors_total")
+        for s in xid_fam.samples if xid_fam else ():
+            row = gpus.get(s.label("gpu") or "")
+            if row is not None and s.value:
+                row.setdefault("xids", []).append(f"{s.label('xid')}x{int(s.value)}")
+
+        def num(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
+            return fmt.format(row[key] * scale) if key in row else "-"
+
+        out_rows = []
+        for index in sorted(gpus, key=lambda g: (len(g), g)):
+            r = gpus[index]
+            model = (r.get("model") or "").removeprefix("NVIDIA ")[:14]
+            if r.get("lost"):
+                out_rows.append((index, model, "LOST", "-", "-", "-", "-", "-", "-",
+                                 ",".join(r.get("xids", [])) or "-"))
+                continue
+            mem = (f"{r['used'] / 2**30:.1f}/{r['total'] / 2**30:.0f}G" if "used" in r and "total" in r else "-")
+            power = (f"{r['power']:.0f}/{r['limit']:.0f}W" if "power" in r and "limit" in r
+                     else num(r, "power", "{:.0f}W"))
+            out_rows.append((
+                index, model, num(r, "util", "{:.0f}%", 100.0), mem, num(r, "temp", "{:.0f}C"), power,
+                num(r, "sm", "{:.0f}M", 1e-6), ",".join(r.get("reasons", [])) or "-",
+                ",".join(r.get("health", [])) or "ok", ",".join(r.get("xids", [])) or "-",
+            ))
+        return Table("GPUs (NVML)",
+                     ("GPU", "Model", "Util", "Memory", "Temp", "Power", "SM clk", "Throttle", "ECC/remap",
+                      "XID"),
+                     tuple(out_rows))
+
+
+def _link_error_parser(link: int) -> M.Parser:
+    return lambda v, _c: [(M.NVLINK_LINK_ERRORS, (str(link), "crc_data"), float(v))]
+
+
+def _code_error(code: int) -> BaseException:
+    """The real pynvml exception for a per-field/per-metric return code (same class a call raises)."""
+    try:
+        import pynvml
+
+        return pynvml.NVMLError(code)
+    except ImportError:  # pragma: no cover - pynvml is a dependency
+        exc = Exception(f"NVML error {code}")
+        exc.value = code  # type: ignore[attr-defined]
+        return exc
+
+
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _field_value(fv: Any) -> float:
+    """A c_nvmlFieldValue_t's value, read through the union member its valueType names."""
+    member = _VALUE_MEMBERS.get(int(fv.valueType), "ullVal")
+    return float(getattr(fv.value, member))
+
+
+# Reason names for the docs and the simulation (one source of truth with the bitmask decoder).
+REASON_NAMES = tuple(name for _, name in CLOCK_EVENT_REASONS)

@@ -1,0 +1,309 @@
+"""The GPU metric families and where each value comes from in NVML.
+
+Three tiers keep the NVML call count per GPU small and bounded:
+
+- **fields**: one ``nvmlDeviceGetFieldValues`` call per GPU per run fetches every value that has a
+  field id (power, energy, memory temperature, thresholds, ECC, row remapping, PCIe counters,
+  clock-event violation times, NVLink totals and per-link values), each with its own return code;
+- **fast calls**: values with no field id that move every second (utilization, memory, GPU
+  temperature, SM clock), one call each per run;
+- **slow calls**: values that move slowly (memory/graphics clocks, clock-event reason bits, PCIe link
+  state, BAR1, P-state, encoder/decoder, processes, fan) share the per-GPU call budget left after the
+  fast tier, oldest first, weighted so the clock-event reasons refresh more often.
+
+Static facts (identity, maxima, ECC/MIG mode, GPM support, NVLink count) are read at discovery and
+at every hourly re-probe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpumon.collectors.nvml_tables import CLOCK_EVENT_REASONS
+from gpumon.model import MetricSpec, MetricType
+
+G = ("gpu", "uuid")
+GAUGE, COUNTER, INFO = MetricType.GAUGE, MetricType.COUNTER, MetricType.INFO
+MIG_LABELS = ("gpu", "uuid", "gpu_instance", "compute_instance")
+
+
+def _m(name: str, kind: MetricType, help: str, unit: str = "", labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, kind, help, unit, G + labels)
+
+
+INFO_SPEC = MetricSpec(
+    "gpumon_gpu_info", INFO, "GPU identity (value 1).", "",
+    G + ("model", "pci_bus_id", "serial", "vbios", "driver_version", "cuda_version", "mig_mode"))
+LOST = _m("gpumon_gpu_lost", GAUGE, "1 when the GPU stopped answering (fell off the bus, needs a reset).")
+UTIL = _m("gpumon_gpu_utilization_ratio", GAUGE,
+          "Fraction of the last sample period the engine was busy (gpu, memory, encoder, decoder).",
+          "ratio", ("engine",))
+MEM_TOTAL = _m("gpumon_gpu_memory_total_bytes", GAUGE, "Framebuffer memory size.", "bytes")
+MEM_USED = _m("gpumon_gpu_memory_used_bytes", GAUGE, "Framebuffer memory in use.", "bytes")
+MEM_FREE = _m("gpumon_gpu_memory_free_bytes", GAUGE, "Framebuffer memory free.", "bytes")
+MEM_RESERVED = _m("gpumon_gpu_memory_reserved_bytes", GAUGE, "Framebuffer memory reserved by the driver.",
+                  "bytes")
+BAR1_TOTAL = _m("gpumon_gpu_bar1_total_bytes", GAUGE, "BAR1 aperture size.", "bytes")
+BAR1_USED = _m("gpumon_gpu_bar1_used_bytes", GAUGE, "BAR1 aperture in use.", "bytes")
+TEMP = _m("gpumon_gpu_temperature_celsius", GAUGE, "Temperature of the GPU die or the HBM (sensor).",
+          "celsius", ("sensor",))
+TEMP_THRESHOLD = _m("gpumon_gpu_temperature_threshold_celsius", GAUGE,
+                    "Temperature at which the GPU slows down, shuts down, or the maximum operating "
+                    "temperature of the GPU or its memory.", "celsius", ("threshold",))
+POWER = _m("gpumon_gpu_power_watts", GAUGE, "Power draw.", "watts")
+POWER_LIMIT = _m("gpumon_gpu_power_limit_watts", GAUGE, "Enforced power limit.", "watts")
+ENERGY = _m("gpumon_gpu_energy_joules_total", COUNTER, "Energy used since the driver was loaded.", "joules")
+CLOCK = _m("gpumon_gpu_clock_hertz", GAUGE, "Current clock (sm, memory, graphics).", "hertz", ("clock",))
+CLOCK_MAX = _m("gpumon_gpu_clock_max_hertz", GAUGE, "Maximum clock (sm, memory, graphics).", "hertz",
+               ("clock",))
+CLOCK_REASON = _m("gpumon_gpu_clock_event_reason_active", GAUGE,
+                  "1 while the reason holds clocks back (sampled; use the violation counters for totals).",
+                  "", ("reason",))
+CLOCK_VIOLATION = _m("gpumon_gpu_clock_event_violation_seconds_total", COUNTER,
+                     "Time clocks were held below target, per reason.", "seconds", ("reason",))
+PCIE_GEN = _m("gpumon_gpu_pcie_link_generation", GAUGE, "Current PCIe link generation.")
+PCIE_GEN_MAX = _m("gpumon_gpu_pcie_link_generation_max", GAUGE, "Maximum PCIe link generation.")
+PCIE_WIDTH = _m("gpumon_gpu_pcie_link_width", GAUGE, "Current PCIe link width (lanes).")
+PCIE_WIDTH_MAX = _m("gpumon_gpu_pcie_link_width_max", GAUGE, "Maximum PCIe link width (lanes).")
+PCIE_BYTES = _m("gpumon_gpu_pcie_bytes_total", COUNTER, "PCIe bytes transferred (tx from the GPU, rx to it).",
+                "bytes", ("direction",))
+PCIE_REPLAY = _m("gpumon_gpu_pcie_replay_total", COUNTER, "PCIe replays (link-level retransmissions).")
+ECC_MODE = _m("gpumon_gpu_ecc_enabled", GAUGE, "1 when ECC is on.")
+ECC = _m("gpumon_gpu_ecc_errors_total", COUNTER,
+         "ECC errors: type corrected/uncorrected, counter volatile (since driver load) or aggregate "
+         "(lifetime).", "", ("type", "counter"))
+RETIRED = _m("gpumon_gpu_retired_pages", GAUGE, "Pages retired (pre-Ampere), by cause (sbe, dbe).", "",
+             ("cause",))
+RETIRED_PENDING = _m("gpumon_gpu_retired_pages_pending", GAUGE, "1 when a page awaits retirement (reset).")
+REMAP = _m("gpumon_gpu_remapped_rows", GAUGE, "Rows remapped (Ampere+), by cause.", "", ("cause",))
+REMAP_PENDING = _m("gpumon_gpu_remapped_rows_pending", GAUGE, "1 when a row remap awaits a GPU reset.")
+REMAP_FAILURE = _m("gpumon_gpu_remapped_rows_failure", GAUGE, "1 when a row remap failed (replace the GPU).")
+RECOVERY = _m("gpumon_gpu_recovery_action", GAUGE,
+              "Recovery the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and "
+              "reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot.")
+NVLINK_LINKS = _m("gpumon_gpu_nvlink_links", GAUGE, "NVLink links the GPU has.")
+NVLINK_ACTIVE = _m("gpumon_gpu_nvlink_links_active", GAUGE, "NVLink links up.")
+NVLINK_ERRORS = _m("gpumon_gpu_nvlink_errors_total", COUNTER, "NVLink errors over all links, by type.", "",
+                   ("type",))
+NVLINK_BYTES = _m("gpumon_gpu_nvlink_bytes_total", COUNTER, "NVLink data bytes over all links.", "bytes",
+                  ("direction",))
+NVLINK_LINK_UP = _m("gpumon_gpu_nvlink_link_up", GAUGE, "1 when the link is up (opt-in per link).", "",
+                    ("link",))
+NVLINK_LINK_ERRORS = _m("gpumon_gpu_nvlink_link_errors_total", COUNTER,
+                        "NVLink errors per link, by type (opt-in per link).", "", ("link", "type"))
+NVLINK_LINK_BYTES = _m("gpumon_gpu_nvlink_link_bytes_total", COUNTER,
+                       "NVLink data bytes per link (opt-in per link).", "bytes", ("link", "direction"))
+FAN = _m("gpumon_gpu_fan_speed_ratio", GAUGE, "Fan speed as a fraction of its maximum.", "ratio")
+PSTATE = _m("gpumon_gpu_performance_state", GAUGE, "Performance state (0 = P0, fastest; 15 slowest).")
+PROCS = _m("gpumon_gpu_compute_processes", GAUGE, "Compute processes on the GPU.")
+PROCS_MEM = _m("gpumon_gpu_compute_processes_memory_bytes", GAUGE, "GPU memory used by compute processes.",
+               "bytes")
+PROC_MEM = _m("gpumon_gpu_process_memory_bytes", GAUGE, "GPU memory used per process (opt-in).", "bytes",
+              ("pid",))
+ACTIVITY = _m("gpumon_gpu_activity_ratio", GAUGE,
+              "GPM profiling over the run interval (Hopper+): graphics, sm, sm_occupancy, tensor, "
+              "dram_bandwidth, fp64, fp32, fp16.", "ratio", ("activity",))
+GPM_PCIE = _m("gpumon_gpu_pcie_throughput_bytes_per_second", GAUGE, "PCIe throughput measured by GPM.",
+              "bytes_per_second", ("direction",))
+GPM_NVLINK = _m("gpumon_gpu_nvlink_throughput_bytes_per_second", GAUGE, "NVLink throughput measured by GPM.",
+                "bytes_per_second", ("direction",))
+MIG_MEM_TOTAL = MetricSpec("gpumon_gpu_mig_memory_total_bytes", GAUGE, "Memory of a MIG instance.", "bytes",
+                           MIG_LABELS)
+MIG_MEM_USED = MetricSpec("gpumon_gpu_mig_memory_used_bytes", GAUGE, "Memory in use in a MIG instance.",
+                          "bytes", MIG_LABELS)
+MIG_ACTIVITY = MetricSpec("gpumon_gpu_mig_activity_ratio", GAUGE,
+                          "GPM profiling per MIG GPU instance.", "ratio", MIG_LABELS + ("activity",))
+CALLS = MetricSpec("gpumon_nvml_calls_total", COUNTER, "NVML library calls made, by function.", "",
+                   ("function",))
+
+ALL_SPECS: tuple[MetricSpec, ...] = (
+    INFO_SPEC, LOST, UTIL, MEM_TOTAL, MEM_USED, MEM_FREE, MEM_RESERVED, BAR1_TOTAL, BAR1_USED, TEMP,
+    TEMP_THRESHOLD, POWER, POWER_LIMIT, ENERGY, CLOCK, CLOCK_MAX, CLOCK_REASON, CLOCK_VIOLATION, PCIE_GEN,
+    PCIE_GEN_MAX, PCIE_WIDTH, PCIE_WIDTH_MAX, PCIE_BYTES, PCIE_REPLAY, ECC_MODE, ECC, RETIRED,
+    RETIRED_PENDING, REMAP, REMAP_PENDING, REMAP_FAILURE, RECOVERY, NVLINK_LINKS, NVLINK_ACTIVE,
+    NVLINK_ERRORS, NVLINK_BYTES, NVLINK_LINK_UP, NVLINK_LINK_ERRORS, NVLINK_LINK_BYTES, FAN, PSTATE, PROCS,
+    PROCS_MEM, PROC_MEM, ACTIVITY, GPM_PCIE, GPM_NVLINK, MIG_MEM_TOTAL, MIG_MEM_USED, MIG_ACTIVITY, CALLS,
+)
+
+Row = tuple[MetricSpec, tuple[str, ...], float]
+"""One value: its family, the label values after ``gpu, uuid``, and the value."""
+
+# --- the field tier ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    field_id: int
+    name: str           # NVML_FI_DEV_* suffix, for the docs
+    spec: MetricSpec
+    extra: tuple[str, ...] = ()
+    scale: float = 1.0
+    fallback: str = ""  # key of a slow call that stands in when this field is not supported
+
+
+FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec(82, "MEMORY_TEMP", TEMP, ("memory",)),
+    FieldSpec(83, "TOTAL_ENERGY_CONSUMPTION", ENERGY, (), 1e-3, "energy"),
+    FieldSpec(186, "POWER_INSTANT", POWER, (), 1e-3, "power"),
+    FieldSpec(190, "POWER_CURRENT_LIMIT", POWER_LIMIT, (), 1e-3, "power_limit"),
+    FieldSpec(193, "TEMPERATURE_SHUTDOWN_TLIMIT", TEMP_THRESHOLD, ("shutdown",), 1.0, "threshold_shutdown"),
+    FieldSpec(194, "TEMPERATURE_SLOWDOWN_TLIMIT", TEMP_THRESHOLD, ("slowdown",), 1.0, "threshold_slowdown"),
+    FieldSpec(195, "TEMPERATURE_MEM_MAX_TLIMIT", TEMP_THRESHOLD, ("memory_max",)),
+    FieldSpec(196, "TEMPERATURE_GPU_MAX_TLIMIT", TEMP_THRESHOLD, ("gpu_max",)),
+    FieldSpec(74, "PERF_POLICY_POWER", CLOCK_VIOLATION, ("sw_power_cap",), 1e-9),
+    FieldSpec(75, "PERF_POLICY_THERMAL", CLOCK_VIOLATION, ("thermal",), 1e-9),
+    FieldSpec(76, "PERF_POLICY_SYNC_BOOST", CLOCK_VIOLATION, ("sync_boost",), 1e-9),
+    FieldSpec(77, "PERF_POLICY_BOARD_LIMIT", CLOCK_VIOLATION, ("board_limit",), 1e-9),
+    FieldSpec(78, "PERF_POLICY_LOW_UTILIZATION", CLOCK_VIOLATION, ("low_utilization",), 1e-9),
+    FieldSpec(79, "PERF_POLICY_RELIABILITY", CLOCK_VIOLATION, ("reliability",), 1e-9),
+    FieldSpec(80, "PERF_POLICY_TOTAL_APP_CLOCKS", CLOCK_VIOLATION, ("total_app_clocks",), 1e-9),
+    FieldSpec(81, "PERF_POLICY_TOTAL_BASE_CLOCKS", CLOCK_VIOLATION, ("total_base_clocks",), 1e-9),
+    FieldSpec(269, "CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN", CLOCK_VIOLATION, ("sw_thermal_slowdown",), 1e-9),
+    FieldSpec(270, "CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN", CLOCK_VIOLATION, ("hw_thermal_slowdown",), 1e-9),
+    FieldSpec(271, "CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN", CLOCK_VIOLATION,
+              ("hw_power_brake_slowdown",), 1e-9),
+    FieldSpec(94, "PCIE_REPLAY_COUNTER", PCIE_REPLAY, (), 1.0, "pcie_replay"),
+    FieldSpec(197, "PCIE_COUNT_TX_BYTES", PCIE_BYTES, ("tx",)),
+    FieldSpec(198, "PCIE_COUNT_RX_BYTES", PCIE_BYTES, ("rx",)),
+    FieldSpec(3, "ECC_SBE_VOL_TOTAL", ECC, ("corrected", "volatile"), 1.0, "ecc_cv"),
+    FieldSpec(4, "ECC_DBE_VOL_TOTAL", ECC, ("uncorrected", "volatile"), 1.0, "ecc_uv"),
+    FieldSpec(5, "ECC_SBE_AGG_TOTAL", ECC, ("corrected", "aggregate"), 1.0, "ecc_ca"),
+    FieldSpec(6, "ECC_DBE_AGG_TOTAL", ECC, ("uncorrected", "aggregate"), 1.0, "ecc_ua"),
+    FieldSpec(29, "RETIRED_SBE", RETIRED, ("sbe",)),
+    FieldSpec(30, "RETIRED_DBE", RETIRED, ("dbe",)),
+    FieldSpec(31, "RETIRED_PENDING", RETIRED_PENDING),
+    FieldSpec(142, "REMAPPED_COR", REMAP, ("correctable",), 1.0, "remap"),
+    FieldSpec(143, "REMAPPED_UNC", REMAP, ("uncorrectable",), 1.0, "remap"),
+    FieldSpec(144, "REMAPPED_PENDING", REMAP_PENDING, (), 1.0, "remap"),
+    FieldSpec(145, "REMAPPED_FAILURE", REMAP_FAILURE, (), 1.0, "remap"),
+    FieldSpec(230, "GET_GPU_RECOVERY_ACTION", RECOVERY),
+)
+NVLINK_TOTAL_FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec(38, "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", NVLINK_ERRORS, ("crc_flit",)),
+    FieldSpec(45, "NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", NVLINK_ERRORS, ("crc_data",)),
+    FieldSpec(52, "NVLINK_REPLAY_ERROR_COUNT_TOTAL", NVLINK_ERRORS, ("replay",)),
+    FieldSpec(59, "NVLINK_RECOVERY_ERROR_COUNT_TOTAL", NVLINK_ERRORS, ("recovery",)),
+)
+FIELD_NVLINK_LINK_COUNT = 91
+FIELD_NVLINK_STATE = 165          # scopeId = link
+FIELD_NVLINK_TX_KIB = 138         # scopeId = link
+FIELD_NVLINK_RX_KIB = 139         # scopeId = link
+NVLINK_LINK_ERROR_FIELDS: tuple[tuple[int, str], ...] = ((161, "replay"), (162, "recovery"), (163, "crc_flit"))
+NVLINK_ERROR_DL_CRC_DATA = 3      # nvmlDeviceGetNvLinkErrorCounter counter id (no per-link field for 12+)
+
+# --- the call tiers ----------------------------------------------------------------------------------
+
+Parser = Callable[[Any, "ParseContext"], list[Row]]
+
+
+@dataclass
+class ParseContext:
+    per_process: bool = False
+
+
+@dataclass(frozen=True)
+class CallItem:
+    key: str
+    fn: str
+    args: tuple[Any, ...]
+    parse: Parser
+    weight: int = 1
+    fallback: str = ""
+
+
+def _ratio_percent(engine: str) -> Parser:
+    return lambda v, _c: [(UTIL, (engine,), v[0] / 100.0)]
+
+
+def _util(v: Any, _c: ParseContext) -> list[Row]:
+    return [(UTIL, ("gpu",), v.gpu / 100.0), (UTIL, ("memory",), v.memory / 100.0)]
+
+
+def _memory(v: Any, _c: ParseContext) -> list[Row]:
+    rows = [(MEM_TOTAL, (), float(v.total)), (MEM_USED, (), float(v.used)), (MEM_FREE, (), float(v.free))]
+    if hasattr(v, "reserved"):
+        rows.append((MEM_RESERVED, (), float(v.reserved)))
+    return rows
+
+
+def _clock(name: str, spec: MetricSpec = CLOCK) -> Parser:
+    return lambda v, _c: [(spec, (name,), float(v) * 1e6)]
+
+
+def _scalar(spec: MetricSpec, extra: tuple[str, ...] = (), scale: float = 1.0) -> Parser:
+    return lambda v, _c: [(spec, extra, float(v) * scale)]
+
+
+def _reasons(v: Any, _c: ParseContext) -> list[Row]:
+    mask = int(v)
+    return [(CLOCK_REASON, (name,), 1.0 if mask & bit else 0.0) for bit, name in CLOCK_EVENT_REASONS]
+
+
+def _bar1(v: Any, _c: ParseContext) -> list[Row]:
+    return [(BAR1_TOTAL, (), float(v.bar1Total)), (BAR1_USED, (), float(v.bar1Used))]
+
+
+def _pstate(v: Any, _c: ParseContext) -> list[Row]:
+    return [(PSTATE, (), float(v))] if 0 <= int(v) <= 15 else []
+
+
+def _processes(v: Any, ctx: ParseContext) -> list[Row]:
+    procs = list(v or [])
+    used = [p.usedGpuMemory for p in procs if getattr(p, "usedGpuMemory", None) is not None]
+    rows: list[Row] = [(PROCS, (), float(len(procs))), (PROCS_MEM, (), float(sum(used)))]
+    if ctx.per_process:
+        per_pid: dict[int, float] = {}
+        for p in procs:
+            if getattr(p, "usedGpuMemory", None) is not None:
+                per_pid[p.pid] = per_pid.get(p.pid, 0.0) + float(p.usedGpuMemory)
+        rows.extend((PROC_MEM, (str(pid),), mem) for pid, mem in sorted(per_pid.items()))
+    return rows
+
+
+def _remapped(v: Any, _c: ParseContext) -> list[Row]:
+    corr, unc, pending, failure = v
+    return [(REMAP, ("correctable",), float(corr)), (REMAP, ("uncorrectable",), float(unc)),
+            (REMAP_PENDING, (), float(pending)), (REMAP_FAILURE, (), float(failure))]
+
+
+NVML_MEMORY_V2 = 0x02000028
+CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM = 0, 1, 2
+
+FAST_CALLS: tuple[CallItem, ...] = (
+    CallItem("utilization", "nvmlDeviceGetUtilizationRates", (), _util),
+    CallItem("memory", "nvmlDeviceGetMemoryInfo", (NVML_MEMORY_V2,), _memory, fallback="memory_v1"),
+    CallItem("temperature", "nvmlDeviceGetTemperatureV", (0,), _scalar(TEMP, ("gpu",))),
+    CallItem("clock_sm", "nvmlDeviceGetClockInfo", (CLOCK_SM,), _clock("sm")),
+)
+SLOW_CALLS: tuple[CallItem, ...] = (
+    CallItem("clock_reasons", "nvmlDeviceGetCurrentClocksEventReasons", (), _reasons, weight=3),
+    CallItem("clock_memory", "nvmlDeviceGetClockInfo", (CLOCK_MEM,), _clock("memory")),
+    CallItem("clock_graphics", "nvmlDeviceGetClockInfo", (CLOCK_GRAPHICS,), _clock("graphics")),
+    CallItem("pcie_generation", "nvmlDeviceGetCurrPcieLinkGeneration", (), _scalar(PCIE_GEN)),
+    CallItem("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", (), _scalar(PCIE_WIDTH)),
+    CallItem("processes", "nvmlDeviceGetComputeRunningProcesses", (), _processes),
+    CallItem("pstate", "nvmlDeviceGetPerformanceState", (), _pstate),
+    CallItem("bar1", "nvmlDeviceGetBAR1MemoryInfo", (), _bar1),
+    CallItem("encoder", "nvmlDeviceGetEncoderUtilization", (), _ratio_percent("encoder")),
+    CallItem("decoder", "nvmlDeviceGetDecoderUtilization", (), _ratio_percent("decoder")),
+    CallItem("fan", "nvmlDeviceGetFanSpeed", (), _scalar(FAN, (), 0.01)),
+)
+FAST_FALLBACKS = frozenset({"power", "energy"})
+FALLBACK_CALLS: dict[str, CallItem] = {c.key: c for c in (
+    CallItem("memory_v1", "nvmlDeviceGetMemoryInfo", (), _memory),
+    CallItem("power", "nvmlDeviceGetPowerUsage", (), _scalar(POWER, (), 1e-3)),
+    CallItem("energy", "nvmlDeviceGetTotalEnergyConsumption", (), _scalar(ENERGY, (), 1e-3)),
+    CallItem("power_limit", "nvmlDeviceGetEnforcedPowerLimit", (), _scalar(POWER_LIMIT, (), 1e-3)),
+    CallItem("threshold_shutdown", "nvmlDeviceGetTemperatureThreshold", (0,),
+             _scalar(TEMP_THRESHOLD, ("shutdown",))),
+    CallItem("threshold_slowdown", "nvmlDeviceGetTemperatureThreshold", (1,),
+             _scalar(TEMP_THRESHOLD, ("slowdown",))),
+    CallItem("pcie_replay", "nvmlDeviceGetPcieReplayCounter", (), _scalar(PCIE_REPLAY)),
+    CallItem("ecc_cv", "nvmlDeviceGetTotalEccErrors", (0, 0), _scalar(ECC, ("corrected", "volatile"))),
+    CallItem("ecc_uv", "nvmlDeviceGetTotalEccErrors", (1, 0), _scalar(ECC, ("uncorrected", "volatile"))),
+    CallItem("ecc_ca", "nvmlDeviceGetTotalEccErrors", (0, 1), _scalar(ECC, ("corrected", "aggregate"))),
+    CallItem("ecc_ua", "nvmlDeviceGetTotalEccErrors", (1, 1), _scalar(ECC, ("uncorrected", "aggregate"))),
+    CallItem("remap", "nvmlDeviceGetRemappedRows", (), _remapped),
+)}

@@ -1,0 +1,255 @@
+"""XID errors and GPU-unavailable / recovery-action events, from a thread blocked on NVML's event set.
+
+XIDs are events, not states: polling misses them. A dedicated thread waits on ``nvmlEventSetWait_v2``
+with a short timeout (so ``close()`` returns promptly) and queues what it sees; each ``collect()``
+drains the queue into ``gpu_xid`` events (with the XID's meaning and severity) and keeps
+``gpumon_gpu_xid_errors_total{gpu,uuid,xid}`` counting for the life of the process, so an XID is
+never "the last value of a gauge". XID 79 and the GPU-unavailable event mark the GPU lost for the
+``nvml`` collector too (the session is shared).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
+from gpumon.collectors.nvml_session import Device, NvmlSession, classify, shared_session
+from gpumon.collectors.nvml_tables import (
+    EVENT_GPU_RECOVERY_ACTION,
+    EVENT_GPU_UNAVAILABLE,
+    EVENT_XID,
+    RECOVERY_ACTIONS,
+    error_name,
+    xid_info,
+)
+from gpumon.config import Option, Section, SectionSchema
+from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity
+
+log = logging.getLogger("gpumon.xid")
+
+WAIT_MS = 200
+"""Event wait timeout: how long close() may wait for the thread, and the cost of an idle wakeup."""
+ERROR_PAUSE = 1.0
+XID_GPU_LOST = 79
+
+XID_TOTAL = MetricSpec("gpumon_gpu_xid_errors_total", MetricType.COUNTER,
+                       "XID errors reported by the driver since gpumon started, by XID number.", "",
+                       ("gpu", "uuid", "xid"))
+RECOVERY_TOTAL = MetricSpec("gpumon_gpu_recovery_action_events_total", MetricType.COUNTER,
+                            "Recovery-action events from the driver, by requested action.", "",
+                            ("gpu", "uuid", "action"))
+THREAD_UP = MetricSpec("gpumon_xid_watcher_up", MetricType.GAUGE,
+                       "1 while the XID event thread is waiting on NVML events.")
+
+OPTIONS = SectionSchema(
+    "xid",
+    "XID errors and GPU-lost events from NVML's event API (a thread of its own).",
+    (
+        Option("interval", float, 0.0, "How often queued events are published; 0 uses [daemon] interval.",
+               min=0.0, max=3600.0),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class _Seen:
+    time: float
+    device: Device
+    event_type: int
+    data: int
+    gpu_instance: int
+    compute_instance: int
+
+
+class XidCollector(Collector):
+    name = "xid"
+    description = "XID errors, GPU-unavailable and recovery-action events from NVML."
+    options = OPTIONS
+
+    def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
+        super().__init__(ctx, cfg)
+        self.session: NvmlSession = shared_session(ctx)
+        self.session.acquire()
+        self._lock = threading.Lock()
+        self._queue: list[_Seen] = []
+        self._counts: Counter[tuple[int, str, int]] = Counter()
+        self._recovery: Counter[tuple[int, str, str]] = Counter()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._watching = threading.Event()
+        self._generation = -1
+        self._closed = False
+        self._errors: Counter[str] = Counter()
+
+    @classmethod
+    def metrics(cls) -> tuple[MetricSpec, ...]:
+        return (XID_TOTAL, RECOVERY_TOTAL, THREAD_UP)
+
+    def probe(self) -> Availability:
+        try:
+            self.session.ensure()
+        except CollectorUnavailable as exc:
+            return Availability(False, str(exc))
+        return Availability(True) if self.session.devices else Availability(False, "NVML reports no GPUs")
+
+    # --- the thread ----------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        """(Re)start the watcher for the current NVML session generation."""
+        self._stop_thread()
+        self._stop = threading.Event()
+        self._generation = self.session.generation
+        self._thread = threading.Thread(target=self._watch, args=(self._stop,), name="gpumon-xid", daemon=True)
+        self._thread.start()
+
+    def _stop_thread(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=2 * WAIT_MS / 1000.0 + 0.5)
+            if self._thread.is_alive():
+                log.warning("XID thread stuck inside NVML; abandoned")
+            self._thread = None
+        self._watching.clear()
+
+    def _watch(self, stop: threading.Event) -> None:
+        s = self.session
+        try:
+            event_set = s.call("nvmlEventSetCreate")
+        except Exception as exc:  # noqa: BLE001 - no events at all: say so, collector keeps running
+            self._note_error(exc, "nvmlEventSetCreate")
+            return
+        try:
+            registered = self._register(event_set)
+            if not registered:
+                log.warning("no GPU accepts XID event registration; XIDs will not be reported")
+                return
+            self._watching.set()
+            while not stop.is_set():
+                try:
+                    data = s.call("nvmlEventSetWait_v2", event_set, WAIT_MS)
+                except Exception as exc:  # noqa: BLE001 - classified below
+                    kind, code = classify(exc)
+                    if code == 10:  # NVML_ERROR_TIMEOUT: nothing happened
+                        continue
+                    self._note_error(exc, "nvmlEventSetWait_v2")
+                    if kind == "unavailable":
+                        return
+                    stop.wait(ERROR_PAUSE)
+                    continue
+                self._enqueue(data)
+        finally:
+            self._watching.clear()
+            try:
+                s.call("nvmlEventSetFree", event_set)
+            except Exception:  # noqa: BLE001 - the set dies with the process anyway
+                pass
+
+    def _register(self, event_set: Any) -> int:
+        """Register every GPU for XIDs plus the newer event types where the driver has them."""
+        wanted = EVENT_XID | EVENT_GPU_UNAVAILABLE | EVENT_GPU_RECOVERY_ACTION
+        registered = 0
+        for dev in self.session.devices:
+            mask = wanted
+            try:
+                mask = wanted & int(self.session.call("nvmlDeviceGetSupportedEventTypes", dev.handle))
+            except Exception as exc:  # noqa: BLE001 - fall back to asking for XIDs alone
+                kind, _ = classify(exc)
+                if kind == "lost":
+                    self.session.mark_lost(dev, f"nvmlDeviceGetSupportedEventTypes: {exc}")
+                    continue
+                mask = EVENT_XID
+            if not mask & EVENT_XID:
+                log.warning("GPU %d does not support XID events", dev.index)
+                continue
+            try:
+                self.session.call("nvmlDeviceRegisterEvents", dev.handle, mask, event_set)
+                registered += 1
+            except Exception as exc:  # noqa: BLE001 - one GPU refusing must not stop the others
+                kind, _ = classify(exc)
+                if kind == "lost":
+                    self.session.mark_lost(dev, f"nvmlDeviceRegisterEvents: {exc}")
+                else:
+                    log.warning("GPU %d: XID event registration failed: %s", dev.index, exc)
+                self._note_error(exc, "nvmlDeviceRegisterEvents", log_it=False)
+        return registered
+
+    def _note_error(self, exc: BaseException, what: str, log_it: bool = True) -> None:
+        _, code = classify(exc)
+        reason = f"nvml_{error_name(code)}" if code is not None else "nvml_error"
+        with self._lock:
+            first = self._errors[reason] == 0
+            self._errors[reason] += 1
+        if log_it and first:
+            log.warning("%s failed: %s", what, exc)
+
+    def _enqueue(self, data: Any) -> None:
+        dev = self.session.device_for(data.device)
+        if dev is None:
+            self._note_error(Exception("event from an unknown device handle"), "event")
+            return
+        seen = _Seen(time.time(), dev, int(data.eventType), int(data.eventData),
+                     int(getattr(data, "gpuInstanceId", 0)), int(getattr(data, "computeInstanceId", 0)))
+        if seen.event_type & EVENT_XID and seen.data == XID_GPU_LOST:
+            self.session.mark_lost(dev, "XID 79: GPU has fallen off the bus", {"xid": XID_GPU_LOST})
+        elif seen.event_type & EVENT_GPU_UNAVAILABLE:
+            self.session.mark_lost(dev, "GPU unavailable event", {"event_data": seen.data})
+        with self._lock:
+            self._queue.append(seen)
+
+    # --- collect -------------------------------------------------------------------------------------
+
+    def collect(self) -> Collection:
+        self.session.ensure()
+        if self._thread is None or self._generation != self.session.generation or not self._thread.is_alive():
+            self._start()
+        out = Collection()
+        with self._lock:
+            queue, self._queue = self._queue, []
+            errors, self._errors = self._errors, Counter()
+        for reason, n in errors.items():
+            out.count_error(reason, n)
+        for seen in queue:
+            out.events.append(self._event(seen))
+        out.events.extend(self.session.drain_lost_events())
+        out.add(XID_TOTAL, [XID_TOTAL.sample(n, str(i), uuid, str(x))
+                            for (i, uuid, x), n in sorted(self._counts.items())])
+        out.add(RECOVERY_TOTAL, [RECOVERY_TOTAL.sample(n, str(i), uuid, a)
+                                 for (i, uuid, a), n in sorted(self._recovery.items())])
+        out.add(THREAD_UP, [THREAD_UP.sample(1.0 if self._watching.is_set() else 0.0)])
+        return out
+
+    def _event(self, seen: _Seen) -> Event:
+        dev = seen.device
+        subject = {"gpu": str(dev.index), "uuid": dev.uuid}
+        if seen.event_type & EVENT_XID:
+            info = xid_info(seen.data)
+            self._counts[(dev.index, dev.uuid, seen.data)] += 1
+            attrs: dict[str, Any] = {"xid": seen.data, "meaning": info.meaning}
+            if info.action:
+                attrs["action"] = info.action
+            if seen.gpu_instance not in (0, 0xFFFFFFFF):
+                attrs["gpu_instance"] = seen.gpu_instance
+                attrs["compute_instance"] = seen.compute_instance
+            return Event("gpu_xid", info.severity, subject,
+                         f"GPU {dev.index} XID {seen.data}: {info.meaning}", attrs, time=seen.time)
+        if seen.event_type & EVENT_GPU_RECOVERY_ACTION:
+            action, severity = RECOVERY_ACTIONS.get(seen.data, (f"action_{seen.data}", Severity.ERROR))
+            self._recovery[(dev.index, dev.uuid, action)] += 1
+            return Event("gpu_recovery_action", severity, subject,
+                         f"GPU {dev.index}: driver requests recovery action {action}",
+                         {"action": action, "code": seen.data}, time=seen.time)
+        return Event("gpu_unavailable", Severity.CRITICAL, subject,
+                     f"GPU {dev.index}: driver reports the GPU unavailable",
+                     {"event_type": seen.event_type, "event_data": seen.data}, time=seen.time)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_thread()
+        self.session.release()

@@ -1,0 +1,183 @@
+"""deploy/vm/install.sh in a throwaway prefix: installs from a locally built wheel, writes a unit that
+verifies, re-runs idempotently (keeping the operator's config), and uninstalls.
+
+Offline: the wheel is built here and installed with --no-index into a venv that sees this
+interpreter's site-packages (where gpumon's dependencies already are).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "deploy" / "vm" / "install.sh"
+UNIT = REPO / "systemd" / "gpumon.service"
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(REPO)],
+        check=True, timeout=240, capture_output=True,
+    )
+    (found,) = out.glob("gpumon-*.whl")
+    return found
+
+
+def run_install(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", str(SCRIPT), *args],
+        capture_output=True, text=True, timeout=240, check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def offline_args(wheel: Path) -> list[str]:
+    return ["--wheel", str(wheel), "--python", sys.executable, "--system-site-packages",
+            "--pip-arg=--no-index", "--no-os-deps"]
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    prefix = tmp_path_factory.mktemp("root")
+    out = run_install("--prefix", str(prefix), *offline_args(wheel))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return prefix
+
+
+def test_prefix_install_lays_out_venv_config_and_unit(installed):
+    assert os.access(installed / "opt/gpumon/bin/gpumon", os.X_OK)
+    assert (installed / "etc/gpumon/gpumon.toml").is_file()
+    assert (installed / "etc/gpumon/gpumon.toml.default").is_file()
+    assert (installed / "etc/systemd/system/gpumon.service").is_file()
+    env_file = installed / "etc/gpumon/gpumon.env"
+    assert env_file.stat().st_mode & 0o777 == 0o600, "the secrets file must be 0600"
+
+
+def test_the_venv_runs_gpumon_from_the_wheel_not_the_checkout(installed):
+    python = installed / "opt/gpumon/bin/python"
+    out = subprocess.run(
+        [str(python), "-c", "import gpumon; print(gpumon.__file__)"],
+        capture_output=True, text=True, timeout=60, check=True, cwd=installed,
+    )
+    assert out.stdout.strip().startswith(str(installed / "opt/gpumon")), out.stdout
+
+
+def test_written_unit_points_into_the_prefix_and_verifies(installed):
+    unit = installed / "etc/systemd/system/gpumon.service"
+    text = unit.read_text()
+    assert f"ExecStart={installed}/opt/gpumon/bin/gpumon run --config {installed}/etc/gpumon/gpumon.toml" in text
+    assert f"EnvironmentFile=-{installed}/etc/gpumon/gpumon.env" in text
+    out = subprocess.run(
+        [shutil.which("systemd-analyze") or "systemd-analyze", "verify", "--no-pager", str(unit)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "gpumon.service" not in out.stderr, out.stderr
+
+
+def test_default_config_is_valid_for_the_daemon(installed):
+    from gpumon.config import DAEMON, SectionSchema, load
+    from gpumon.sinks.prometheus import OPTIONS as PROMETHEUS
+
+    schemas: list[SectionSchema] = [DAEMON, PROMETHEUS]
+    cfg = load(schemas, str(installed / "etc/gpumon/gpumon.toml"), environ={})
+    assert cfg.daemon.sysfs_root == "/sys"
+    assert cfg.daemon.state_dir == "/var/lib/gpumon"
+    assert cfg["prometheus"].listen == "0.0.0.0:9470"
+
+
+def test_rerun_is_idempotent_and_keeps_the_operators_config(wheel, tmp_path):
+    first = run_install("--prefix", str(tmp_path), *offline_args(wheel))
+    assert first.returncode == 0, first.stderr
+    config = tmp_path / "etc/gpumon/gpumon.toml"
+    config.write_text(config.read_text().replace("interval = 10.0", "interval = 5.0"))
+    unit = tmp_path / "etc/systemd/system/gpumon.service"
+    before = unit.read_text()
+
+    again = run_install("--prefix", str(tmp_path), *offline_args(wheel))
+    assert again.returncode == 0, again.stderr
+    assert "interval = 5.0" in config.read_text()
+    assert "kept the config" in again.stdout
+    assert "wrote " + str(unit) not in again.stdout, "an unchanged unit is not rewritten"
+    assert unit.read_text() == before
+
+
+def test_uninstall_removes_venv_and_unit_keeps_config_then_purge(wheel, tmp_path):
+    assert run_install("--prefix", str(tmp_path), *offline_args(wheel)).returncode == 0
+    out = run_install("--prefix", str(tmp_path), "--uninstall")
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "opt/gpumon").exists()
+    assert not (tmp_path / "etc/systemd/system/gpumon.service").exists()
+    assert (tmp_path / "etc/gpumon/gpumon.toml").exists()
+    out = run_install("--prefix", str(tmp_path), "--uninstall", "--purge")
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "etc/gpumon").exists()
+
+
+def test_destdir_stages_with_final_paths_in_the_unit(wheel, tmp_path):
+    # A packager's staging root: files under DESTDIR, the unit still naming /opt/gpumon.
+    out = run_install(*offline_args(wheel), env={"DESTDIR": str(tmp_path)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "opt/gpumon/bin/gpumon").exists()
+    assert (tmp_path / "etc/systemd/system/gpumon.service").read_text() == UNIT.read_text()
+
+
+def test_embedded_unit_is_the_shipped_unit():
+    # install.sh carries its own copy so it can be fetched alone (cloud-init); keep them identical.
+    text = SCRIPT.read_text()
+    match = re.search(r"cat <<'UNIT'\n(.*?)^UNIT$", text, re.S | re.M)
+    assert match, "unit heredoc not found in install.sh"
+    assert match.group(1) == UNIT.read_text(), (
+        "deploy/vm/install.sh's unit_text() differs from systemd/gpumon.service: paste the unit in again")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bogus"], "unknown option: --bogus"),
+        (["--extras", "gpu"], "--extras must be otel, azure or all"),
+        (["--wheel", "a.whl", "--version", "1.0"], "exclude each other"),
+    ],
+)
+def test_bad_arguments_fail_with_a_reason(args, message, tmp_path):
+    out = run_install("--prefix", str(tmp_path), *args)
+    assert out.returncode != 0
+    assert message in out.stderr
+
+
+def test_missing_wheel_is_reported(tmp_path):
+    out = run_install("--prefix", str(tmp_path), "--wheel", str(tmp_path / "nope.whl"),
+                      "--python", sys.executable, "--no-os-deps")
+    assert out.returncode != 0
+    assert "no such wheel" in out.stderr
+
+
+def test_script_passes_shellcheck():
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "apt-get install shellcheck"
+    out = subprocess.run([shellcheck, "-s", "sh", str(SCRIPT)], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stdout
+
+
+def test_cloud_init_snippet_runs_the_installer():
+    import yaml
+
+    doc_text = (REPO / "deploy/vm/cloud-init.yaml").read_text()
+    assert doc_text.startswith("#cloud-config\n")
+    doc = yaml.safe_load(doc_text)
+    files = {f["path"]: f for f in doc["write_files"]}
+    assert files["/etc/gpumon/gpumon.toml"]["permissions"] == "0644"
+    commands = " ".join(" ".join(c) if isinstance(c, list) else c for c in doc["runcmd"])
+    assert "install.sh" in commands

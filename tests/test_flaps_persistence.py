@@ -1,0 +1,115 @@
+"""The flap window survives a restart; a corrupt or unwritable state file is reported, never fatal."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from gpumon.flaps import FlapDetector, state_path
+
+KEY = ("mlx5_ib2", "1")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.mono = 50.0
+        self.wall = 1_700_000_000.0
+
+    def advance(self, seconds: float) -> None:
+        self.mono += seconds
+        self.wall += seconds
+
+
+def make(clock: Clock, path: str, **kwargs) -> FlapDetector:
+    return FlapDetector(state_path=path, clock=lambda: clock.mono, wall_clock=lambda: clock.wall, **kwargs)
+
+
+def flap_n(det: FlapDetector, clock: Clock, n: int) -> None:
+    det.observe(KEY, clock.mono, link_downed=0)
+    for value in range(1, n + 1):
+        clock.advance(30)
+        det.observe(KEY, clock.mono, link_downed=value)
+
+
+def test_window_survives_restart_and_keeps_the_port_flapping(tmp_path) -> None:
+    clock = Clock()
+    path = state_path(str(tmp_path / "state"))
+    det = make(clock, path, threshold=5)
+    flap_n(det, clock, 5)
+    assert det.status(KEY).flapping
+    document = json.loads(Path(path).read_text(encoding="utf-8"))
+    assert document["version"] == 1 and len(document["ports"]["mlx5_ib2/1"]) == 5
+    assert not [n for n in os.listdir(tmp_path / "state") if n.endswith(".tmp")]
+
+    clock.advance(10)  # restart: a new process, a new monotonic origin
+    clock.mono = 3.0
+    again = make(clock, path, threshold=5)
+    st = again.status(KEY)
+    assert (st.window_flaps, st.flapping, st.flaps_total) == (5, True, 0)
+    assert st.last_flap_timestamp is not None
+    assert again.drain_errors() == {}
+    assert "ib_port_flapping" not in [e.kind for e in again.drain_events()]
+
+
+def test_entries_older_than_the_window_are_dropped_on_load(tmp_path) -> None:
+    clock = Clock()
+    path = state_path(str(tmp_path))
+    det = make(clock, path, window=3600)
+    flap_n(det, clock, 3)
+    clock.advance(3600 - 30 + 1)  # flaps at +30, +60, +90 s: only the last is still inside
+    again = make(clock, path, window=3600)
+    assert again.status(KEY).window_flaps == 1
+
+
+def test_corrupt_file_is_reported_kept_aside_and_replaced(tmp_path) -> None:
+    clock = Clock()
+    path = state_path(str(tmp_path))
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write('{"version": 1, "ports": {"mlx5_ib2/1": [1, "x"]}}')
+    det = make(clock, path)
+    assert det.drain_errors() == {"state_corrupt": 1}
+    assert Path(path + ".corrupt").read_text(encoding="utf-8").startswith('{"version": 1')
+    assert json.loads(Path(path).read_text(encoding="utf-8"))["ports"] == {}
+    flap_n(det, clock, 1)
+    assert json.loads(Path(path).read_text(encoding="utf-8"))["ports"]["mlx5_ib2/1"]
+
+
+def test_every_shape_of_garbage_is_corruption_not_a_crash(tmp_path) -> None:
+    for i, text in enumerate([
+        "", "not json", "[]", '{"version": 2, "ports": {}}', '{"version": 1}',
+        '{"version": 1, "ports": []}', '{"version": 1, "ports": {"noslash": []}}',
+        '{"version": 1, "ports": {"a/1": [true]}}', '{"version": 1, "ports": {"a/1": [NaN]}}',
+    ]):
+        path = str(tmp_path / f"s{i}.json")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        det = FlapDetector(state_path=path)
+        assert det.drain_errors() == {"state_corrupt": 1}, text
+        assert json.loads(Path(path).read_text(encoding="utf-8"))["version"] == 1
+
+
+def test_binary_garbage_is_corruption(tmp_path) -> None:
+    path = str(tmp_path / "s.json")
+    with open(path, "wb") as fh:
+        fh.write(b"\xff\xfe\x00garbage")
+    det = FlapDetector(state_path=path)
+    assert det.drain_errors() == {"state_corrupt": 1}
+
+
+def test_unwritable_state_dir_counts_an_error_and_detection_goes_on(tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    clock = Clock()
+    det = make(clock, str(blocker / "state" / "ib_flaps.json"))
+    flap_n(det, clock, 2)
+    assert det.status(KEY).flaps_total == 2
+    assert det.drain_errors() == {"state_read": 1, "state_write": 2}
+    assert det.drain_errors() == {}
+
+
+def test_no_state_path_keeps_everything_in_memory() -> None:
+    clock = Clock()
+    det = FlapDetector(clock=lambda: clock.mono, wall_clock=lambda: clock.wall)
+    flap_n(det, clock, 1)
+    assert det.status(KEY).flaps_total == 1 and det.drain_errors() == {}

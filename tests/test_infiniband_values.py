@@ -1,0 +1,172 @@
+"""The infiniband collector gives the values the files imply, on every simulated host."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gpumon.collectors.base import Context
+from gpumon.collectors.infiniband import PMA_COUNTERS, InfinibandCollector
+from gpumon.config import Section
+from gpumon.model import Collection, MetricType
+from gpumon.simulate.sysfs import PROFILES, build_tree
+
+
+def values(coll: Collection, name: str) -> dict[tuple, float]:
+    for fam in coll.families:
+        if fam.name == name:
+            return {tuple(v for _, v in s.labels): s.value for s in fam.samples}
+    return {}
+
+
+def read(path: str) -> str:
+    with open(path, encoding="ascii") as fh:
+        return fh.read().strip()
+
+
+def collector(tmp_path, profile: str, **options) -> tuple[InfinibandCollector, object]:
+    fabric = build_tree(profile, str(tmp_path / "sys"))
+    ctx = Context("host", sysfs_root=str(tmp_path / "sys"), state_dir=str(tmp_path / "state"))
+    cfg = Section("infiniband", options) if options else None
+    return InfinibandCollector(ctx, cfg), fabric
+
+
+@pytest.mark.parametrize("profile", ["nd-h100-v5", "nd-a100-v4", "hbv4", "plain-mlx5", "no-hw-counters"])
+def test_every_counter_file_is_exported_in_base_units(tmp_path, profile) -> None:
+    ib, fabric = collector(tmp_path, profile)
+    coll = ib.collect()
+    assert coll.errors == {}
+    for device, port in fabric.port_keys:
+        key = (device, str(port))
+        pdir = fabric.port_dir(device, port)
+        for counter in PMA_COUNTERS:
+            raw = int(read(os.path.join(pdir, "counters", counter.file)))
+            assert values(coll, counter.metric)[key] == raw * counter.scale, counter.file
+        hw = values(coll, "gpumon_ib_hw_counter_total")
+        hw_dir = os.path.join(pdir, "hw_counters")
+        names = sorted(os.listdir(hw_dir)) if os.path.isdir(hw_dir) else []
+        for name in names:
+            if name != "lifespan":
+                assert hw[key + (name,)] == int(read(os.path.join(hw_dir, name)))
+        assert (key + ("lifespan",)) not in hw
+        rate = read(os.path.join(pdir, "rate"))
+        assert values(coll, "gpumon_ib_port_rate_bytes_per_second")[key] == int(rate.split()[0]) * 1e9 / 8
+        assert values(coll, "gpumon_ib_port_state")[key] == 4
+        assert values(coll, "gpumon_ib_port_phys_state")[key] == 5
+        assert values(coll, "gpumon_ib_port_up")[key] == 1
+    assert values(coll, "gpumon_ib_counter_saturated") == {}
+
+
+def test_port_data_is_four_times_the_file(tmp_path) -> None:
+    ib, fabric = collector(tmp_path, "plain-mlx5")
+    fabric.set_counter("mlx5_0", 1, "port_xmit_data", 1000)
+    fabric.set_counter("mlx5_0", 1, "port_rcv_data", 250)
+    coll = ib.collect()
+    assert values(coll, "gpumon_ib_port_data_transmitted_bytes_total")[("mlx5_0", "1")] == 4000
+    assert values(coll, "gpumon_ib_port_data_received_bytes_total")[("mlx5_0", "1")] == 1000
+
+
+def test_info_carries_identity_and_netdev(tmp_path) -> None:
+    ib, _ = collector(tmp_path, "nd-h100-v5")
+    coll = ib.collect()
+    fam = next(f for f in coll.families if f.name == "gpumon_ib_port_info")
+    assert fam.spec.type is MetricType.INFO
+    by_device = {s.label("device"): dict(s.labels) for s in fam.samples}
+    assert by_device["mlx5_ib4"] == {
+        "device": "mlx5_ib4", "port": "1", "link_layer": "InfiniBand", "fw_version": "28.39.1002",
+        "board_id": "MT_0000000838", "hca_type": "MT4129", "node_guid": "0015:5dff:fe34:043a",
+        "netdev": "ib4",
+    }
+    assert by_device["mlx5_an0"]["link_layer"] == "Ethernet"
+    assert by_device["mlx5_an0"]["netdev"] == "enP30832s1"
+    assert all(s.value == 1 for s in fam.samples)
+
+
+def test_series_budget_on_nd_h100_v5(tmp_path) -> None:
+    ib, _ = collector(tmp_path, "nd-h100-v5")
+    coll = ib.collect()
+    series = sum(len(f.samples) for f in coll.families)
+    assert series == 441  # 9 ports; documented in docs/collectors/infiniband.md
+    lean, _ = collector(tmp_path / "lean", "nd-h100-v5", hw_counters=False)
+    assert sum(len(f.samples) for f in lean.collect().families) == 9 * 26
+
+
+def test_saturated_counters_are_flagged(tmp_path) -> None:
+    ib, fabric = collector(tmp_path, "saturated-link-downed")
+    coll = ib.collect()
+    assert values(coll, "gpumon_ib_counter_saturated") == {
+        ("mlx5_ib0", "1", "link_downed"): 1,
+        ("mlx5_ib0", "1", "port_xmit_discards"): 1,
+        ("mlx5_ib0", "1", "port_xmit_wait"): 1,
+    }
+    assert values(coll, "gpumon_ib_port_link_downed_total")[("mlx5_ib0", "1")] == 255
+    fabric.set_counter("mlx5_ib0", 1, "link_downed", 0)  # perfquery -R
+    coll = ib.collect()
+    assert ("mlx5_ib0", "1", "link_downed") not in values(coll, "gpumon_ib_counter_saturated")
+    assert values(coll, "gpumon_ib_port_link_downed_total")[("mlx5_ib0", "1")] == 0
+
+
+def test_hw_queue_counter_at_32_bit_max_is_flagged(tmp_path) -> None:
+    ib, fabric = collector(tmp_path, "plain-mlx5")
+    fabric.set_counter("mlx5_0", 1, "out_of_buffer", (1 << 32) - 1)
+    sat = values(ib.collect(), "gpumon_ib_counter_saturated")
+    assert sat == {("mlx5_0", "1", "out_of_buffer"): 1}
+
+
+def test_old_kernel_no_pma_keeps_everything_else(tmp_path) -> None:
+    ib, _ = collector(tmp_path, "old-kernel-no-pma")
+    coll = ib.collect()
+    assert coll.errors == {"no_pma": len(PMA_COUNTERS)}
+    assert values(coll, "gpumon_ib_port_data_received_bytes_total") == {}
+    assert values(coll, "gpumon_ib_port_state") == {("mlx5_0", "1"): 4}
+    assert len(values(coll, "gpumon_ib_hw_counter_total")) == 22
+
+
+def test_include_and_exclude_devices(tmp_path) -> None:
+    ib, _ = collector(tmp_path, "nd-h100-v5", include_devices=r"^mlx5_ib[0-3]$", exclude_devices="ib2")
+    devices = {k[0] for k in values(ib.collect(), "gpumon_ib_port_up")}
+    assert devices == {"mlx5_ib0", "mlx5_ib1", "mlx5_ib3"}
+    eth_off, _ = collector(tmp_path / "b", "nd-h100-v5", exclude_devices="^mlx5_an")
+    assert "mlx5_an0" not in {k[0] for k in values(eth_off.collect(), "gpumon_ib_port_up")}
+
+
+def test_down_port_reports_state_and_not_up(tmp_path) -> None:
+    ib, fabric = collector(tmp_path, "hbv4")
+    fabric.set_down("mlx5_ib0", 1)
+    coll = ib.collect()
+    key = ("mlx5_ib0", "1")
+    assert (values(coll, "gpumon_ib_port_state")[key], values(coll, "gpumon_ib_port_phys_state")[key]) == (1, 2)
+    assert values(coll, "gpumon_ib_port_up")[key] == 0
+
+
+def test_every_metric_produced_is_declared(tmp_path) -> None:
+    ib, fabric = collector(tmp_path, "saturated-link-downed")
+    declared = {s.name: s for s in InfinibandCollector.metrics()}
+    coll = ib.collect()
+    for fam in coll.families:
+        assert declared[fam.name] == fam.spec
+        for sample in fam.samples:
+            assert tuple(k for k, _ in sample.labels) == fam.spec.labels
+            assert type(sample.value) is float  # renderers rely on it
+    assert len(declared) == len(InfinibandCollector.metrics())
+    assert sorted(PROFILES)  # every profile is covered by the parametrized tests above
+
+
+def test_summarize_one_row_per_port_within_100_columns(tmp_path) -> None:
+    import time
+
+    from gpumon.model import Snapshot
+
+    ib, fabric = collector(tmp_path, "saturated-link-downed", )
+    fabric.set_counter("mlx5_ib0", 1, "symbol_error", 12)
+    snap = Snapshot("h", time.time(), tuple(ib.collect().families), (), ())
+    table = InfinibandCollector.summarize(snap)
+    assert table is not None and len(table.rows) == 1
+    row = dict(zip(table.columns, table.rows[0]))
+    assert row["port"] == "mlx5_ib0/1" and row["netdev"] == "ib0" and row["state"] == "IB ACTIVE"
+    assert row["rate"] == "400G"
+    assert "downed=255" in row["errors"] and "sym=12" in row["errors"]
+    widths = [max(len(c), *(len(r[i]) for r in table.rows)) for i, c in enumerate(table.columns)]
+    assert sum(widths) + 2 * (len(widths) - 1) <= 100
+    assert InfinibandCollector.summarize(Snapshot("h", 0, (), (), ())) is None

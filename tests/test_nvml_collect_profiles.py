@@ -1,0 +1,249 @@
+"""The NVML collector on the simulated profiles: every family with sane values, the call budget, the
+series count, the opt-ins, MIG and the terminal table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpumon.collectors import nvml_metrics as M
+from gpumon.collectors.base import Context
+from gpumon.collectors.nvml import NvmlCollector
+from gpumon.collectors.nvml_session import NvmlSession
+from gpumon.config import Section
+from gpumon.model import Collection, Snapshot
+from gpumon.simulate.nvml import FakeNVML
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def rig(profile: str = "h100-sxm5-80gb", count: int = 8, **opts: Any) -> tuple[FakeNVML, NvmlCollector, Clock]:
+    fake = FakeNVML(profile, count)
+    clock = Clock()
+    ctx = Context(hostname="test", nvml=fake)
+    ctx.get_shared("nvml", lambda: NvmlSession(fake, clock=clock))
+    values = {o.key: o.default for o in NvmlCollector.options.options}
+    values.update(opts)
+    collector = NvmlCollector(ctx, Section("nvml", values))
+    collector._clock = clock
+    return fake, collector, clock
+
+
+def values(out: Collection, name: str, **labels: str) -> dict[str, float]:
+    """gpu index -> value for the samples of ``name`` matching ``labels``."""
+    found = {}
+    for fam in out.families:
+        if fam.name == name:
+            for s in fam.samples:
+                if all(s.label(k) == v for k, v in labels.items()):
+                    found[s.label("gpu") or ""] = s.value
+    return found
+
+
+def names(out: Collection) -> set[str]:
+    return {f.name for f in out.families}
+
+
+def series(out: Collection, gpu_only: bool = False) -> int:
+    return sum(len(f.samples) for f in out.families if not gpu_only or f.name != "gpumon_nvml_calls_total")
+
+
+def test_h100_exports_every_default_family_with_the_profiles_values() -> None:
+    fake, c, _ = rig()
+    out = c.collect()
+    expected = {
+        "gpumon_gpu_info", "gpumon_gpu_lost", "gpumon_gpu_utilization_ratio", "gpumon_gpu_memory_total_bytes",
+        "gpumon_gpu_memory_used_bytes", "gpumon_gpu_memory_free_bytes", "gpumon_gpu_memory_reserved_bytes",
+        "gpumon_gpu_bar1_total_bytes", "gpumon_gpu_bar1_used_bytes", "gpumon_gpu_temperature_celsius",
+        "gpumon_gpu_temperature_threshold_celsius", "gpumon_gpu_power_watts", "gpumon_gpu_power_limit_watts",
+        "gpumon_gpu_energy_joules_total", "gpumon_gpu_clock_hertz", "gpumon_gpu_clock_max_hertz",
+        "gpumon_gpu_clock_event_reason_active", "gpumon_gpu_clock_event_violation_seconds_total",
+        "gpumon_gpu_pcie_link_generation", "gpumon_gpu_pcie_link_generation_max", "gpumon_gpu_pcie_link_width",
+        "gpumon_gpu_pcie_link_width_max", "gpumon_gpu_pcie_bytes_total", "gpumon_gpu_pcie_replay_total",
+        "gpumon_gpu_ecc_enabled", "gpumon_gpu_ecc_errors_total", "gpumon_gpu_remapped_rows",
+        "gpumon_gpu_remapped_rows_pending", "gpumon_gpu_remapped_rows_failure", "gpumon_gpu_recovery_action",
+        "gpumon_gpu_nvlink_links", "gpumon_gpu_nvlink_links_active", "gpumon_gpu_nvlink_errors_total",
+        "gpumon_gpu_nvlink_bytes_total", "gpumon_gpu_performance_state", "gpumon_gpu_compute_processes",
+        "gpumon_gpu_compute_processes_memory_bytes", "gpumon_gpu_activity_ratio",
+        "gpumon_gpu_pcie_throughput_bytes_per_second", "gpumon_gpu_nvlink_throughput_bytes_per_second",
+        "gpumon_nvml_calls_total",
+    }
+    assert expected <= names(out), expected - names(out)
+    # pre-Ampere page retirement and a fan do not exist on H100; per-link and per-process are opt-in
+    assert not names(out) & {"gpumon_gpu_retired_pages", "gpumon_gpu_fan_speed_ratio",
+                             "gpumon_gpu_nvlink_link_up", "gpumon_gpu_process_memory_bytes"}
+    assert set(values(out, "gpumon_gpu_info")) == {str(i) for i in range(8)}
+    info = next(f for f in out.families if f.name == "gpumon_gpu_info").samples[0]
+    assert info.label("model") == "NVIDIA H100 80GB HBM3" and info.label("driver_version") == "550.90.07"
+    assert info.label("cuda_version") == "12.4" and info.label("mig_mode") == "disabled"
+    for gpu, watts in values(out, "gpumon_gpu_power_watts").items():
+        assert 70 <= watts <= values(out, "gpumon_gpu_power_limit_watts")[gpu] == 700
+    assert all(0 <= v <= 1 for v in values(out, "gpumon_gpu_utilization_ratio").values())
+    assert all(0 <= v <= 1 for v in values(out, "gpumon_gpu_activity_ratio").values())
+    assert values(out, "gpumon_gpu_clock_max_hertz", clock="sm")["0"] == 1980e6
+    assert values(out, "gpumon_gpu_nvlink_links_active")["0"] == 18
+    assert values(out, "gpumon_gpu_temperature_threshold_celsius", threshold="slowdown")["0"] == 90
+    assert values(out, "gpumon_gpu_memory_total_bytes")["0"] == 81559 * 2**20
+    energy = values(out, "gpumon_gpu_energy_joules_total")["0"]
+    fake.tick(10)
+    assert values(c.collect(), "gpumon_gpu_energy_joules_total")["0"] > energy
+    c.close()
+
+
+def test_h100_steady_state_is_at_most_8_nvml_calls_per_gpu_per_run() -> None:
+    fake, c, _ = rig()
+    c.collect()   # discovery run: identity, maxima, GPM buffers, every slow value once
+    per_run = []
+    for _ in range(30):
+        fake.reset_calls()
+        fake.tick(10)
+        c.collect()
+        per_run.append([fake.calls_for_gpu(g) for g in range(8)])
+    assert max(max(r) for r in per_run) <= 8
+    assert per_run[-1] == [8] * 8   # the budget is used, not wasted
+    c.close()
+
+
+def test_without_budget_everything_is_read_every_run() -> None:
+    fake, c, _ = rig(max_calls_per_gpu=0)
+    c.collect()
+    fake.reset_calls()
+    c.collect()
+    assert fake.calls_for_gpu(0) > 8
+    assert fake.gpu_calls[("nvmlDeviceGetCurrentClocksEventReasons", 0)] == 1
+    c.close()
+
+
+def test_slow_values_all_refresh_within_a_bounded_number_of_runs() -> None:
+    fake, c, _ = rig(count=1)
+    c.collect()
+    fake.reset_calls()
+    for _ in range(30):
+        c.collect()
+    for fn in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetBAR1MemoryInfo",
+               "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetCurrPcieLinkWidth"):
+        assert fake.gpu_calls[(fn, 0)] >= 2, fn
+    # clock-event reasons are weighted to refresh more often than the rest
+    assert fake.gpu_calls[("nvmlDeviceGetCurrentClocksEventReasons", 0)] > \
+        fake.gpu_calls[("nvmlDeviceGetBAR1MemoryInfo", 0)]
+    c.close()
+
+
+def test_h100_default_series_count_fits_the_host_budget() -> None:
+    _, c, _ = rig()
+    out = c.collect()
+    n = series(out)
+    # 8 GPUs + 9 IB ports must fit 2,500 series; IB takes up to ~800
+    assert 600 <= n <= 1000, n
+    _, c2, _ = rig(nvlink_per_link=True)
+    out2 = c2.collect()
+    assert {"gpumon_gpu_nvlink_link_up", "gpumon_gpu_nvlink_link_errors_total",
+            "gpumon_gpu_nvlink_link_bytes_total"} <= names(out2)
+    # up, 4 error types, 2 directions per link
+    assert series(out2, gpu_only=True) - series(out, gpu_only=True) == 8 * 18 * 7
+    link_types = {s.label("type") for f in out2.families if f.name == "gpumon_gpu_nvlink_link_errors_total"
+                  for s in f.samples}
+    assert link_types == {"replay", "recovery", "crc_flit", "crc_data"}
+    c.close()
+    c2.close()
+
+
+def test_a10_has_a_fan_an_encoder_and_no_nvlink_hbm_or_gpm() -> None:
+    _, c, _ = rig("a10", 1)
+    out = c.collect()
+    assert "gpumon_gpu_fan_speed_ratio" in names(out)
+    assert set(values(out, "gpumon_gpu_utilization_ratio", engine="encoder")) == {"0"}
+    assert values(out, "gpumon_gpu_temperature_celsius", sensor="memory") == {}
+    assert not names(out) & {"gpumon_gpu_nvlink_links", "gpumon_gpu_nvlink_bytes_total",
+                             "gpumon_gpu_activity_ratio"}
+    info = next(f for f in out.families if f.name == "gpumon_gpu_info").samples[0]
+    assert info.label("mig_mode") == ""   # not MIG-capable
+    c.close()
+
+
+def test_a100_has_nvlink_but_no_gpm() -> None:
+    _, c, _ = rig("a100-sxm4-80gb", 8)
+    out = c.collect()
+    assert values(out, "gpumon_gpu_nvlink_links")["3"] == 12
+    assert "gpumon_gpu_activity_ratio" not in names(out)
+    c.close()
+
+
+def test_per_process_series_are_opt_in() -> None:
+    _, c, _ = rig(count=2, per_process=True)
+    out = c.collect()
+    pids = {s.label("pid") for f in out.families if f.name == "gpumon_gpu_process_memory_bytes"
+            for s in f.samples}
+    assert pids == {"4000", "4010"}
+    c.close()
+
+
+def test_mig_gives_per_instance_memory_and_gpm_and_drops_refused_whole_gpu_metrics() -> None:
+    fake, c, _ = rig(count=2)
+    fake.set_mig(0, instances=3)
+    out = c.collect()
+    mig_mem = [s for f in out.families if f.name == "gpumon_gpu_mig_memory_used_bytes" for s in f.samples]
+    assert {(s.label("gpu"), s.label("gpu_instance"), s.label("compute_instance")) for s in mig_mem} == \
+        {("0", "7", "0"), ("0", "8", "0"), ("0", "9", "0")}
+    assert {s.label("activity") for f in out.families if f.name == "gpumon_gpu_mig_activity_ratio"
+            for s in f.samples} >= {"sm", "dram_bandwidth"}
+    assert set(values(out, "gpumon_gpu_utilization_ratio", engine="gpu")) == {"1"}   # refused under MIG
+    assert set(values(out, "gpumon_gpu_power_watts")) == {"0", "1"}
+    info = {s.label("gpu"): s.label("mig_mode") for f in out.families if f.name == "gpumon_gpu_info"
+            for s in f.samples}
+    assert info == {"0": "enabled", "1": "disabled"}
+    assert out.errors.get("nvml_not_supported", 0) >= 1
+    c.close()
+
+
+def test_every_declared_metric_is_well_formed_and_documented() -> None:
+    specs = NvmlCollector.metrics()
+    assert len({s.name for s in specs}) == len(specs)
+    with open("docs/metrics.md", encoding="utf-8") as fh:
+        doc = fh.read()
+    section = doc[doc.index("<!-- BEGIN nvml -->"):doc.index("<!-- END nvml -->")]
+    for spec in specs:
+        assert spec.name.startswith("gpumon_")
+        assert f"`{spec.name}`" in section, spec.name
+    assert M.INFO_SPEC in specs
+
+
+def test_summary_table_has_one_row_per_gpu_and_fits_100_columns() -> None:
+    fake, c, _ = rig()
+    c.collect()
+    fake.set_lost(5, xid=False)
+    out = c.collect()
+    snap = Snapshot("h", 0.0, tuple(out.families), (), ())
+    table = NvmlCollector.summarize(snap)
+    assert table is not None and len(table.rows) == 8
+    assert all(len(r) == len(table.columns) for r in table.rows)
+    widths = [max(len(str(x)) for x in col) for col in zip(table.columns, *table.rows)]
+    assert sum(widths) + 2 * (len(widths) - 1) <= 100, widths
+    row0 = dict(zip(table.columns, table.rows[0]))
+    assert row0["Model"] == "H100 80GB HBM3" and row0["Power"].endswith("/700W")
+    assert dict(zip(table.columns, table.rows[5]))["Util"] == "LOST"
+    assert NvmlCollector.summarize(Snapshot("h", 0.0, (), (), ())) is None
+    c.close()
+
+
+@pytest.mark.parametrize("profile", ["h100-sxm5-80gb", "a100-sxm4-80gb", "a10"])
+def test_counters_never_go_backwards_across_runs(profile: str) -> None:
+    fake, c, _ = rig(profile, 2)
+    prev: dict[tuple[str, tuple], float] = {}
+    for _ in range(5):
+        fake.tick(5)
+        out = c.collect()
+        for fam in out.families:
+            if fam.spec.type.value == "counter":
+                for s in fam.samples:
+                    key = (fam.name, s.labels)
+                    assert s.value >= prev.get(key, 0.0), key
+                    prev[key] = s.value
+    c.close()

@@ -1,0 +1,281 @@
+"""What arrives at a real OTLP receiver (HTTP/protobuf and gRPC): names, units, temporality,
+attributes, resource, values, start times; and events as log records."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("opentelemetry.proto")
+
+from opentelemetry.proto.metrics.v1 import metrics_pb2  # noqa: E402
+
+from gpumon.model import CollectorStatus, Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot  # noqa: E402
+from tests import test_otel_receiver as receivers  # noqa: E402
+from tests.test_otel_receiver import make_sink  # noqa: E402
+
+# The receivers' fixtures, shared with this module.
+grpc_receiver = receivers.grpc_receiver
+http_receiver = receivers.http_receiver
+
+GPU_INFO = MetricSpec("gpumon_gpu_info", MetricType.INFO, "GPU identity.",
+                      labels=("gpu", "uuid", "model", "pci_bus_id", "driver_version", "vbios", "serial"))
+UTIL = MetricSpec("gpumon_gpu_utilization_ratio", MetricType.GAUGE, "GPU busy.", "ratio", ("gpu", "uuid", "engine"))
+MEM_USED = MetricSpec("gpumon_gpu_memory_used_bytes", MetricType.GAUGE, "Used.", "bytes", ("gpu", "uuid"))
+ENERGY = MetricSpec("gpumon_gpu_energy_joules_total", MetricType.COUNTER, "Energy.", "joules", ("gpu", "uuid"))
+TEMP = MetricSpec("gpumon_gpu_temperature_celsius", MetricType.GAUGE, "Temp.", "celsius", ("gpu", "uuid", "sensor"))
+LOST = MetricSpec("gpumon_gpu_lost", MetricType.GAUGE, "Lost.", "", ("gpu", "uuid"))
+XID = MetricSpec("gpumon_gpu_xid_errors_total", MetricType.COUNTER, "XIDs.", "", ("gpu", "uuid", "xid"))
+CLOCK = MetricSpec("gpumon_gpu_sm_clock_hertz", MetricType.GAUGE, "SM clock.", "hertz", ("gpu", "uuid"))
+IB_INFO = MetricSpec("gpumon_ib_port_info", MetricType.INFO, "Port identity.",
+                     labels=("device", "port", "link_layer", "fw_version", "hca_type"))
+RX = MetricSpec("gpumon_ib_port_data_received_bytes_total", MetricType.COUNTER, "Rx.", "bytes", ("device", "port"))
+TX = MetricSpec("gpumon_ib_port_data_transmitted_bytes_total", MetricType.COUNTER, "Tx.", "bytes",
+                ("device", "port"))
+UP = MetricSpec("gpumon_ib_port_up", MetricType.GAUGE, "Up.", "", ("device", "port"))
+SYM = MetricSpec("gpumon_ib_port_symbol_errors_total", MetricType.COUNTER, "Symbol errors.", "",
+                 ("device", "port"))
+DOWNED = MetricSpec("gpumon_ib_port_link_downed_total", MetricType.COUNTER, "Link downed.", "", ("device", "port"))
+
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def snapshot(t: float, energy: float, rx: float, events: tuple[Event, ...] = (), seq: int = 1) -> Snapshot:
+    families = (
+        MetricFamily(GPU_INFO, (GPU_INFO.sample(1, "0", UUID, "NVIDIA H100 80GB HBM3", "00000001:00:00.0",
+                                                "550.54.15", "96.00.74.00.01", "1650123456789"),)),
+        MetricFamily(UTIL, (UTIL.sample(0.75, "0", UUID, "gpu"), UTIL.sample(0.25, "0", UUID, "encoder"))),
+        MetricFamily(MEM_USED, (MEM_USED.sample(2 ** 33, "0", UUID),)),
+        MetricFamily(ENERGY, (ENERGY.sample(energy, "0", UUID),)),
+        MetricFamily(TEMP, (TEMP.sample(41, "0", UUID, "gpu"), TEMP.sample(45, "0", UUID, "memory"))),
+        MetricFamily(LOST, (LOST.sample(0, "0", UUID),)),
+        MetricFamily(XID, (XID.sample(2, "0", UUID, "79"),)),
+        MetricFamily(CLOCK, (CLOCK.sample(1.98e9, "0", UUID),)),
+        MetricFamily(IB_INFO, (IB_INFO.sample(1, "mlx5_ib0", "1", "InfiniBand", "28.39.1002", "MT4129"),)),
+        MetricFamily(RX, (RX.sample(rx, "mlx5_ib0", "1"),)),
+        MetricFamily(TX, (TX.sample(rx / 2, "mlx5_ib0", "1"),)),
+        MetricFamily(UP, (UP.sample(1, "mlx5_ib0", "1"),)),
+        MetricFamily(SYM, (SYM.sample(3, "mlx5_ib0", "1"),)),
+        MetricFamily(DOWNED, (DOWNED.sample(1, "mlx5_ib0", "1"),)),
+    )
+    status = (CollectorStatus("nvml", True, 0.01), CollectorStatus("infiniband", True, 0.002))
+    return Snapshot("node-7", t, families, events, status, seq)
+
+
+def attrs(point) -> dict[str, object]:
+    out = {}
+    for kv in point.attributes:
+        which = kv.value.WhichOneof("value")
+        out[kv.key] = getattr(kv.value, which)
+    return out
+
+
+def only(received, name):
+    found = received.metric_points()[name]
+    return found[-1][0]
+
+
+@pytest.fixture(params=["http/protobuf", "grpc"])
+def receiver(request):
+    return request.getfixturevalue("http_receiver" if request.param == "http/protobuf" else "grpc_receiver")
+
+
+@pytest.fixture
+def protocol(receiver):
+    return "grpc" if type(receiver).__name__ == "OtlpGrpcReceiver" else "http/protobuf"
+
+
+def test_metrics_arrive_in_the_hardware_conventions(receiver, protocol, tmp_path):
+    sink = make_sink(receiver.endpoint, tmp_path, protocol=protocol,
+                     resource_attributes=["deployment.environment=test"])
+    sink.start()
+    try:
+        t = time.time()
+        sink.publish(snapshot(t, energy=1000.0, rx=4096.0))
+        receiver.wait(lambda r: r.metrics)
+    finally:
+        sink.stop(5)
+    request = receiver.metrics[0]
+    resource = attrs(request.resource_metrics[0].resource)
+    assert resource["service.name"] == "gpumon"
+    assert resource["service.version"] == "9.9.9"
+    assert resource["host.name"] == "node-7"
+    assert resource["deployment.environment"] == "test"
+    scope = request.resource_metrics[0].scope_metrics[0].scope
+    assert (scope.name, scope.version) == ("gpumon", "9.9.9")
+
+    util = only(receiver, "hw.gpu.utilization")
+    assert util.unit == "1" and util.WhichOneof("data") == "gauge"
+    tasks = {attrs(p)["hw.gpu.task"]: p.as_double for p in util.gauge.data_points}
+    assert tasks == {"general": 0.75, "encoder": 0.25}
+    point = util.gauge.data_points[0]
+    assert point.time_unix_nano == int(t * 1e9)
+    a = attrs(point)
+    assert a["hw.id"] == UUID and a["hw.type"] == "gpu" and a["hw.name"] == "gpu0"
+    assert a["hw.vendor"] == "NVIDIA" and a["hw.model"] == "NVIDIA H100 80GB HBM3"
+    assert a["hw.driver_version"] == "550.54.15" and a["hw.firmware_version"] == "96.00.74.00.01"
+    assert a["hw.serial_number"] == "1650123456789"
+
+    mem = only(receiver, "hw.gpu.memory.usage")
+    assert mem.unit == "By" and mem.WhichOneof("data") == "sum"
+    assert not mem.sum.is_monotonic
+    assert mem.sum.aggregation_temporality == metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+    assert mem.sum.data_points[0].as_double == 2 ** 33
+
+    energy = only(receiver, "hw.energy")
+    assert energy.unit == "J" and energy.sum.is_monotonic
+    assert energy.sum.aggregation_temporality == metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+    ep = energy.sum.data_points[0]
+    assert ep.as_double == 1000.0 and 0 < ep.start_time_unix_nano < ep.time_unix_nano
+
+    temp = only(receiver, "hw.temperature")
+    sensors = {attrs(p)["hw.sensor_location"]: attrs(p) for p in temp.gauge.data_points}
+    assert temp.unit == "Cel" and set(sensors) == {"gpu", "memory"}
+    assert sensors["memory"]["hw.type"] == "temperature" and sensors["memory"]["hw.parent"] == UUID
+    assert sensors["memory"]["hw.id"] == f"{UUID}:temperature:memory"
+
+    status = only(receiver, "hw.status")
+    assert {attrs(p)["hw.state"]: p.as_double for p in status.sum.data_points} == {"ok": 1.0, "failed": 0.0}
+
+    errors = only(receiver, "hw.errors")
+    assert errors.unit == "{error}" and errors.sum.is_monotonic
+    by_type = {attrs(p)["error.type"]: attrs(p) for p in errors.sum.data_points}
+    assert set(by_type) == {"xid_79", "symbol"}
+    assert by_type["xid_79"]["hw.type"] == "gpu" and by_type["symbol"]["hw.type"] == "network"
+
+    clock = only(receiver, "gpumon.gpu.sm_clock")  # no convention: mechanical name, UCUM unit
+    assert clock.unit == "Hz" and attrs(clock.gauge.data_points[0]) == {"gpu": "0", "uuid": UUID}
+
+    io = only(receiver, "hw.network.io")
+    assert io.unit == "By" and io.sum.is_monotonic
+    by_direction = {attrs(p)["network.io.direction"]: p for p in io.sum.data_points}
+    assert by_direction["receive"].as_double == 4096.0 and by_direction["transmit"].as_double == 2048.0
+    na = attrs(by_direction["receive"])
+    assert na["hw.id"] == "mlx5_ib0:1" and na["hw.type"] == "network"
+    assert na["hw.model"] == "MT4129" and na["hw.firmware_version"] == "28.39.1002"
+
+    up = only(receiver, "hw.network.up")
+    assert up.unit == "1" and not up.sum.is_monotonic and up.sum.data_points[0].as_double == 1
+
+    downed = only(receiver, "gpumon.ib.port_link_downed")  # no convention: mechanical
+    assert downed.unit == "{event}" and downed.sum.is_monotonic
+    assert attrs(downed.sum.data_points[0]) == {"device": "mlx5_ib0", "port": "1"}
+
+    info = only(receiver, "gpumon.gpu.info")
+    assert info.WhichOneof("data") == "gauge" and attrs(info.gauge.data_points[0])["model"].startswith("NVIDIA")
+    assert sink.health().exported == 17  # one point per series, two for hw.status
+
+
+def test_counter_start_time_is_stable_and_moves_on_reset(http_receiver, tmp_path):
+    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False)
+    sink.start()
+    try:
+        t0 = time.time()
+        for i, (energy, t) in enumerate([(1000.0, t0), (2000.0, t0 + 1), (5.0, t0 + 2)]):
+            sink.publish(snapshot(t, energy=energy, rx=10.0 * (i + 1), seq=i + 1))
+            http_receiver.wait(lambda r, n=i + 1: len(r.metrics) >= n)
+    finally:
+        sink.stop(5)
+    points = [m.sum.data_points[0] for m, _ in http_receiver.metric_points()["hw.energy"]]
+    assert [p.as_double for p in points] == [1000.0, 2000.0, 5.0]
+    assert points[0].start_time_unix_nano == points[1].start_time_unix_nano
+    assert points[2].start_time_unix_nano > points[1].start_time_unix_nano  # the counter was reset
+    assert points[2].start_time_unix_nano < points[2].time_unix_nano
+
+
+def test_events_become_log_records_with_severity_and_attributes(receiver, protocol, tmp_path):
+    flap = Event("ib_link_flap", Severity.WARNING, {"device": "mlx5_ib3", "port": "1"},
+                 "mlx5_ib3 port 1 flapped", {"link_downed_delta": 1, "carrier_changes_delta": 2}, time=1700000000.5)
+    xid = Event("gpu_xid", Severity.CRITICAL, {"gpu": "0", "uuid": UUID}, "GPU 0 reported XID 79",
+                {"xid": 79, "description": "GPU has fallen off the bus"}, time=1700000001.25)
+    sink = make_sink(receiver.endpoint, tmp_path, protocol=protocol)
+    sink.start()
+    try:
+        sink.publish(snapshot(time.time(), 1.0, 1.0, events=(flap, xid)))
+        receiver.wait(lambda r: len(r.log_records()) >= 2)
+    finally:
+        sink.stop(5)
+    (rec_flap, rl), (rec_xid, _) = receiver.log_records()
+    assert attrs(rl.resource)["service.name"] == "gpumon"
+    assert rec_flap.event_name == "gpumon.ib_link_flap"
+    assert rec_flap.severity_number == 13 and rec_flap.severity_text == "WARNING"
+    assert rec_flap.time_unix_nano == 1700000000500000000
+    assert rec_flap.body.string_value == "mlx5_ib3 port 1 flapped"
+    fa = attrs(rec_flap)
+    assert fa["hw.id"] == "mlx5_ib3:1" and fa["hw.type"] == "network"
+    assert fa["device"] == "mlx5_ib3" and fa["link_downed_delta"] == 1
+    assert rec_xid.severity_number == 21 and rec_xid.severity_text == "CRITICAL"
+    xa = attrs(rec_xid)
+    assert xa["hw.id"] == UUID and xa["xid"] == 79 and xa["gpumon.event.kind"] == "gpu_xid"
+    health = sink.health()
+    assert health.extra["exported_log_records"] == 2 and health.extra["queued_records"] == 0
+
+
+def test_gzip_and_headers_reach_the_collector(http_receiver, tmp_path):
+    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False, compression="gzip",
+                     headers=["x-scope-orgid=tenant-a"],
+                     environ={"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20abc,x-scope-orgid=env"})
+    sink.start()
+    try:
+        sink.publish(snapshot(time.time(), 1.0, 1.0))
+        http_receiver.wait(lambda r: r.metrics)
+    finally:
+        sink.stop(5)
+    headers = http_receiver.headers[0]
+    assert headers["content-encoding"] == "gzip"
+    assert headers["authorization"] == "Bearer abc"
+    assert headers["x-scope-orgid"] == "tenant-a"  # config wins over the environment
+    assert headers["content-type"] == "application/x-protobuf"
+
+
+def test_grpc_metadata_and_gzip(grpc_receiver, tmp_path):
+    sink = make_sink(grpc_receiver.endpoint, tmp_path, protocol="grpc", logs=False, compression="gzip",
+                     headers=["X-Tenant=a"])
+    sink.start()
+    try:
+        sink.publish(snapshot(time.time(), 1.0, 1.0))
+        grpc_receiver.wait(lambda r: r.metrics)
+    finally:
+        sink.stop(5)
+    assert grpc_receiver.headers[0]["x-tenant"] == "a"
+
+
+def test_republished_snapshot_without_new_collector_runs_is_not_exported_again(http_receiver, tmp_path):
+    """The loop re-publishes several times a second; only a new collector run means new data."""
+    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False)
+    sink.start()
+    try:
+        first = snapshot(time.time(), 1.0, 1.0)
+        sink.publish(first)
+        http_receiver.wait(lambda r: len(r.metrics) == 1)
+        for i in range(5):  # same collector statuses, new Snapshot objects
+            sink.publish(Snapshot(first.host, first.time + i, first.families, (), first.collectors, 10 + i))
+        fresh = snapshot(time.time() + 10, 2.0, 2.0, seq=99)
+        sink.publish(fresh)
+        http_receiver.wait(lambda r: len(r.metrics) == 2)
+    finally:
+        sink.stop(5)
+    assert len(http_receiver.metrics) == 2
+    assert http_receiver.attempts == 2
+
+
+def test_fixed_interval_coalesces_to_the_latest_snapshot(http_receiver, tmp_path):
+    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False, interval=0.3)
+    sink.start()
+    try:
+        snap = snapshot(time.time(), 1.0, 1.0)
+        for i in range(3):  # within one interval: only the last is sent
+            sink.publish(Snapshot(snap.host, snap.time + i, snap.families, (), snap.collectors, i))
+        http_receiver.wait(lambda r: len(r.metrics) == 1)
+        sink.publish(Snapshot(snap.host, snap.time + 10, snap.families, (), snap.collectors, 10))
+        http_receiver.wait(lambda r: len(r.metrics) == 2)
+    finally:
+        sink.stop(5)
+    times = [only_point_time(m) for m in http_receiver.metrics]
+    assert times == [int((snap.time + 2) * 1e9), int((snap.time + 10) * 1e9)]
+    assert http_receiver.times[1] - http_receiver.times[0] >= 0.25
+
+
+def only_point_time(request) -> int:
+    return request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].time_unix_nano

@@ -1,0 +1,139 @@
+"""The Prometheus -> OpenTelemetry name table: the hardware conventions where they exist, a mechanical
+gpumon.* name with a UCUM unit for everything else, and every declared metric covered."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from gpumon.model import MetricSpec, MetricType
+from gpumon.sinks import otel_mapping as m
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OTEL_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_.\-/]{0,254}$")
+
+
+@pytest.mark.parametrize(("prom", "otel", "unit", "kind"), [
+    ("gpumon_gpu_utilization_ratio", "hw.gpu.utilization", "1", m.Kind.GAUGE),
+    ("gpumon_gpu_memory_used_bytes", "hw.gpu.memory.usage", "By", m.Kind.UPDOWN),
+    ("gpumon_gpu_memory_total_bytes", "hw.gpu.memory.limit", "By", m.Kind.UPDOWN),
+    ("gpumon_gpu_pcie_bytes_total", "hw.gpu.io", "By", m.Kind.COUNTER),
+    ("gpumon_gpu_power_watts", "hw.power", "W", m.Kind.GAUGE),
+    ("gpumon_gpu_energy_joules_total", "hw.energy", "J", m.Kind.COUNTER),
+    ("gpumon_gpu_temperature_celsius", "hw.temperature", "Cel", m.Kind.GAUGE),
+    ("gpumon_gpu_xid_errors_total", "hw.errors", "{error}", m.Kind.COUNTER),
+    ("gpumon_gpu_lost", "hw.status", "1", m.Kind.STATUS_INVERTED),
+    ("gpumon_ib_port_data_received_bytes_total", "hw.network.io", "By", m.Kind.COUNTER),
+    ("gpumon_ib_port_packets_transmitted_total", "hw.network.packets", "{packet}", m.Kind.COUNTER),
+    ("gpumon_ib_port_up", "hw.network.up", "1", m.Kind.UPDOWN),
+    ("gpumon_ib_port_rate_bytes_per_second", "hw.network.bandwidth.limit", "By/s", m.Kind.UPDOWN),
+    ("gpumon_ib_port_symbol_errors_total", "hw.errors", "{error}", m.Kind.COUNTER),
+])
+def test_semantic_convention_entries(prom, otel, unit, kind):
+    metric = m.TABLE[prom]
+    assert (metric.name, metric.unit, metric.kind, metric.semconv) == (otel, unit, kind, True)
+
+
+@pytest.mark.parametrize(("spec", "name", "unit", "kind"), [
+    (MetricSpec("gpumon_gpu_clock_hertz", MetricType.GAUGE, "h", "hertz"), "gpumon.gpu.clock", "Hz", m.Kind.GAUGE),
+    (MetricSpec("gpumon_ib_port_down_seconds", MetricType.GAUGE, "h", "seconds"), "gpumon.ib.port_down", "s",
+     m.Kind.GAUGE),
+    (MetricSpec("gpumon_gpu_nvlink_bytes_total", MetricType.COUNTER, "h", "bytes"), "gpumon.gpu.nvlink", "By",
+     m.Kind.COUNTER),
+    (MetricSpec("gpumon_gpu_fan_speed_ratio", MetricType.GAUGE, "h", "ratio"), "gpumon.gpu.fan_speed", "1",
+     m.Kind.GAUGE),
+    (MetricSpec("gpumon_gpu_pcie_throughput_bytes_per_second", MetricType.GAUGE, "h", "bytes_per_second"),
+     "gpumon.gpu.pcie_throughput", "By/s", m.Kind.GAUGE),
+    (MetricSpec("gpumon_ib_port_vl15_dropped_total", MetricType.COUNTER, "h"), "gpumon.ib.port_vl15_dropped",
+     "{packet}", m.Kind.COUNTER),
+    (MetricSpec("gpumon_gpu_nvlink_errors_total", MetricType.COUNTER, "h"), "gpumon.gpu.nvlink_errors",
+     "{error}", m.Kind.COUNTER),
+    (MetricSpec("gpumon_gpu_info", MetricType.INFO, "h"), "gpumon.gpu.info", "1", m.Kind.GAUGE),
+    (MetricSpec("gpumon_gpu_board_volts", MetricType.GAUGE, "h", "volts"), "gpumon.gpu.board", "V",
+     m.Kind.GAUGE),
+    (MetricSpec("gpumon_up", MetricType.GAUGE, "h"), "gpumon.up", "1", m.Kind.GAUGE),
+    (MetricSpec("gpumon_gpu_widgets", MetricType.GAUGE, "h", "widgets"), "gpumon.gpu.widgets", "{widgets}",
+     m.Kind.GAUGE),
+])
+def test_a_metric_without_an_entry_maps_mechanically(spec, name, unit, kind):
+    metric = m.resolve(spec)
+    assert (metric.name, metric.unit, metric.kind, metric.domain) == (name, unit, kind, m.Domain.NONE)
+
+
+def _signature(metric: m.OtelMetric) -> tuple:
+    formats = tuple(sorted((label, attr, m.VALUE_FORMATS.get((label, attr), "")) for label, attr in metric.label_map))
+    return metric.domain, metric.attributes, formats
+
+
+def test_every_declared_metric_maps_to_a_valid_distinct_series():
+    specs = m.declared_specs()
+    names = {s.name for s in specs}
+    assert "gpumon_collector_up" in names
+    try:
+        from gpumon.collectors import infiniband, nvml  # noqa: F401
+    except ImportError:
+        pytest.skip("the collectors are not installed")
+    assert {"gpumon_gpu_utilization_ratio", "gpumon_ib_port_data_received_bytes_total"} <= names
+    by_otel: dict[str, list[tuple[MetricSpec, m.OtelMetric]]] = {}
+    for spec in specs:
+        metric = m.resolve(spec)
+        assert OTEL_NAME.match(metric.name), metric.name
+        assert metric.unit and " " not in metric.unit, (spec.name, metric.unit)
+        if spec.type is MetricType.COUNTER:
+            assert metric.kind is m.Kind.COUNTER, spec.name  # counters stay monotonic sums
+        by_otel.setdefault(metric.name, []).append((spec, metric))
+    for otel_name, group in by_otel.items():
+        assert len({g[1].unit for g in group}) == 1, f"{otel_name}: units disagree: {group}"
+        assert len({g[1].kind for g in group}) == 1, f"{otel_name}: instruments disagree"
+        signatures = [_signature(g[1]) for g in group]
+        assert len(set(signatures)) == len(signatures), f"{otel_name}: two metrics would collide: {group}"
+
+
+def test_no_table_entry_names_an_undeclared_metric_of_a_landed_collector():
+    names = {s.name for s in m.declared_specs()}
+    prefixes = {"gpumon_gpu_": "nvml", "gpumon_ib_": "infiniband"}
+    from gpumon import registry
+
+    available = set(registry.available_collectors())
+    for prom in m.TABLE:
+        owner = next((c for p, c in prefixes.items() if prom.startswith(p)), None)
+        if owner in available and not prom.startswith("process_"):
+            assert prom in names, f"{prom} is in the table but no collector declares it"
+
+
+def test_docs_table_matches_what_is_exported():
+    with open(os.path.join(REPO, "docs", "metrics.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    section = text.split("<!-- BEGIN otel -->", 1)[1].split("<!-- END otel -->", 1)[0]
+    table = m.markdown_table(m.declared_specs())
+    missing = [row for row in table.splitlines() if row not in section]
+    assert not missing, ("docs/metrics.md's otel table is out of date; regenerate it with "
+                         "`python -m gpumon.sinks.otel_mapping`. Missing rows:\n" + "\n".join(missing[:10]))
+
+
+def test_attribute_values_follow_the_conventions():
+    identity = m.Identity.from_families([("gpumon_gpu_info", [{"gpu": "3", "uuid": "GPU-x", "model": "H100",
+                                                               "vbios": "96.0", "serial": "S1"}])])
+    util = m.attributes(m.TABLE["gpumon_gpu_utilization_ratio"], {"gpu": "3", "uuid": "GPU-x", "engine": "gpu"},
+                        identity)
+    assert dict(util) == {"hw.id": "GPU-x", "hw.type": "gpu", "hw.name": "gpu3", "hw.vendor": "NVIDIA",
+                          "hw.model": "H100", "hw.firmware_version": "96.0", "hw.serial_number": "S1",
+                          "hw.gpu.task": "general"}
+    pcie = dict(m.attributes(m.TABLE["gpumon_gpu_pcie_bytes_total"],
+                             {"gpu": "3", "uuid": "GPU-x", "direction": "tx"}, identity))
+    assert pcie["network.io.direction"] == "transmit"
+    ecc = dict(m.attributes(m.TABLE["gpumon_gpu_ecc_errors_total"],
+                            {"gpu": "3", "uuid": "GPU-x", "type": "uncorrected", "counter": "volatile"}, identity))
+    assert ecc["error.type"] == "ecc_uncorrected" and ecc["counter"] == "volatile"
+
+
+def test_module_import_does_not_load_the_sdk():
+    """The registry imports sink modules to read class attributes; the SDK must wait for start()."""
+    code = ("import sys, gpumon.sinks.otel; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('opentelemetry', 'grpc', 'google')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

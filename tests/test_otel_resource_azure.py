@@ -1,0 +1,131 @@
+"""The resource: service.*, host.name, OTEL_RESOURCE_ATTRIBUTES, and on Azure cloud.* / host.id /
+host.type from IMDS, asked on a background thread so start-up never waits for it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+pytest.importorskip("opentelemetry.proto")
+
+from gpumon.sinks.base import SinkContext  # noqa: E402
+from gpumon.sinks.otel import resource_attributes  # noqa: E402
+from tests import test_otel_receiver as receivers  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+from tests.test_otel_export_wire import attrs, snapshot  # noqa: E402
+from tests.test_otel_receiver import make_sink  # noqa: E402
+
+# The receivers' fixtures, shared with this module.
+http_receiver = receivers.http_receiver
+
+COMPUTE = {
+    "vmId": "2f6c5a1e-0000-4000-8000-123456789abc", "vmSize": "Standard_ND96isr_H100_v5",
+    "location": "eastus2", "name": "gpu-node-7", "resourceGroupName": "rg-train",
+    "resourceId": "/subscriptions/s/resourceGroups/rg-train/providers/Microsoft.Compute/virtualMachines/gpu-node-7",
+    "tagsList": [],
+}
+
+
+class FakeImds:
+    def __init__(self, doc: dict, hold: threading.Event | None = None) -> None:
+        self.seen_headers: list[dict[str, str]] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                fake.seen_headers.append(dict(self.headers))
+                if hold is not None:
+                    hold.wait(10)
+                body = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metadata/instance/compute"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_layers_later_wins():
+    ctx = SinkContext(hostname="node-7", state_dir="/tmp", version="1.2.3")
+    env = {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,host.name=from-env,team=ml%20infra",
+           "OTEL_SERVICE_NAME": "gpu-telemetry"}
+    got = resource_attributes(ctx, ["team=research"], env, {"cloud.provider": "azure", "host.name": "imds"})
+    assert got == {"service.name": "gpu-telemetry", "service.version": "1.2.3", "host.name": "from-env",
+                   "cloud.provider": "azure", "deployment.environment": "prod", "team": "research"}
+
+
+def test_azure_attributes_reach_the_collector(http_receiver, tmp_path):
+    imds = FakeImds(COMPUTE)
+    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False, azure_detect=True, imds_url=imds.url)
+    try:
+        sink.start()
+        sink.publish(snapshot(time.time(), 1.0, 1.0))
+        http_receiver.wait(lambda r: r.metrics)
+    finally:
+        sink.stop(2)
+        imds.close()
+    resource = attrs(http_receiver.metrics[0].resource_metrics[0].resource)
+    assert resource["cloud.provider"] == "azure" and resource["cloud.platform"] == "azure.vm"
+    assert resource["cloud.region"] == "eastus2"
+    assert resource["host.id"] == COMPUTE["vmId"] and resource["host.type"] == "Standard_ND96isr_H100_v5"
+    assert resource["host.name"] == "node-7"
+    assert imds.seen_headers[0].get("Metadata") == "true"
+
+
+def test_aks_node_is_azure_aks(http_receiver, tmp_path):
+    imds = FakeImds({**COMPUTE, "resourceGroupName": "MC_rg_cluster_eastus2"})
+    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False, azure_detect=True, imds_url=imds.url)
+    try:
+        sink.start()
+        sink.publish(snapshot(time.time(), 1.0, 1.0))
+        http_receiver.wait(lambda r: r.metrics)
+    finally:
+        sink.stop(2)
+        imds.close()
+    assert attrs(http_receiver.metrics[0].resource_metrics[0].resource)["cloud.platform"] == "azure.aks"
+
+
+def test_off_azure_nothing_is_added_and_start_does_not_wait(http_receiver, tmp_path):
+    hold = threading.Event()
+    imds = FakeImds(COMPUTE, hold=hold)  # answers only after the timeout: as good as absent
+    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False, azure_detect=True, imds_url=imds.url,
+                     imds_timeout=0.3)
+    try:
+        started = time.monotonic()
+        sink.start()
+        assert time.monotonic() - started < 0.2
+        sink.publish(snapshot(time.time(), 1.0, 1.0))
+        http_receiver.wait(lambda r: r.metrics)
+    finally:
+        hold.set()
+        sink.stop(2)
+        imds.close()
+    resource = attrs(http_receiver.metrics[0].resource_metrics[0].resource)
+    assert not any(k.startswith("cloud.") for k in resource) and "host.id" not in resource
+
+
+def test_imds_not_listening_adds_nothing(http_receiver, tmp_path):
+    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False, azure_detect=True,
+                     imds_url=f"http://127.0.0.1:{free_port()}/metadata")
+    try:
+        sink.start()
+        sink.publish(snapshot(time.time(), 1.0, 1.0))
+        http_receiver.wait(lambda r: r.metrics)
+    finally:
+        sink.stop(2)
+    assert "cloud.provider" not in attrs(http_receiver.metrics[0].resource_metrics[0].resource)

@@ -1,0 +1,172 @@
+"""The simulated ND H100 v5 host end to end: every metric family its collectors produce arrives at a
+real OTLP receiver under its mapped name, unit and instrument, with its values; an injected flap and
+XID arrive as log records. In process (HTTP and gRPC), and through `gpumon run --sinks otel`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("opentelemetry.proto")
+pytest.importorskip("gpumon.simulate.nvml")
+
+from gpumon import registry  # noqa: E402
+from gpumon.collectors.base import Context  # noqa: E402
+from gpumon.model import CollectorStatus, MetricFamily, Snapshot  # noqa: E402
+from gpumon.simulate import Simulation, control  # noqa: E402
+from gpumon.sinks import otel_mapping as mapping  # noqa: E402
+from tests import test_otel_receiver as receivers  # noqa: E402
+from tests.conftest import REPO, clean_env  # noqa: E402
+from tests.test_otel_export_wire import attrs  # noqa: E402
+from tests.test_otel_receiver import OtlpHttpReceiver, make_sink  # noqa: E402
+
+# The receivers' fixtures, shared with this module.
+grpc_receiver = receivers.grpc_receiver
+http_receiver = receivers.http_receiver
+
+COLLECTORS = ("nvml", "xid", "infiniband", "linkflap")
+
+
+class Host:
+    """The simulated host's collectors, run by hand, composed into Snapshots as the loop would."""
+
+    def __init__(self, tmp_path) -> None:
+        self.sim = Simulation("nd-h100-v5", str(tmp_path / "sim"))
+        ctx = Context(hostname="nd-node", sysfs_root=self.sim.sysfs_root, state_dir=str(tmp_path / "state"),
+                      simulation=self.sim, nvml=self.sim.nvml)
+        os.makedirs(ctx.state_dir, exist_ok=True)
+        self.collectors = [registry.collector_class(name)(ctx, None) for name in COLLECTORS
+                           if name in registry.available_collectors()]
+        self.seq = 0
+
+    def snapshot(self) -> Snapshot:
+        families: list[MetricFamily] = []
+        events = []
+        statuses = []
+        for collector in self.collectors:
+            started = time.monotonic()
+            result = collector.collect()
+            families.extend(result.families)
+            events.extend(result.events)
+            statuses.append(CollectorStatus(collector.name, True, time.monotonic() - started))
+        self.seq += 1
+        return Snapshot("nd-node", time.time(), tuple(families), tuple(events), tuple(statuses), self.seq)
+
+    def close(self) -> None:
+        for collector in self.collectors:
+            collector.close()
+
+
+def expected_points(snapshot: Snapshot) -> int:
+    status = (mapping.Kind.STATUS, mapping.Kind.STATUS_INVERTED)
+    return sum(len(f.samples) * (2 if mapping.resolve(f.spec).kind in status else 1) for f in snapshot.families)
+
+
+@pytest.fixture(params=["http/protobuf", "grpc"])
+def receiver(request):
+    return request.getfixturevalue("http_receiver" if request.param == "http/protobuf" else "grpc_receiver")
+
+
+def test_every_family_of_the_host_arrives_mapped(receiver, tmp_path):
+    protocol = "grpc" if type(receiver).__name__ == "OtlpGrpcReceiver" else "http/protobuf"
+    host = Host(tmp_path)
+    sink = make_sink(receiver.endpoint, tmp_path, protocol=protocol)
+    try:
+        snap = host.snapshot()
+        sink.start()
+        sink.publish(snap)
+        receiver.wait(lambda r: r.metrics)
+        host.sim.apply({"action": "flap", "device": "mlx5_ib3", "port": 1})
+        host.sim.apply({"action": "xid", "gpu": 3, "xid": 79})
+        host.sim.step(1.0)
+        deadline = time.monotonic() + 10
+        kinds: set[str] = set()
+        while not {"ib_link_flap", "gpu_xid"} <= kinds:
+            assert time.monotonic() < deadline, f"events seen: {kinds}"
+            later = host.snapshot()
+            kinds |= {e.kind for e in later.events}
+            sink.publish(later)
+        receiver.wait(lambda r: {"gpumon.ib_link_flap", "gpumon.gpu_xid"}
+                      <= {rec.event_name for rec, _ in r.log_records()})
+    finally:
+        sink.stop(5)
+        host.close()
+
+    names = {f.name for f in snap.families}
+    assert {"gpumon_gpu_utilization_ratio", "gpumon_gpu_energy_joules_total",
+            "gpumon_ib_port_data_received_bytes_total", "gpumon_ib_port_up"} <= names
+    first = receiver.metrics[0]
+    received = {m.name: m for m in first.resource_metrics[0].scope_metrics[0].metrics}
+    for family in snap.families:
+        otel = mapping.resolve(family.spec)
+        assert otel.name in received, f"{family.name} -> {otel.name} did not arrive"
+        metric = received[otel.name]
+        assert metric.unit == otel.unit, family.name
+        data = metric.WhichOneof("data")
+        assert data == ("gauge" if otel.kind is mapping.Kind.GAUGE else "sum"), family.name
+        if data == "sum":
+            assert metric.sum.is_monotonic == (otel.kind is mapping.Kind.COUNTER), family.name
+    points = sum(len(getattr(m, m.WhichOneof("data")).data_points) for m in received.values())
+    assert points == expected_points(snap)
+
+    # values and identity: GPU 0's energy, and the 8 H100s carry their model
+    energy = snap.family("gpumon_gpu_energy_joules_total").samples[0]
+    energy_points = {attrs(p)["hw.id"]: p.as_double for p in received["hw.energy"].sum.data_points}
+    assert energy_points[energy.label("uuid")] == energy.value
+    gpus = {attrs(p)["hw.id"]: attrs(p) for p in received["hw.gpu.utilization"].gauge.data_points}
+    assert len(gpus) == 8 and all("H100" in a["hw.model"] for a in gpus.values())
+    ports = {attrs(p)["hw.id"] for p in received["hw.network.io"].sum.data_points}
+    assert {f"mlx5_ib{i}:1" for i in range(8)} <= ports
+
+    records = {rec.event_name: rec for rec, _ in receiver.log_records()}
+    flap, xid = records["gpumon.ib_link_flap"], records["gpumon.gpu_xid"]
+    assert attrs(flap)["hw.id"] == "mlx5_ib3:1" and flap.severity_number >= 13
+    assert attrs(xid)["xid"] == 79 and attrs(xid)["gpu"] == "3" and xid.severity_number >= 17
+
+
+def test_gpumon_run_with_the_otel_sink_delivers_every_family(tmp_path):
+    """`gpumon run --simulate nd-h100-v5 --sinks otel` against the test receiver."""
+    if not os.path.exists(os.path.join(REPO, "gpumon", "cli.py")):
+        pytest.skip("the CLI is not installed")
+    expected_host = Host(tmp_path / "reference")
+    try:
+        expected = {mapping.resolve(f.spec).name for f in expected_host.snapshot().families}
+    finally:
+        expected_host.close()
+    receiver = OtlpHttpReceiver()
+    state = tmp_path / "state"
+    env = clean_env(GPUMON_OTEL_ENDPOINT=receiver.endpoint, GPUMON_OTEL_AZURE_DETECT="false",
+                    GPUMON_DAEMON_STATE_DIR=str(state))
+    for key in [k for k in env if k.startswith("OTEL_")]:
+        del env[key]
+    proc = subprocess.Popen([sys.executable, "-m", "gpumon", "run", "--simulate", "nd-h100-v5",
+                             "--sinks", "otel", "--interval", "0.5"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def arrived(r) -> set[str]:
+            if proc.poll() is not None:
+                raise AssertionError(f"gpumon exited {proc.returncode}")
+            return expected <= set(r.metric_points()) and set(r.metric_points())
+
+        got = receiver.wait(arrived, timeout=30)
+        assert "gpumon.collector.up" in got  # the daemon's self-metrics travel too
+        control(str(state / "simulate" / "nd-h100-v5"), {"action": "flap", "device": "mlx5_ib2", "port": 1})
+        receiver.wait(lambda r: any(rec.event_name == "gpumon.ib_link_flap" for rec, _ in r.log_records()),
+                      timeout=30)
+        resource = attrs(receiver.metrics[-1].resource_metrics[0].resource)
+        assert resource["service.name"] == "gpumon" and resource["service.version"]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        receiver.close()
+    assert proc.returncode == 0, out
