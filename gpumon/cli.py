@@ -179,12 +179,12 @@ def cmd_check(args: argparse.Namespace, config: Config) -> int:
         plan = daemon.plan_collectors(config, ctx)
         for planned in plan.collectors:
             if planned.available:
-                verdict, detail = "ok", "source found"
+                verdict, detail = "ok", planned.reason or "source found"
             elif planned.explicit:
                 verdict, detail, failed = "FAIL", planned.reason, True
             else:
                 verdict, detail = "skip", planned.reason
-            print(f"collector {planned.name:<12} {verdict:<5} {detail}")
+            print(f"collector {planned.name:<28} {verdict:<5} {detail}")
             if planned.collector is not None:
                 planned.collector.close()
         sctx = daemon.sink_context(config)
@@ -193,12 +193,12 @@ def cmd_check(args: argparse.Namespace, config: Config) -> int:
                 sink = daemon.make_sinks(config.replace("daemon", sinks=[name]), sctx)[0]
                 results = sink.check()
             except daemon.StartupError as exc:
-                print(f"sink      {name:<12} FAIL  {exc}")
+                print(f"sink      {name:<28} FAIL  {exc}")
                 failed = True
                 continue
             for result in results:
                 failed |= not result.ok
-                print(f"sink      {result.item:<12} {'ok' if result.ok else 'FAIL':<5} {result.message}")
+                print(f"sink      {result.item:<28} {'ok' if result.ok else 'FAIL':<5} {result.message}")
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)

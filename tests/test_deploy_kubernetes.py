@@ -223,6 +223,27 @@ def test_ama_metrics_scrape_config_keeps_only_gpumon_metrics_ports(built):
         assert rule.get("action", "replace") in {"keep", "drop", "replace"}
 
 
+def test_azure_logs_overlay_uses_workload_identity_without_secrets(built):
+    from gpumon.config import DAEMON, load
+    from gpumon.sinks.azure_monitor import OPTIONS as AZURE
+
+    path = built["overlays/azure-logs"]
+    sa = find(path, "ServiceAccount", "gpumon")
+    assert "azure.workload.identity/client-id" in sa["metadata"]["annotations"]
+    ds = find(path, "DaemonSet", "gpumon")
+    assert ds["spec"]["template"]["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    assert not [d for d in docs(path) if d["kind"] == "Secret"]
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    (ref,) = container["envFrom"]
+    cm = find(path, "ConfigMap", ref["configMapRef"]["name"])
+    assert cm["metadata"]["namespace"] == "gpumon"
+    empty = Path(path).with_name("empty.toml")
+    empty.write_text("")
+    cfg = load([DAEMON, AZURE], str(empty), environ=cm["data"])
+    assert cfg.daemon.sinks == ["prometheus", "azure_monitor"]
+    assert cfg["azure_monitor"].credential == "workload_identity"
+
+
 def test_gpu_operator_component_asks_for_the_nvidia_runtime_class(built):
     spec = pod_spec(built["gpu-operator+prometheus-operator"])
     assert spec["runtimeClassName"] == "nvidia"

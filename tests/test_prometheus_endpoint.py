@@ -76,7 +76,7 @@ def test_scrape_serves_the_page_it_was_given_and_counts(sink):
         http_get(url(s))
     s.publish(snapshot(5))
     assert b'i="4"' in http_get(url(s))[2]
-    assert s.health().exported == 4
+    wait_for(lambda: s.health().exported == 4)  # counted once the body is written
 
 
 def test_healthz_follows_the_loop_and_landing_page(sink):

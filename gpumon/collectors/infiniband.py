@@ -462,6 +462,20 @@ def _option(cfg: Section | None, key: str):
     return opt.default
 
 
+def probe_tree(sysfs_root: str) -> Availability:
+    """Whether ``<sysfs_root>/class/infiniband`` lists devices; shared with the link-flap watcher."""
+    base = class_dir(sysfs_root)
+    if not os.path.isdir(base):
+        return Availability(False, f"no {base} (no InfiniBand driver loaded)")
+    try:
+        devices = os.listdir(base)
+    except OSError as exc:
+        return Availability(False, f"cannot list {base}: {exc.strerror or exc}")
+    if not devices:
+        return Availability(False, f"{base} has no devices (no RDMA-capable NIC)")
+    return Availability(True, f"{len(devices)} device(s) under {base}")
+
+
 class InfinibandCollector(Collector):
     name = "infiniband"
     description = "InfiniBand/RoCE port state, rate, PMA counters and mlx5 hw_counters from sysfs."
@@ -487,16 +501,7 @@ class InfinibandCollector(Collector):
                 SPEC_PMA_OTHER, SPEC_HW, SPEC_SATURATED)
 
     def probe(self) -> Availability:
-        base = class_dir(self.ctx.sysfs_root)
-        if not os.path.isdir(base):
-            return Availability(False, f"no {base} (no InfiniBand driver loaded)")
-        try:
-            devices = os.listdir(base)
-        except OSError as exc:
-            return Availability(False, f"cannot list {base}: {exc.strerror or exc}")
-        if not devices:
-            return Availability(False, f"{base} has no devices (no RDMA-capable NIC)")
-        return Availability(True)
+        return probe_tree(self.ctx.sysfs_root)
 
     def close(self) -> None:
         for port in self._ports:

@@ -27,6 +27,7 @@ from gpumon.collectors.infiniband import (
     discover,
     parse_counter,
     parse_state,
+    probe_tree,
     read_mode_cached,
     tree_signature,
 )
@@ -132,15 +133,7 @@ class LinkflapCollector(Collector):
         return self._watch_interval
 
     def probe(self) -> Availability:
-        base = class_dir(self.ctx.sysfs_root)
-        if not os.path.isdir(base):
-            return Availability(False, f"no {base} (no InfiniBand driver loaded)")
-        try:
-            if not os.listdir(base):
-                return Availability(False, f"{base} has no devices (no RDMA-capable NIC)")
-        except OSError as exc:
-            return Availability(False, f"cannot list {base}: {exc.strerror or exc}")
-        return Availability(True)
+        return probe_tree(self.ctx.sysfs_root)
 
     def close(self) -> None:
         for port in self._ports:

@@ -149,7 +149,7 @@ class NvmlCollector(Collector):
             return Availability(False, str(exc))
         if not self.session.devices:
             return Availability(False, "NVML reports no GPUs")
-        return Availability(True)
+        return Availability(True, f"NVML initialised, {len(self.session.devices)} GPU(s)")
 
     def close(self) -> None:
         if self._closed:

@@ -1,0 +1,539 @@
+"""Azure Monitor Logs Ingestion: GPU and IB rows per interval and one row per event, through a spool.
+
+``publish`` (the loop's thread) folds each snapshot into per-GPU and per-port statistics
+(:mod:`gpumon.sinks.azure_rows`) and, at each ``upload_interval`` boundary and for every event at
+once, appends rows to the on-disk spool (:mod:`gpumon.sinks.spool`) and wakes the uploader. The
+uploader thread sends what the spool holds with ``LogsIngestionClient`` and acknowledges it only
+after the service said 204, so an outage or a kill -9 re-sends rather than loses (each row carries a
+``RowId`` to de-duplicate in KQL). Backoff honours ``Retry-After``; a 400/413 chunk is bisected until
+the rejected rows are isolated and written to ``deadletter.jsonl``; 401/403/404 are configuration
+faults, retried slowly with a message that says what to fix.
+
+The Azure SDK is imported only in ``start()`` and ``check()``: a host without the ``azure`` extra
+never pays for it.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import io
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumon.config import ConfigError, Option, SectionSchema
+from gpumon.imds import IMDS_URL, fetch_instance
+from gpumon.model import Snapshot
+from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, TABLES, RowBuilder
+from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
+from gpumon.sinks.spool import Spool, SpoolError
+
+log = logging.getLogger("gpumon.sinks.azure_monitor")
+
+MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
+CREDENTIALS = ("managed_identity", "workload_identity", "service_principal", "default")
+
+OPTIONS = SectionSchema(
+    "azure_monitor",
+    "Azure Monitor Logs Ingestion: rows into GpuMonGpu_CL, GpuMonInfiniBand_CL and GpuMonEvents_CL "
+    "through a data collection rule (deploy/azure/ creates it).",
+    (
+        Option("endpoint", str, "",
+               "Logs ingestion endpoint: the Direct DCR's `logsIngestion` endpoint or a DCE's, "
+               "https://<name>.<region>-1.ingest.monitor.azure.com (template output `endpoint`)."),
+        Option("dcr_immutable_id", str, "", "The DCR's immutable id, dcr-<32 hex> (template output)."),
+        Option("stream_gpu", str, DEFAULT_STREAMS[GPU], "Stream declared for GPU rows."),
+        Option("stream_infiniband", str, DEFAULT_STREAMS[IB], "Stream declared for InfiniBand port rows."),
+        Option("stream_events", str, DEFAULT_STREAMS[EVENTS], "Stream declared for event rows."),
+        Option("credential", str, "managed_identity",
+               "How to get a token: `managed_identity` (VM/VMSS, system-assigned or the user-assigned "
+               "`client_id`), `workload_identity` (AKS), `service_principal` (tenant_id, client_id, "
+               "client_secret) or `default` (azure-identity's chain).", choices=CREDENTIALS),
+        Option("client_id", str, "", "Client id of a user-assigned identity or of the service principal."),
+        Option("tenant_id", str, "", "Entra tenant id (service principal; workload identity reads it "
+               "from AZURE_TENANT_ID when empty)."),
+        Option("client_secret", str, "", "Service principal secret. Prefer GPUMON_AZURE_MONITOR_CLIENT_SECRET "
+               "over the file; it is never logged or printed.", secret=True),
+        Option("audience", str, "https://monitor.azure.com",
+               "Token audience: https://monitor.azure.us or https://monitor.azure.cn in sovereign clouds."),
+        Option("upload_interval", float, 60.0,
+               "Seconds aggregated into one GPU/port row; events are sent within seconds regardless.",
+               min=0.05, max=3600.0),
+        Option("spool_dir", str, "", "Spool directory; empty means <state_dir>/spool/azure_monitor."),
+        Option("spool_max_bytes", int, 256 << 20,
+               "Spool size cap; past it the oldest rows are dropped and counted.", min=65536),
+        Option("omit_zero_increases", bool, True,
+               "Leave out counter `...Increase` columns that are 0 (most error counters, most of the "
+               "time): about a third less data; in KQL sum() is unchanged, coalesce(x, 0) shows zeros."),
+        Option("static_every", float, 3600.0,
+               "Seconds between rows that repeat unchanged static columns (model, serial, firmware, limits, "
+               "sizes); a change is sent at once; 0 = on every row.", min=0.0, max=86400.0),
+        Option("ca_bundle", str, "", "PEM file of CAs to trust for the endpoint (private CAs, tests); "
+               "empty means the system's."),
+        Option("timeout", float, 30.0, "Seconds to connect or to wait for a response.", min=0.1, max=600.0),
+        Option("imds_url", str, IMDS_URL,
+               "Instance metadata URL for VM id, size and region; empty to skip."),
+    ),
+)
+
+_RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
+_CONFIG_STATUS = {401, 403, 404}
+_DEADLETTER_MAX = 16 << 20
+
+
+@dataclass
+class _Outcome:
+    ok: bool
+    delay: float = 0.0
+    config_fault: bool = False
+    reason: str = ""
+
+
+@dataclass
+class _Counters:
+    sent: int = 0
+    failed: int = 0
+    rejected: int = 0
+    last_success: float = 0.0
+    detail: str = ""
+    logged: set[str] = field(default_factory=set)
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds from ``retry-after-ms``, ``x-ms-retry-after-ms`` or ``Retry-After`` (seconds or a date)."""
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("x-ms-retry-after-ms", 0.001), ("Retry-After", 1.0)):
+        value = headers.get(name)
+        if not value:
+            continue
+        try:
+            return max(0.0, float(value) * scale)
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            continue
+        return max(0.0, when.timestamp() - time.time())
+    return None
+
+
+class AzureMonitorSink(Sink):
+    name = "azure_monitor"
+    description = "Rows to Azure Monitor Logs (Logs Ingestion API) through a durable spool."
+    options = OPTIONS
+    requires = ("azure.monitor.ingestion", "azure.identity")
+    extra = "azure"
+    backoff_min = 1.0
+    backoff_max = 300.0
+    config_backoff_min = 30.0
+    """Seconds between retries: doubling from ``backoff_min`` (``config_backoff_min`` after a 401/403/404
+    or a token failure, which a person has to fix) up to ``backoff_max``, unless Retry-After says."""
+
+    def __init__(self, ctx: SinkContext, cfg: Any = None, *, credential: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(ctx, cfg)
+        values = {opt.key: opt.default for opt in OPTIONS.options}
+        values.update(dict(cfg or {}))
+        self._opt = values
+        self._credential = credential
+        self._clock = clock
+        self._client: Any = None
+        self._spool: Spool | None = None
+        self._builder = RowBuilder(ctx.hostname, bool(values["omit_zero_increases"]),
+                                   float(values["static_every"]))
+        self._streams = {GPU: values["stream_gpu"], IB: values["stream_infiniband"],
+                         EVENTS: values["stream_events"]}
+        self._lock = threading.Lock()
+        self._window_start: float | None = None
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._counters = _Counters()
+        self._delivered: set[str] = set()
+        self._append_failures = 0
+        self._publish_errors: set[str] = set()
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    @property
+    def spool_dir(self) -> str:
+        return self._opt["spool_dir"] or os.path.join(self.ctx.state_dir, "spool", "azure_monitor")
+
+    def _require_target(self) -> None:
+        for key in ("endpoint", "dcr_immutable_id"):
+            if not self._opt[key]:
+                raise ConfigError("[azure_monitor]", key, "is required (see the outputs of deploy/azure/)")
+        if not self._opt["endpoint"].startswith("https://"):
+            raise ConfigError("[azure_monitor]", "endpoint", "must be an https:// URL")
+        if self._opt["ca_bundle"] and not os.path.isfile(self._opt["ca_bundle"]):
+            raise ConfigError("[azure_monitor]", "ca_bundle", f"no such file: {self._opt['ca_bundle']}")
+
+    def make_credential(self) -> Any:
+        """The azure-identity credential named in config (or the one given to the constructor)."""
+        if self._credential is not None:
+            return self._credential
+        import azure.identity as identity
+
+        kind = self._opt["credential"]
+        client_id = self._opt["client_id"] or None
+        tenant_id = self._opt["tenant_id"] or None
+        if kind == "managed_identity":
+            return identity.ManagedIdentityCredential(client_id=client_id)
+        if kind == "workload_identity":
+            kwargs = {k: v for k, v in (("client_id", client_id), ("tenant_id", tenant_id)) if v}
+            try:
+                return identity.WorkloadIdentityCredential(**kwargs)
+            except ValueError as exc:
+                raise ConfigError("[azure_monitor]", "credential",
+                                  f"workload_identity: {exc} (is the pod labelled "
+                                  "azure.workload.identity/use=true?)") from None
+        if kind == "service_principal":
+            for key in ("tenant_id", "client_id", "client_secret"):
+                if not self._opt[key]:
+                    raise ConfigError("[azure_monitor]", key, "is required with credential = service_principal")
+            return identity.ClientSecretCredential(tenant_id, client_id, self._opt["client_secret"])
+        return identity.DefaultAzureCredential(managed_identity_client_id=client_id)
+
+    def _make_client(self, credential: Any) -> Any:
+        from azure.core.pipeline.policies import HttpLoggingPolicy
+        from azure.monitor.ingestion import LogsIngestionClient
+
+        # The SDK logs every request at INFO; keep that under our own logger, quiet unless asked.
+        http_log = logging.getLogger("gpumon.sinks.azure_monitor.http")
+        if http_log.level == logging.NOTSET:
+            http_log.setLevel(logging.WARNING)
+        return LogsIngestionClient(
+            self._opt["endpoint"], credential,
+            http_logging_policy=HttpLoggingPolicy(logger=http_log),
+            credential_scopes=[self._opt["audience"].rstrip("/") + "/.default"],
+            retry_total=0,  # the uploader thread owns retries, so stop() is never stuck in a sleep
+            connection_verify=self._opt["ca_bundle"] or True,
+            connection_timeout=self._opt["timeout"],
+            read_timeout=self._opt["timeout"],
+        )
+
+    def start(self) -> None:
+        self.ensure_dependencies()
+        self._require_target()
+        try:
+            self._spool = Spool(self.spool_dir, self._opt["spool_max_bytes"])
+        except SpoolError as exc:
+            raise ConfigError("[azure_monitor]", "spool_dir", str(exc)) from None
+        self._client = self._make_client(self.make_credential())
+        if self._opt["imds_url"]:
+            threading.Thread(target=self._fetch_vm, name="azure-monitor-imds", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="azure-monitor-upload", daemon=True)
+        self._thread.start()
+        stats = self._spool.stats()
+        log.info("azure_monitor: sending to %s (DCR %s), %d rows spooled from before",
+                 self._opt["endpoint"], self._opt["dcr_immutable_id"], stats.records)
+
+    def _fetch_vm(self) -> None:
+        instance = fetch_instance(self._opt["imds_url"], timeout=2.0)
+        if instance is not None:
+            self._builder.vm = {"vm_id": instance.vm_id, "vm_size": instance.vm_size,
+                                "location": instance.location}
+
+    # -- the loop's side ------------------------------------------------------------------------
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Fold in the snapshot; spool event rows now and interval rows at a boundary. Never raises."""
+        try:
+            with self._lock:
+                now = self._clock()
+                if self._window_start is None:
+                    self._window_start = now
+                self._builder.add(snapshot, now)
+                records = [self._record(EVENTS, self._builder.event_row(e)) for e in snapshot.events]
+                elapsed = now - self._window_start
+                if elapsed >= self._opt["upload_interval"]:
+                    records += self._interval_records(snapshot.time, elapsed)
+                    self._window_start = now
+            if records:
+                self._append(records)
+        except Exception as exc:  # a sink must never take the loop down
+            key = type(exc).__name__
+            if key not in self._publish_errors:
+                self._publish_errors.add(key)
+                log.exception("azure_monitor: publish failed (logged once per kind): %s", exc)
+
+    def _interval_records(self, wall_time: float, seconds: float) -> list[bytes]:
+        rows = self._builder.close_interval(wall_time, seconds)
+        return [self._record(key, row) for key in (GPU, IB) for row in rows[key]]
+
+    @staticmethod
+    def _record(key: str, row: dict[str, Any]) -> bytes:
+        return json.dumps({"s": key, "r": row}, separators=(",", ":")).encode()
+
+    def _append(self, records: list[bytes]) -> None:
+        if self._spool is None:
+            return
+        try:
+            self._spool.append(records)
+        except OSError as exc:
+            self._append_failures += len(records)
+            if "append" not in self._counters.logged:
+                self._counters.logged.add("append")
+                log.error("azure_monitor: cannot write the spool %s: %s (rows dropped and counted)",
+                          self.spool_dir, exc)
+            return
+        self._wake.set()
+
+    # -- the uploader ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = 0.0
+        assert self._spool is not None
+        while not self._stopping.is_set():
+            self._wake.clear()
+            self._spool.sync()
+            batch = self._spool.read(max_records=2000)
+            if batch is None:
+                self._wake.wait(timeout=5.0)
+                continue
+            outcome = self._deliver(batch.records)
+            if outcome.ok:
+                self._spool.ack(batch)
+                self._delivered.clear()
+                backoff = 0.0
+                continue
+            floor = self.config_backoff_min if outcome.config_fault else self.backoff_min
+            backoff = min(self.backoff_max, max(floor, backoff * 2))
+            delay = outcome.delay if outcome.delay else backoff * random.uniform(0.8, 1.2)
+            self._stopping.wait(min(delay, 3600.0))
+
+    def _deliver(self, records: tuple[bytes, ...]) -> _Outcome:
+        by_stream: dict[str, list[dict[str, Any]]] = {}
+        for record in records:
+            try:
+                doc = json.loads(record)
+                by_stream.setdefault(doc["s"], []).append(doc["r"])
+            except (ValueError, KeyError, TypeError) as exc:
+                self._dead_letter("?", {"record": record.decode("utf-8", "replace")}, f"unreadable: {exc}")
+        for key, rows in by_stream.items():
+            stream = self._streams.get(key)
+            if stream is None:
+                for row in rows:
+                    self._dead_letter(key, row, "no stream configured for this table")
+                continue
+            todo = [r for r in rows if r.get("RowId") not in self._delivered]
+            if not todo:
+                continue
+            outcome = self._upload(stream, todo)
+            if not outcome.ok:
+                return outcome
+        return _Outcome(True)
+
+    def _upload(self, stream: str, rows: list[dict[str, Any]]) -> _Outcome:
+        """Send rows; isolate rejected rows by bisection. Not ok = retry the whole batch later."""
+        from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+
+        failures: list[tuple[BaseException, list[dict[str, Any]]]] = []
+
+        def on_error(err: Any) -> None:
+            failures.append((err.error, list(err.failed_logs)))
+
+        try:
+            self._client.upload(self._opt["dcr_immutable_id"], stream, rows, on_error=on_error)
+        except Exception as exc:  # on_error catches per chunk; this is a failure before any chunk
+            failures.append((exc, rows))
+        failed_ids = {r.get("RowId") for _, chunk in failures for r in chunk}
+        sent = [r for r in rows if r.get("RowId") not in failed_ids]
+        if sent:
+            self._delivered.update(r.get("RowId") for r in sent)
+            self._counters.sent += len(sent)
+            self._counters.last_success = time.time()
+            self._counters.detail = ""
+        worst: _Outcome | None = None
+        for error, chunk in failures:
+            self._counters.failed += 1
+            status = getattr(getattr(error, "response", None), "status_code", None)
+            if isinstance(error, HttpResponseError) and status in (400, 413):
+                if len(chunk) > 1:
+                    half = len(chunk) // 2
+                    for part in (chunk[:half], chunk[half:]):
+                        outcome = self._upload(stream, part)
+                        if not outcome.ok:
+                            return outcome
+                    continue
+                reason = f"HTTP {status}: {_error_text(error)}"
+                self._dead_letter(stream, chunk[0], reason)
+                continue
+            outcome = self._classify(error, status, stream, ClientAuthenticationError)
+            worst = outcome if worst is None else worst
+        return worst or _Outcome(True)
+
+    def _classify(self, error: BaseException, status: int | None, stream: str, auth_error: type) -> _Outcome:
+        dcr = self._opt["dcr_immutable_id"]
+        headers = getattr(getattr(error, "response", None), "headers", None)
+        if status in _CONFIG_STATUS:
+            reason = _status_verdict(status, dcr, stream, self._identity_hint(), _error_text(error))
+            self._note(reason, logging.ERROR)
+            return _Outcome(False, _retry_after(headers) or 0.0, True, reason)
+        if isinstance(error, auth_error):
+            reason = f"cannot get a token ({self._opt['credential']}): {_error_text(error)}"
+            self._note(reason, logging.ERROR)
+            return _Outcome(False, 0.0, True, reason)
+        if status is not None and status not in _RETRYABLE_STATUS:
+            reason = f"HTTP {status} from stream {stream}: {_error_text(error)}"
+            self._note(reason, logging.WARNING)
+            return _Outcome(False, _retry_after(headers) or 0.0, False, reason)
+        if status is not None:
+            reason = f"HTTP {status} from stream {stream}; retrying"
+        else:
+            reason = f"endpoint unreachable ({type(error).__name__}: {_error_text(error)}); retrying"
+        self._note(reason, logging.WARNING)
+        return _Outcome(False, _retry_after(headers) or 0.0, False, reason)
+
+    def _identity_hint(self) -> str:
+        kind = self._opt["credential"]
+        if self._opt["client_id"]:
+            return f"{kind} client id {self._opt['client_id']}"
+        return f"{kind} (system-assigned)" if kind == "managed_identity" else kind
+
+    def _note(self, reason: str, level: int) -> None:
+        """Keep the latest reason for health(); log each distinct reason once, not every retry."""
+        self._counters.detail = reason
+        if reason not in self._counters.logged:
+            if len(self._counters.logged) > 256:
+                self._counters.logged.clear()
+            self._counters.logged.add(reason)
+            log.log(level, "azure_monitor: %s", reason)
+
+    def _dead_letter(self, stream: str, row: dict[str, Any], reason: str) -> None:
+        self._counters.rejected += 1
+        log.error("azure_monitor: row %s rejected by stream %s, kept in deadletter.jsonl: %s",
+                  row.get("RowId", "?"), stream, reason)
+        path = os.path.join(self.spool_dir, "deadletter.jsonl")
+        line = json.dumps({"time": time.time(), "stream": stream, "reason": reason, "row": row},
+                          separators=(",", ":")) + "\n"
+        try:
+            if os.path.exists(path) and os.path.getsize(path) + len(line) > _DEADLETTER_MAX:
+                os.replace(path, path + ".1")
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(line)
+        except OSError as exc:
+            log.error("azure_monitor: cannot write %s: %s", path, exc)
+
+    # -- shutdown and health --------------------------------------------------------------------
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Spool the partial interval, give the uploader until ``timeout`` to drain, then leave.
+
+        Whatever is not delivered by then stays in the spool for the next start.
+        """
+        deadline = self._clock() + timeout
+        with self._lock:
+            records: list[bytes] = []
+            if self._window_start is not None:
+                elapsed = self._clock() - self._window_start
+                records = self._interval_records(time.time(), elapsed)
+                self._window_start = None
+        if records:
+            self._append(records)
+        spool = self._spool
+        if spool is not None and self._thread is not None and self._thread.is_alive():
+            while spool.stats().records and self._clock() < deadline and self._thread.is_alive():
+                self._wake.set()
+                time.sleep(0.02)  # polling the spool with a deadline; the uploader does the work
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(max(0.0, deadline - self._clock()))
+        if spool is not None and (self._thread is None or not self._thread.is_alive()):
+            spool.close()
+        elif spool is not None:
+            spool.sync()
+
+    def health(self) -> SinkHealth:
+        stats = self._spool.stats() if self._spool is not None else None
+        c = self._counters
+        extra = {
+            "spool_bytes": float(stats.bytes if stats else 0),
+            "rows_queued": float(stats.records if stats else 0),
+            "last_success_timestamp_seconds": c.last_success,
+        }
+        dropped = (stats.dropped if stats else 0) + c.rejected + self._append_failures
+        up = self._thread is not None and self._thread.is_alive() and not c.detail
+        return SinkHealth(up=up, exported=c.sent, failed=c.failed, dropped=dropped, detail=c.detail, extra=extra)
+
+    # -- gpumon check ---------------------------------------------------------------------------
+
+    def check(self) -> list[CheckResult]:
+        """Token, then an empty upload to each stream: one verdict per failure, nothing sent."""
+        item = self.name
+        try:
+            self.ensure_dependencies()
+            self._require_target()
+        except Exception as exc:
+            return [CheckResult(item, False, str(exc))]
+        from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+
+        try:
+            credential = self.make_credential()
+        except ConfigError as exc:
+            return [CheckResult(item, False, str(exc))]
+        audience = self._opt["audience"].rstrip("/")
+        try:
+            credential.get_token(audience + "/.default")
+        except ClientAuthenticationError as exc:
+            return [CheckResult(f"{item} token", False,
+                                f"no token from {self._identity_hint()}: {_error_text(exc)}. "
+                                "Is an identity assigned to this VM / is the pod's service account federated?")]
+        except Exception as exc:
+            return [CheckResult(f"{item} token", False, f"token request failed: {type(exc).__name__}: {exc}")]
+        results = [CheckResult(f"{item} token", True, f"token for {audience} from {self._identity_hint()}")]
+        client = self._make_client(credential)
+        dcr = self._opt["dcr_immutable_id"]
+        for key in (GPU, IB, EVENTS):
+            stream = self._streams[key]
+            label = f"{item} {TABLES[key]}"
+            try:
+                client.upload(dcr, stream, io.BytesIO(b"[]"))
+                results.append(CheckResult(label, True, f"stream {stream} on DCR {dcr} accepts uploads"))
+            except HttpResponseError as exc:
+                status = exc.status_code
+                if status == 400:  # authorised and routed; the empty probe body itself was refused
+                    results.append(CheckResult(label, True, f"stream {stream} on DCR {dcr} reachable "
+                                               "and authorised (empty probe refused as expected)"))
+                else:
+                    results.append(CheckResult(label, False, _status_verdict(
+                        status, dcr, stream, self._identity_hint(), _error_text(exc), audience)))
+            except Exception as exc:
+                results.append(CheckResult(label, False, f"{self._opt['endpoint']} unreachable: "
+                                           f"{type(exc).__name__}: {_error_text(exc)}"))
+        try:
+            client.close()
+        except Exception:
+            pass
+        return results
+
+
+def _status_verdict(status: int | None, dcr: str, stream: str, identity: str, text: str,
+                    audience: str = "https://monitor.azure.com") -> str:
+    if status == 401:
+        return (f"401 token refused by the ingestion endpoint: wrong audience or tenant? The token must be "
+                f"for {audience} ({text})")
+    if status == 403:
+        return (f"403 forbidden: {identity} lacks the role Monitoring Metrics Publisher "
+                f"({MONITORING_METRICS_PUBLISHER}) on DCR {dcr}; assign it (deploy/azure/ does, given "
+                f"principalId) and allow up to 30 minutes to propagate ({text})")
+    if status == 404:
+        return (f"404 not found: no DCR with immutable id {dcr} at this endpoint, or it declares no stream "
+                f"{stream} (check dcr_immutable_id and the stream_* options against the template outputs) "
+                f"({text})")
+    return f"HTTP {status}: {text}"
+
+
+def _error_text(error: BaseException) -> str:
+    """A short reason: the service's error message when it sent one, never headers or tokens."""
+    message = getattr(error, "message", None) or str(error)
+    return " ".join(str(message).split())[:300]

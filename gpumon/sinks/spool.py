@@ -1,0 +1,338 @@
+"""A bounded, crash-safe, on-disk FIFO of opaque records: what a sink writes before it uploads.
+
+Layout: ``<dir>/seg-<16 digits>.log`` segment files, appended to and never rewritten, and
+``<dir>/cursor`` (JSON ``{"segment": N, "offset": B}``, replaced atomically) marking what the
+consumer has acknowledged. A record on disk is ``>II`` (payload length, CRC-32 of the payload)
+followed by the payload, so a torn tail (power loss mid-write) is recognised and cut off on reopen
+instead of being mistaken for data.
+
+Durability policy, and why:
+- ``append()`` hands the bytes to the kernel with one ``os.write`` on an ``O_APPEND`` descriptor.
+  Once it returns, the records survive the *process* dying (kill -9, OOM): the page cache belongs
+  to the kernel. This is the failure that happens daily, and it costs the caller no disk wait,
+  which matters because the caller is the collector loop.
+- ``sync()`` (called by the uploader thread, not the loop) fsyncs the active segment, so a power
+  loss or kernel panic loses at most what was appended since the uploader last woke (the sink
+  wakes it on every append, so normally nothing). Segment creation and deletion fsync the
+  directory; the cursor is written to a temporary file, fsynced and renamed.
+- Delivery is at-least-once: a crash between an upload and its ``ack()`` re-sends that batch.
+
+Bounded: when the unacknowledged bytes pass ``max_bytes`` the *oldest* whole segment is deleted
+and its unacknowledged records are counted in ``dropped``; segments are ``max_bytes / 8`` so one
+drop gives back at most an eighth of the spool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import struct
+import threading
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+log = logging.getLogger("gpumon.sinks.spool")
+
+_HEADER = struct.Struct(">II")
+_SEGMENT_RE = re.compile(r"^seg-(\d{16})\.log$")
+MAX_RECORD_BYTES = 16 << 20
+"""A record larger than this is refused: a length field beyond it means corruption on read."""
+
+
+class SpoolError(Exception):
+    """The spool directory cannot be used (permissions, not a directory)."""
+
+
+@dataclass
+class _Segment:
+    number: int
+    path: str
+    size: int = 0
+    pending: int = 0
+    """Records in this segment not yet acknowledged."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Records read from one segment, ``start``..``end`` bytes; hand it back to ``ack()``."""
+
+    segment: int
+    start: int
+    end: int
+    records: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class SpoolStats:
+    bytes: int
+    records: int
+    dropped: int
+    corrupt: int
+
+
+def _scan(data: bytes, offset: int = 0) -> tuple[list[tuple[int, int]], int, bool]:
+    """Walk records from ``offset``: ([(start, end)], last good end, whether the rest was bad)."""
+    spans: list[tuple[int, int]] = []
+    pos = offset
+    while pos + _HEADER.size <= len(data):
+        length, crc = _HEADER.unpack_from(data, pos)
+        end = pos + _HEADER.size + length
+        if length > MAX_RECORD_BYTES or end > len(data):
+            return spans, pos, True
+        if zlib.crc32(data[pos + _HEADER.size:end]) != crc:
+            return spans, pos, True
+        spans.append((pos, end))
+        pos = end
+    return spans, pos, pos != len(data)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class Spool:
+    """Append on one thread, read and acknowledge on another; all state changes under one lock."""
+
+    def __init__(self, directory: str, max_bytes: int, segment_bytes: int | None = None) -> None:
+        if max_bytes < 4096:
+            raise ValueError("spool max_bytes must be at least 4096")
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.segment_bytes = segment_bytes or max(4096, max_bytes // 8)
+        self._lock = threading.Lock()
+        self._segments: list[_Segment] = []
+        self._cursor = (0, 0)
+        self._fd: int | None = None
+        self._dirty = False
+        self._dropped = 0
+        self._corrupt = 0
+        try:
+            os.makedirs(directory, mode=0o750, exist_ok=True)
+        except OSError as exc:
+            raise SpoolError(f"cannot create spool directory {directory}: {exc.strerror}") from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise SpoolError(f"spool directory {directory} is not writable")
+        self._recover()
+
+    # -- opening --------------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        numbers = sorted(int(m.group(1)) for name in os.listdir(self.directory)
+                         if (m := _SEGMENT_RE.match(name)))
+        cursor = self._read_cursor()
+        if numbers and (cursor[0] not in numbers):
+            cursor = (numbers[0], 0) if cursor[0] < numbers[0] else (numbers[-1], 0)
+        for number in numbers:
+            if number < cursor[0]:  # acknowledged already; a crash came before its deletion
+                self._unlink(self._path(number))
+                continue
+            path = self._path(number)
+            with open(path, "rb") as fh:
+                data = fh.read()
+            start = cursor[1] if number == cursor[0] else 0
+            if start > len(data):
+                start = len(data)
+            spans, good_end, bad = _scan(data, start)
+            if bad:
+                if number == numbers[-1]:
+                    log.warning("spool: cutting a torn record off the end of %s (%d bytes)",
+                                path, len(data) - good_end)
+                else:
+                    log.error("spool: %s is corrupt after byte %d; the rest of it is lost", path, good_end)
+                    self._corrupt += 1
+                with open(path, "r+b") as fh:
+                    fh.truncate(good_end)
+                    os.fsync(fh.fileno())
+            self._segments.append(_Segment(number, path, good_end, len(spans)))
+        self._cursor = cursor if self._segments else (0, 0)
+        if not self._segments:
+            self._new_segment(1)
+        else:
+            self._open_active()
+
+    def _read_cursor(self) -> tuple[int, int]:
+        try:
+            with open(os.path.join(self.directory, "cursor"), encoding="utf-8") as fh:
+                doc = json.load(fh)
+            return int(doc["segment"]), int(doc["offset"])
+        except FileNotFoundError:
+            return (0, 0)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("spool: unreadable cursor (%s); re-sending from the oldest segment", exc)
+            return (0, 0)
+
+    def _path(self, number: int) -> str:
+        return os.path.join(self.directory, f"seg-{number:016d}.log")
+
+    def _open_active(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+
+    def _new_segment(self, number: int) -> None:
+        if self._fd is not None and self._dirty:
+            os.fsync(self._fd)
+            self._dirty = False
+        seg = _Segment(number, self._path(number))
+        self._segments.append(seg)
+        self._open_active()
+        _fsync_dir(self.directory)
+        if len(self._segments) == 1 and self._cursor[0] < number:
+            self._cursor = (number, 0)
+
+    def _unlink(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    # -- producer -------------------------------------------------------------------------------
+
+    def append(self, payloads: Iterable[bytes]) -> int:
+        """Write records; return how many. Survives the process dying once this returns."""
+        parts = []
+        count = 0
+        for payload in payloads:
+            if len(payload) > MAX_RECORD_BYTES:
+                raise ValueError(f"spool record of {len(payload)} bytes is over the limit")
+            parts.append(_HEADER.pack(len(payload), zlib.crc32(payload)))
+            parts.append(payload)
+            count += 1
+        if not count:
+            return 0
+        blob = b"".join(parts)
+        with self._lock:
+            active = self._segments[-1]
+            if active.size and active.size + len(blob) > self.segment_bytes:
+                self._new_segment(active.number + 1)
+                active = self._segments[-1]
+            assert self._fd is not None
+            written = 0
+            while written < len(blob):
+                written += os.write(self._fd, blob[written:])
+            active.size += len(blob)
+            active.pending += count
+            self._dirty = True
+            self._enforce_cap()
+        return count
+
+    def _enforce_cap(self) -> None:
+        while self._pending_bytes() > self.max_bytes:
+            if len(self._segments) == 1:
+                self._new_segment(self._segments[-1].number + 1)
+            oldest = self._segments.pop(0)
+            self._dropped += oldest.pending
+            log.warning("spool full (%d bytes max): dropped %d oldest records", self.max_bytes, oldest.pending)
+            self._unlink(oldest.path)
+            self._cursor = (self._segments[0].number, 0)
+            self._write_cursor()
+
+    def _pending_bytes(self) -> int:
+        total = sum(s.size for s in self._segments)
+        if self._segments and self._segments[0].number == self._cursor[0]:
+            total -= self._cursor[1]
+        return total
+
+    def sync(self) -> None:
+        """fsync what was appended (uploader thread): survives power loss from here on."""
+        with self._lock:
+            if self._fd is not None and self._dirty:
+                os.fsync(self._fd)
+                self._dirty = False
+
+    # -- consumer -------------------------------------------------------------------------------
+
+    def read(self, max_records: int = 5000, max_bytes: int = 4 << 20) -> Batch | None:
+        """The next unacknowledged records (from one segment), or None when there are none."""
+        with self._lock:
+            if not self._segments:
+                return None
+            seg = self._segments[0]
+            number, offset = self._cursor
+            if seg.number != number:
+                number, offset = seg.number, 0
+            end = seg.size
+            path = seg.path
+            if offset >= end:
+                return None
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(min(end - offset, max_bytes))
+                if len(data) >= _HEADER.size:  # a first record bigger than max_bytes still goes
+                    first = _HEADER.size + _HEADER.unpack_from(data, 0)[0]
+                    if first > len(data) and first <= min(end - offset, MAX_RECORD_BYTES + _HEADER.size):
+                        data += fh.read(first - len(data))
+        except FileNotFoundError:  # dropped by the producer meanwhile; the caller reads again
+            return None
+        records = []
+        pos = 0
+        while pos + _HEADER.size <= len(data) and len(records) < max_records:
+            length, crc = _HEADER.unpack_from(data, pos)
+            stop = pos + _HEADER.size + length
+            if stop > len(data):
+                break
+            payload = data[pos + _HEADER.size:stop]
+            if zlib.crc32(payload) != crc:  # written by us and checked on open: disk corruption
+                break
+            records.append(payload)
+            pos = stop
+        if not records:
+            return None
+        return Batch(number, offset, offset + pos, tuple(records))
+
+    def ack(self, batch: Batch) -> None:
+        """Mark a batch delivered (or given up on). Stale batches (already dropped) are ignored."""
+        with self._lock:
+            if not self._segments or self._segments[0].number != batch.segment:
+                return
+            seg = self._segments[0]
+            current = self._cursor[1] if self._cursor[0] == seg.number else 0
+            if current != batch.start:
+                return
+            seg.pending -= len(batch.records)
+            self._cursor = (seg.number, batch.end)
+            if batch.end >= seg.size and len(self._segments) > 1:
+                self._segments.pop(0)
+                self._cursor = (self._segments[0].number, 0)
+                self._write_cursor()
+                self._unlink(seg.path)
+                _fsync_dir(self.directory)
+            else:
+                self._write_cursor()
+
+    def _write_cursor(self) -> None:
+        final = os.path.join(self.directory, "cursor")
+        tmp = final + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"segment": self._cursor[0], "offset": self._cursor[1]}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def stats(self) -> SpoolStats:
+        with self._lock:
+            return SpoolStats(self._pending_bytes(), sum(s.pending for s in self._segments),
+                              self._dropped, self._corrupt)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                if self._dirty:
+                    os.fsync(self._fd)
+                os.close(self._fd)
+                self._fd = None

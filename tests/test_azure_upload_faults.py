@@ -1,0 +1,226 @@
+"""The sink's uploader against a loopback Logs Ingestion server, through the real LogsIngestionClient.
+
+Each fault the service can serve gets its outcome: 429/5xx/hang/refused are retried (Retry-After
+honoured) and nothing is lost; 413 chunks are split; a row the service rejects (400) is dead-lettered
+while the rest of its batch goes through; 403 keeps the rows and says which role is missing where.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
+from gpumon.sinks.azure_monitor import AzureMonitorSink
+from gpumon.sinks.base import SinkContext
+from tests.azure_ingestion_server import FakeCredential, IngestionServer
+
+EVENTS = "Custom-GpuMonEvents_CL"
+GPU_STREAM = "Custom-GpuMonGpu_CL"
+POWER = MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid"))
+
+
+@pytest.fixture
+def server():
+    with IngestionServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def make_sink(server, tmp_path):
+    sinks: list[AzureMonitorSink] = []
+
+    def make(credential=None, **options) -> AzureMonitorSink:
+        cfg = {"endpoint": server.endpoint, "dcr_immutable_id": server.dcr_id, "ca_bundle": server.ca_path,
+               "imds_url": "", "upload_interval": 60.0, "timeout": 2.0, **options}
+        sink = AzureMonitorSink(SinkContext("node-1", str(tmp_path), "test"), cfg,
+                                credential=credential or FakeCredential())
+        sink.backoff_min = sink.config_backoff_min = 0.1
+        sink.start()
+        sinks.append(sink)
+        return sink
+
+    yield make
+    server.release_hung()
+    for sink in sinks:
+        sink.stop(2.0)
+
+
+def events(n: int, message: str = "flap") -> tuple[Event, ...]:
+    return tuple(Event("ib_link_flap", Severity.WARNING, {"device": f"mlx5_ib{i % 8}", "port": "1"},
+                       f"{message} {i}", {"i": i}) for i in range(n))
+
+
+def publish_events(sink: AzureMonitorSink, evs: tuple[Event, ...]) -> None:
+    sink.publish(Snapshot("node-1", time.time(), (), evs, ()))
+
+
+def wait_health(sink: AzureMonitorSink, predicate, timeout: float = 10.0):
+    """Poll the sink's health with a deadline (it changes on the uploader thread)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        health = sink.health()
+        if predicate(health):
+            return health
+        if time.monotonic() > deadline:
+            raise AssertionError(f"health never matched: {health}")
+        threading.Event().wait(0.02)
+
+
+def delivered_ids(server: IngestionServer, stream: str = EVENTS) -> set[str]:
+    return {r["RowId"] for r in server.rows(stream)}
+
+
+def test_events_are_sent_promptly_not_at_the_interval(server, make_sink):
+    sink = make_sink(upload_interval=3600.0)
+    publish_events(sink, events(3))
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 3, timeout=5)
+    health = wait_health(sink, lambda h: h.extra["rows_queued"] == 0)
+    assert health.exported == 3 and health.failed == 0 and health.extra["rows_queued"] == 0
+    assert health.extra["last_success_timestamp_seconds"] > time.time() - 60
+
+
+def test_interval_rows_are_schema_valid_and_one_per_gpu(server, make_sink):
+    sink = make_sink(upload_interval=0.2)
+    deadline = time.monotonic() + 5
+    while not server.rows(GPU_STREAM) and time.monotonic() < deadline:
+        fam = MetricFamily(POWER, (POWER.sample(300, "0", "GPU-a"), POWER.sample(310, "1", "GPU-b")))
+        sink.publish(Snapshot("node-1", time.time(), (fam,), (), ()))
+        server.wait_for(lambda s: bool(s.rows(GPU_STREAM)), timeout=0.05)
+    rows = server.rows(GPU_STREAM)
+    assert sorted(r["Gpu"] for r in rows[:2]) == [0, 1]
+    assert all(req.status == 204 for req in server.requests())  # the server validated every row
+
+
+def test_429_with_retry_after_is_honoured(server, make_sink):
+    server.fail(429, retry_after=0.6)
+    sink = make_sink()
+    publish_events(sink, events(2))
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 2, timeout=10)
+    first, second = server.requests()[:2]
+    assert (first.status, second.status) == (429, 204)
+    assert len(server.requests()) == 2
+    assert wait_health(sink, lambda h: h.exported == 2).failed == 1
+
+
+def test_retry_after_delay_is_waited(server, make_sink):
+    server.fail(429, retry_after=0.8)
+    sink = make_sink()
+    start = time.monotonic()
+    publish_events(sink, events(1))
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 1, timeout=10)
+    assert time.monotonic() - start >= 0.75  # not retried before the service said it may be
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_server_errors_are_retried_until_delivered(server, make_sink, status):
+    server.fail(status, count=3)
+    sink = make_sink()
+    publish_events(sink, events(4))
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 4, timeout=10)
+    assert [r.status for r in server.requests()] == [status] * 3 + [204]
+    assert wait_health(sink, lambda h: h.exported == 4).failed == 3
+
+
+def test_hung_response_times_out_and_is_retried(server, make_sink):
+    server.fail(0, hang=True)
+    sink = make_sink(timeout=0.5)
+    publish_events(sink, events(2))
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 2, timeout=10)
+    assert wait_health(sink, lambda h: h.exported == 2).failed >= 1
+
+
+def test_connection_refused_then_back(server, make_sink):
+    server.refuse()
+    sink = make_sink()
+    publish_events(sink, events(5))
+    wait_health(sink, lambda h: "unreachable" in h.detail)
+    assert sink.health().extra["rows_queued"] == 5 and sink.health().up is False
+    server.resume()
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 5, timeout=10)
+    wait_health(sink, lambda h: h.up and h.extra["rows_queued"] == 0)
+
+
+def test_413_chunk_is_split_and_everything_arrives(server, make_sink):
+    server.fail(413)
+    sink = make_sink()
+    publish_events(sink, events(40))
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 40, timeout=10)
+    statuses = [r.status for r in server.requests()]
+    assert statuses[0] == 413 and statuses[1:] == [204, 204]  # halves
+    assert wait_health(sink, lambda h: h.exported == 40).dropped == 0
+
+
+def test_single_row_too_large_is_dead_lettered(server, make_sink, tmp_path):
+    server.fail(413, count=10)
+    sink = make_sink()
+    publish_events(sink, events(1))
+    path = tmp_path / "spool" / "azure_monitor" / "deadletter.jsonl"
+    wait_health(sink, lambda h: h.dropped == 1 and h.extra["rows_queued"] == 0)
+    (line,) = path.read_text().splitlines()
+    assert "HTTP 413" in json.loads(line)["reason"]
+    assert sink.health().extra["rows_queued"] == 0  # not retried forever
+
+
+def test_400_for_one_bad_row_dead_letters_it_and_delivers_the_rest(server, make_sink, tmp_path):
+    server.reject_rows(lambda row: row.get("Message", "").startswith("poison"))
+    sink = make_sink()
+    evs = events(15) + events(1, message="poison") + events(15)
+    publish_events(sink, evs)
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 30, timeout=10)
+    health = wait_health(sink, lambda h: h.extra["rows_queued"] == 0)
+    assert health.dropped == 1 and health.exported == 30
+    (line,) = (tmp_path / "spool" / "azure_monitor" / "deadletter.jsonl").read_text().splitlines()
+    record = json.loads(line)
+    assert record["row"]["Message"] == "poison 0"
+    assert "HTTP 400" in record["reason"] and "rejected" in record["reason"]
+    assert len(delivered_ids(server)) == 30  # bisection sent no row twice
+
+
+def test_403_keeps_rows_and_names_role_and_dcr(server, make_sink, caplog):
+    server.forbid()
+    sink = make_sink(client_id="11111111-2222-3333-4444-555555555555")
+    publish_events(sink, events(3))
+    detail = wait_health(sink, lambda h: "403" in h.detail).detail
+    assert "Monitoring Metrics Publisher" in detail and server.dcr_id in detail
+    assert "11111111-2222-3333-4444-555555555555" in detail
+    assert sink.health().extra["rows_queued"] == 3
+    assert sum("403 forbidden" in r.getMessage() for r in caplog.records) == 1  # logged once, not per retry
+    server.forbid(False)
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 3, timeout=10)
+
+
+def test_secret_is_never_logged(server, tmp_path, caplog):
+    cfg = {"endpoint": server.endpoint, "dcr_immutable_id": server.dcr_id, "ca_bundle": server.ca_path,
+           "imds_url": "", "credential": "service_principal", "tenant_id": "t", "client_id": "c",
+           "client_secret": "s3cr3t-value"}
+    sink = AzureMonitorSink(SinkContext("node-1", str(tmp_path), "test"), cfg)
+    results = sink.check()  # the token request fails (no Entra ID here) and says so
+    assert not results[0].ok
+    text = " ".join(r.message for r in results) + " ".join(r.getMessage() for r in caplog.records)
+    assert "s3cr3t-value" not in text and "s3cr3t-value" not in repr(sink.health())
+
+
+def test_stop_flushes_the_partial_interval_within_the_timeout(server, make_sink):
+    sink = make_sink(upload_interval=3600.0)
+    fam = MetricFamily(POWER, (POWER.sample(300, "0", "GPU-a"),))
+    sink.publish(Snapshot("node-1", time.time(), (fam,), (), ()))
+    start = time.monotonic()
+    sink.stop(3.0)
+    assert time.monotonic() - start < 3.5
+    assert len(server.rows(GPU_STREAM)) == 1
+
+
+def test_publish_returns_at_once_while_the_endpoint_hangs(server, make_sink):
+    server.fail(0, hang=True, count=100)
+    sink = make_sink(timeout=30.0)  # an upload now blocks the uploader for 30 s
+    publish_events(sink, events(1))
+    assert server.wait_for(lambda s: s.hung_count() == 1, timeout=5)
+    start = time.monotonic()
+    for _ in range(50):
+        publish_events(sink, events(2))
+    assert time.monotonic() - start < 3.0  # 50 publishes, each appending to the spool, none waiting
+    assert sink.health().extra["rows_queued"] == 101
