@@ -11,9 +11,6 @@ import signal
 import subprocess
 import sys
 
-import pytest
-
-from gpumon import registry
 from gpumon.simulate import control
 from tests.azure_ingestion_server import ImdsServer, IngestionServer
 
@@ -21,8 +18,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU, IB, EVENTS = "Custom-GpuMonGpu_CL", "Custom-GpuMonInfiniBand_CL", "Custom-GpuMonEvents_CL"
 
 
-@pytest.mark.skipif(not {"nvml", "infiniband"} <= set(registry.available_collectors()),
-                    reason="needs the NVML and InfiniBand collectors")
 def test_simulated_h100_host_fills_the_three_tables(tmp_path):
     with IngestionServer() as srv:
         imds = ImdsServer()
@@ -57,3 +52,36 @@ def test_simulated_h100_host_fills_the_three_tables(tmp_path):
         xid = next(r for r in srv.rows(EVENTS) if r["Kind"] == "gpu_xid")
         assert xid["Gpu"] == 3 and xid["Severity"] in ("error", "critical")
         assert "Bearer " not in out  # no token in the log
+
+
+def test_gpumon_run_killed_with_sigkill_loses_no_row(tmp_path, gpumon_run):
+    """Endpoint down, rows spool up, the daemon is killed -9; after a restart every row arrives."""
+    import re
+
+    with IngestionServer() as srv:
+        imds = ImdsServer()
+        try:
+            srv.refuse()
+            env = dict(GPUMON_AZURE_MONITOR_ENDPOINT=srv.endpoint, GPUMON_AZURE_MONITOR_DCR_IMMUTABLE_ID=srv.dcr_id,
+                       GPUMON_AZURE_MONITOR_CA_BUNDLE=srv.ca_path, GPUMON_AZURE_MONITOR_UPLOAD_INTERVAL="1",
+                       GPUMON_AZURE_MONITOR_IMDS_URL=imds.compute_url, AZURE_POD_IDENTITY_AUTHORITY_HOST=imds.url)
+            args = ("--simulate", "nd-h100-v5", "--sinks", "azure_monitor,prometheus", "--interval", "0.25")
+            first = gpumon_run(*args, env=env)
+            control(str(tmp_path / "state" / "simulate" / "nd-h100-v5"), {"action": "xid", "gpu": 1, "xid": 79})
+
+            def queued() -> float:
+                match = re.search(r'^gpumon_sink_rows_queued{sink="azure_monitor"} (\S+)$', first.metrics(), re.M)
+                return float(match.group(1)) if match else 0.0
+
+            assert srv.wait_for(lambda s: queued() >= 60, timeout=30)
+            at_kill = queued()
+            first.proc.kill()  # SIGKILL: no flush, no goodbye
+            first.proc.communicate(timeout=10)
+            srv.resume()
+            second = gpumon_run(*args, env=env)
+            assert srv.wait_for(lambda s: len({r["RowId"] for st in (GPU, IB, EVENTS) for r in s.rows(st)})
+                                >= at_kill, timeout=60)
+            assert any(r["Kind"] == "gpu_xid" and r["Gpu"] == 1 for r in srv.rows(EVENTS))
+            second.stop()
+        finally:
+            imds.close()
