@@ -71,5 +71,5 @@ def test_saturated_counters_are_flagged(tmp_path):
     build_tree("saturated-link-downed", str(tmp_path))
     doc = once_json(str(tmp_path))
     flagged = {(s["labels"]["device"], s["labels"]["counter"]) for m in doc["metrics"]
-               if m["name"] == "gpumon_ib_counter_saturated" for s in m["samples"] if s["value"] == 1}
+               if m["name"] == "gpumon_ib_port_saturated" for s in m["samples"] if s["value"] == 1}
     assert ("mlx5_0", "link_downed") in flagged or ("mlx5_ib0", "link_downed") in flagged

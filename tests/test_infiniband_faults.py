@@ -61,7 +61,7 @@ def test_bad_counter_content_costs_that_value_only(tmp_path, content, reason) ->
     assert coll.errors == {reason: 1}
     assert KEY not in values(coll, "gpumon_ib_port_link_downed_total")
     assert values(coll, "gpumon_ib_port_symbol_errors_total")[KEY] >= 0
-    assert len(values(coll, "gpumon_ib_hw_counter_total")) == 22
+    assert len(values(coll, "gpumon_ib_hw_stat_total")) == 22
 
 
 @pytest.mark.parametrize(("file", "content", "reason", "metric"), [

@@ -68,7 +68,7 @@ def test_every_bad_value_counted_every_good_value_exported(chosen) -> None:
         coll = InfinibandCollector(Context("h", sysfs_root=tmp, state_dir=os.path.join(tmp, "s"))).collect()
         bad = sum(1 for _, _, (kind, _, _) in chosen.values() if kind == "bad")
         assert sum(coll.errors.values()) == bad
-        hw = by_labels(coll, "gpumon_ib_hw_counter_total")
+        hw = by_labels(coll, "gpumon_ib_hw_stat_total")
         for (sub, file), (metric, scale, (kind, _, value)) in chosen.items():
             if sub == "counters":
                 exported = by_labels(coll, metric).get(("mlx5_0", "1"))

@@ -43,7 +43,7 @@ def test_every_counter_file_is_exported_in_base_units(tmp_path, profile) -> None
         for counter in PMA_COUNTERS:
             raw = int(read(os.path.join(pdir, "counters", counter.file)))
             assert values(coll, counter.metric)[key] == raw * counter.scale, counter.file
-        hw = values(coll, "gpumon_ib_hw_counter_total")
+        hw = values(coll, "gpumon_ib_hw_stat_total")
         hw_dir = os.path.join(pdir, "hw_counters")
         names = sorted(os.listdir(hw_dir)) if os.path.isdir(hw_dir) else []
         for name in names:
@@ -55,7 +55,7 @@ def test_every_counter_file_is_exported_in_base_units(tmp_path, profile) -> None
         assert values(coll, "gpumon_ib_port_state")[key] == 4
         assert values(coll, "gpumon_ib_port_phys_state")[key] == 5
         assert values(coll, "gpumon_ib_port_up")[key] == 1
-    assert values(coll, "gpumon_ib_counter_saturated") == {}
+    assert values(coll, "gpumon_ib_port_saturated") == {}
 
 
 def test_port_data_is_four_times_the_file(tmp_path) -> None:
@@ -95,7 +95,7 @@ def test_series_budget_on_nd_h100_v5(tmp_path) -> None:
 def test_saturated_counters_are_flagged(tmp_path) -> None:
     ib, fabric = collector(tmp_path, "saturated-link-downed")
     coll = ib.collect()
-    assert values(coll, "gpumon_ib_counter_saturated") == {
+    assert values(coll, "gpumon_ib_port_saturated") == {
         ("mlx5_ib0", "1", "link_downed"): 1,
         ("mlx5_ib0", "1", "port_xmit_discards"): 1,
         ("mlx5_ib0", "1", "port_xmit_wait"): 1,
@@ -103,14 +103,14 @@ def test_saturated_counters_are_flagged(tmp_path) -> None:
     assert values(coll, "gpumon_ib_port_link_downed_total")[("mlx5_ib0", "1")] == 255
     fabric.set_counter("mlx5_ib0", 1, "link_downed", 0)  # perfquery -R
     coll = ib.collect()
-    assert ("mlx5_ib0", "1", "link_downed") not in values(coll, "gpumon_ib_counter_saturated")
+    assert ("mlx5_ib0", "1", "link_downed") not in values(coll, "gpumon_ib_port_saturated")
     assert values(coll, "gpumon_ib_port_link_downed_total")[("mlx5_ib0", "1")] == 0
 
 
 def test_hw_queue_counter_at_32_bit_max_is_flagged(tmp_path) -> None:
     ib, fabric = collector(tmp_path, "plain-mlx5")
     fabric.set_counter("mlx5_0", 1, "out_of_buffer", (1 << 32) - 1)
-    sat = values(ib.collect(), "gpumon_ib_counter_saturated")
+    sat = values(ib.collect(), "gpumon_ib_port_saturated")
     assert sat == {("mlx5_0", "1", "out_of_buffer"): 1}
 
 
@@ -120,7 +120,7 @@ def test_old_kernel_no_pma_keeps_everything_else(tmp_path) -> None:
     assert coll.errors == {"no_pma": len(PMA_COUNTERS)}
     assert values(coll, "gpumon_ib_port_data_received_bytes_total") == {}
     assert values(coll, "gpumon_ib_port_state") == {("mlx5_0", "1"): 4}
-    assert len(values(coll, "gpumon_ib_hw_counter_total")) == 22
+    assert len(values(coll, "gpumon_ib_hw_stat_total")) == 22
 
 
 def test_include_and_exclude_devices(tmp_path) -> None:

@@ -133,15 +133,15 @@ SPEC_RATE = MetricSpec(
     "gpumon_ib_port_rate_bytes_per_second", MetricType.GAUGE,
     "Negotiated link rate (the rate file's Gb/s x 10^9 / 8).", "bytes_per_second", DEVICE_LABELS)
 SPEC_PMA_OTHER = MetricSpec(
-    "gpumon_ib_port_counter_total", MetricType.COUNTER,
+    "gpumon_ib_port_pma_other_total", MetricType.COUNTER,
     "A counters/ file this version of gpumon does not know by name, exported raw.",
     labels=COUNTER_LABELS)
 SPEC_HW = MetricSpec(
-    "gpumon_ib_hw_counter_total", MetricType.COUNTER,
+    "gpumon_ib_hw_stat_total", MetricType.COUNTER,
     "A driver counter from hw_counters/ (whatever the firmware offers), named by the counter label.",
     labels=COUNTER_LABELS)
 SPEC_SATURATED = MetricSpec(
-    "gpumon_ib_counter_saturated", MetricType.GAUGE,
+    "gpumon_ib_port_saturated", MetricType.GAUGE,
     "1 for a counter stuck at the maximum of its width: it no longer counts (reset it with "
     "perfquery -R). Only stuck counters have a series.", labels=COUNTER_LABELS)
 PMA_SPECS = {c.file: MetricSpec(c.metric, MetricType.COUNTER, c.help, c.unit, DEVICE_LABELS)

@@ -102,7 +102,7 @@ HW_COUNTERS: tuple[str, ...] = (
 """The mlx5 hw_counters given columns; others the firmware offers are left to the other sinks."""
 
 EXCLUDED: dict[str, str] = {
-    "gpumon_ib_port_counter_total": "counters/ files gpumon does not know by name: no fixed column",
+    "gpumon_ib_port_pma_other_total": "counters/ files gpumon does not know by name: no fixed column",
     "gpumon_gpu_nvlink_link_up": "per-link (opt-in); the row has NvlinkLinksActiveMin",
     "gpumon_gpu_nvlink_link_errors_total": "per-link (opt-in); the row has the per-type totals",
     "gpumon_gpu_nvlink_link_bytes_total": "per-link (opt-in); the row has the totals",
@@ -234,9 +234,9 @@ METRIC_COLUMNS: tuple[MetricColumns, ...] = (
     _i("gpumon_ib_port_excessive_buffer_overrun_errors_total", "ExcessiveBufferOverrunErrors",
        ("increase",)),
     _i("gpumon_ib_port_vl15_dropped_total", "Vl15Dropped", ("increase",)),
-    _i("gpumon_ib_counter_saturated", "CountersSaturated", _LAST),
+    _i("gpumon_ib_port_saturated", "CountersSaturated", _LAST),
     # InfiniBand: mlx5 hw_counters, one column per counter, named by the counter file
-    _i("gpumon_ib_hw_counter_total", "", ("increase",), split_label="counter",
+    _i("gpumon_ib_hw_stat_total", "", ("increase",), split_label="counter",
        split=tuple((name, _camel(name)) for name in HW_COUNTERS)),
     # InfiniBand: link flaps
     _i("gpumon_ib_link_flaps_total", "Flaps", _COUNTER),
