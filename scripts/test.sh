@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 
 # prometheus/promtool: end-to-end scrapes and rule tests; node_exporter: the benchmarks' peer;
 # systemd: systemd-analyze for the unit; buildah, debootstrap: the container image build;
-# shellcheck: the VM installer.
-DEBIAN_PACKAGES=(prometheus prometheus-node-exporter systemd buildah debootstrap shellcheck)
+# shellcheck: the VM installer; nodejs (with npm): the KQL checker. kubectl (with its built-in
+# kustomize) is expected on PATH: it is not in Debian, see docs/deployment.md.
+DEBIAN_PACKAGES=(prometheus prometheus-node-exporter systemd buildah debootstrap shellcheck nodejs)
 missing=()
 for pkg in "${DEBIAN_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -29,5 +30,8 @@ if [ ! -x "$TOOLS/bin/checkov" ] || [ ! -x "$TOOLS/bin/kubernetes-validate" ]; t
     "$TOOLS/bin/pip" install -q checkov==3.3.30 kubernetes-validate==1.37.0
 fi
 export DEPLOY_TOOLS_BIN="$TOOLS/bin"
+
+# The Kusto language service parses the Workbook's KQL against the DCR template's table schemas.
+npm ci --prefix tests/kql --no-audit --no-fund --loglevel=error
 "$PYTHON" -m ruff check .
 "$PYTHON" -m pytest -q "$@"

@@ -9,14 +9,17 @@ person at a shell can provoke a flap, a port-down period, an XID or a lost GPU i
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("gpumon.simulate")
+_sequence = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -153,9 +156,11 @@ def control(workdir: str, command: dict[str, Any]) -> str:
     """Drop a control file for a running simulation (tests and the shell use this)."""
     control_dir = os.path.join(workdir, "control")
     os.makedirs(control_dir, exist_ok=True)
-    tmp = os.path.join(control_dir, f".{os.getpid()}-{threading.get_ident()}.tmp")
+    # time first so commands apply in the order given; pid and a counter keep names unique
+    name = f"{time.time_ns():020d}-{os.getpid()}-{next(_sequence):08d}"
+    tmp = os.path.join(control_dir, f".{name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(command, fh)
-    final = os.path.join(control_dir, f"{os.times().elapsed:020.6f}-{os.getpid()}.json")
+    final = os.path.join(control_dir, f"{name}.json")
     os.replace(tmp, final)
     return final

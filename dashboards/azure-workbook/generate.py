@@ -1,0 +1,422 @@
+#!/usr/bin/env python3
+"""Writes the Azure Monitor Workbook over gpumon's Log Analytics tables and the ARM template deploying it.
+
+    python dashboards/azure-workbook/generate.py           # rewrite gpumon-workbook.json and azuredeploy.json
+    python dashboards/azure-workbook/generate.py --check   # exit 1 if a committed file is stale
+
+gpumon-workbook.json is the Workbook itself (Notebook/1.0: paste it into a Workbook's Advanced Editor);
+azuredeploy.json deploys the same content as a Microsoft.Insights/workbooks resource bound to a Log
+Analytics workspace. The queries read GpuMonGpu_CL, GpuMonInfiniBand_CL and GpuMonEvents_CL, whose
+columns are declared in deploy/azure/azuredeploy.json; tests/test_workbook_kql_schema.py parses every
+query against those columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKSPACE = "microsoft.operationalinsights/workspaces"
+HOSTS = "('*' in ({Computer}) or Computer in ({Computer}))"
+"""Host picker filter: the multi-select parameter offers All as '*'."""
+GRAIN = "{TimeRange:grain}"
+
+
+def text(name: str, markdown: str) -> dict[str, Any]:
+    return {"type": 1, "name": name, "content": {"json": markdown}}
+
+
+def query(name: str, title: str, kql: str, visualization: str, *, size: int = 0, width: str | None = None,
+          extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    content: dict[str, Any] = {
+        "version": "KqlItem/1.0", "query": kql.strip(), "size": size, "title": title,
+        "timeContextFromParameter": "TimeRange", "queryType": 0, "resourceType": WORKSPACE,
+        "visualization": visualization,
+    }
+    content.update(extra or {})
+    item: dict[str, Any] = {"type": 3, "name": name, "content": content}
+    if width:
+        item["customWidth"] = width
+    return item
+
+
+def group(name: str, title: str, items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": 12, "name": name, "content": {
+        "version": "NotebookGroup/1.0", "groupType": "editable", "title": title, "items": items}}
+
+
+def parameters() -> dict[str, Any]:
+    return {"type": 9, "name": "parameters", "content": {
+        "version": "KqlParameterItem/1.0", "crossComponentResources": ["{Workspace}"],
+        "style": "pills", "queryType": 0, "resourceType": WORKSPACE,
+        "parameters": [
+            {"id": "b3c1f3f0-51c8-4c0e-9a43-1d7c2e0f0a01", "version": "KqlParameterItem/1.0", "name": "Workspace",
+             "label": "Log Analytics workspace", "type": 5, "isRequired": True,
+             "typeSettings": {"resourceTypeFilter": {WORKSPACE: True}, "additionalResourceOptions": [],
+                              "showDefault": False},
+             "value": None, "timeContext": {"durationMs": 86400000}},
+            {"id": "b3c1f3f0-51c8-4c0e-9a43-1d7c2e0f0a02", "version": "KqlParameterItem/1.0", "name": "TimeRange",
+             "label": "Time range", "type": 4, "isRequired": True, "value": {"durationMs": 21600000},
+             "typeSettings": {"selectableValues": [{"durationMs": ms} for ms in (
+                 900000, 3600000, 14400000, 21600000, 43200000, 86400000, 259200000, 604800000)],
+                 "allowCustom": True}},
+            {"id": "b3c1f3f0-51c8-4c0e-9a43-1d7c2e0f0a03", "version": "KqlParameterItem/1.0", "name": "Computer",
+             "label": "Hosts", "type": 2, "multiSelect": True, "quote": "'", "delimiter": ",",
+             "query": "union GpuMonGpu_CL, GpuMonInfiniBand_CL\n| distinct Computer\n| order by Computer asc",
+             "typeSettings": {"additionalResourceOptions": ["value::all"], "selectAllValue": "*",
+                              "showDefault": False},
+             "defaultValue": "value::all", "timeContextFromParameter": "TimeRange",
+             "queryType": 0, "resourceType": WORKSPACE},
+        ],
+    }}
+
+
+def fleet() -> list[dict[str, Any]]:
+    tiles = f"""
+let gpus = GpuMonGpu_CL | where {HOSTS} | summarize arg_max(TimeGenerated, Lost) by Computer, Gpu;
+let ports = GpuMonInfiniBand_CL | where {HOSTS} | summarize arg_max(TimeGenerated, UpMin, Flapping) by Computer, Device, Port;
+let events = GpuMonEvents_CL | where {HOSTS};
+union
+    (gpus | summarize Value = dcount(Computer) | extend Metric = "Hosts reporting", Order = 1),
+    (gpus | summarize Value = count() | extend Metric = "GPUs reporting", Order = 2),
+    (gpus | where Lost | summarize Value = count() | extend Metric = "GPUs lost", Order = 3),
+    (events | where Kind == "gpu_xid" | summarize Value = count() | extend Metric = "XIDs", Order = 4),
+    (events | where Kind == "ib_link_flap" | summarize Value = count() | extend Metric = "IB link flaps", Order = 5),
+    (ports | where UpMin < 1 | summarize Value = count() | extend Metric = "IB ports down", Order = 6),
+    (ports | where Flapping | summarize Value = count() | extend Metric = "IB ports flapping", Order = 7),
+    (events | where Kind == "collector_down" | summarize Value = count() | extend Metric = "Collector failures", Order = 8)
+| order by Order asc
+| project Metric, Value
+"""
+    util = f"""
+GpuMonGpu_CL
+| where {HOSTS}
+| summarize Utilization = avg(UtilizationAvg) by Computer, bin(TimeGenerated, {GRAIN})
+| render timechart
+"""
+    hot = f"""
+GpuMonGpu_CL
+| where {HOSTS}
+| summarize MaxTemperatureC = max(TemperatureCelsiusMax), AvgPowerW = avg(PowerWattsAvg),
+    PowerLimitW = max(PowerLimitWatts), AvgUtilization = avg(UtilizationAvg),
+    ThrottledSeconds = sum(ClockViolationSwPowerCapIncrease + ClockViolationThermalIncrease
+        + ClockViolationHwPowerBrakeSlowdownIncrease)
+    by Computer, Gpu
+| top 20 by MaxTemperatureC desc
+"""
+    hosts = f"""
+GpuMonGpu_CL
+| where {HOSTS}
+| summarize GPUs = dcount(Uuid), AvgUtilization = avg(UtilizationAvg), PowerW = sum(PowerWattsAvg) / dcount(TimeGenerated),
+    LostGPUs = dcountif(Uuid, Lost), Model = any(Model), Driver = any(DriverVersion), VmSize = any(VmSize)
+    by Computer
+| join kind=leftouter (
+    GpuMonInfiniBand_CL
+    | where {HOSTS}
+    | summarize Ports = dcount(strcat(Device, "/", Port)), PortsDown = dcountif(strcat(Device, "/", Port), UpMin < 1),
+        Flaps = sum(FlapsIncrease) by Computer
+) on Computer
+| project-away Computer1
+| order by Computer asc
+"""
+    return [
+        text("fleet-title", "## Fleet\nHosts, GPUs and InfiniBand ports reporting to this workspace through gpumon."),
+        query("fleet-tiles", "Fleet health", tiles, "tiles", size=4, extra={"tileSettings": {
+            "titleContent": {"columnMatch": "Metric", "formatter": 1},
+            "leftContent": {"columnMatch": "Value", "formatter": 12,
+                            "formatOptions": {"palette": "auto"}, "numberFormat": {"unit": 17, "options": {
+                                "style": "decimal", "maximumFractionDigits": 0}}},
+            "showBorder": True}}),
+        query("fleet-utilization", "Mean GPU utilization by host (0-1)", util, "timechart", width="50",
+              extra={"chartSettings": {"ySettings": {"numberFormatSettings": {"unit": 0, "options": {
+                  "style": "percent"}}, "min": 0, "max": 1}}}),
+        query("fleet-hot", "Hottest GPUs", hot, "table", width="50", extra={"gridSettings": {"formatters": [
+            {"columnMatch": "MaxTemperatureC", "formatter": 8, "formatOptions": {"palette": "greenRed", "min": 40,
+                                                                                  "max": 90}},
+            {"columnMatch": "AvgUtilization", "formatter": 0, "numberFormat": {"unit": 0, "options": {
+                "style": "percent"}}},
+        ]}}),
+        query("fleet-hosts", "Hosts", hosts, "table"),
+    ]
+
+
+def gpus() -> list[dict[str, Any]]:
+    util = f"""
+GpuMonGpu_CL
+| where {HOSTS}
+| summarize Utilization = avg(UtilizationAvg) by Series = strcat(Computer, " GPU ", Gpu), bin(TimeGenerated, {GRAIN})
+| render timechart
+"""
+    power = f"""
+GpuMonGpu_CL
+| where {HOSTS}
+| summarize PowerW = avg(PowerWattsAvg) by Series = strcat(Computer, " GPU ", Gpu), bin(TimeGenerated, {GRAIN})
+| render timechart
+"""
+    temp = f"""
+GpuMonGpu_CL
+| where {HOSTS}
+| summarize TemperatureC = max(TemperatureCelsiusMax) by Series = strcat(Computer, " GPU ", Gpu), bin(TimeGenerated, {GRAIN})
+| render timechart
+"""
+    memory = f"""
+GpuMonGpu_CL
+| where {HOSTS}
+| summarize UsedBytes = max(MemoryUsedBytesMax) by Series = strcat(Computer, " GPU ", Gpu), bin(TimeGenerated, {GRAIN})
+| render timechart
+"""
+    health = f"""
+GpuMonGpu_CL
+| where {HOSTS}
+| summarize arg_max(TimeGenerated, Uuid, Model, Serial, Lost, RemappedRowsPending, RemappedRowsFailure,
+        RemappedRowsCorrectable, RemappedRowsUncorrectable, RecoveryAction, NvlinkLinks, NvlinkLinksActiveMin,
+        PcieLinkWidthMin, PcieLinkGenerationMin),
+    EccCorrected = sum(EccCorrectedErrorsIncrease), EccUncorrected = sum(EccUncorrectedErrorsIncrease),
+    NvlinkErrors = sum(NvlinkCrcFlitErrorsIncrease + NvlinkCrcDataErrorsIncrease + NvlinkReplayErrorsIncrease
+        + NvlinkRecoveryErrorsIncrease),
+    PcieReplays = sum(PcieReplaysIncrease),
+    ThermalSeconds = sum(ClockViolationSwThermalSlowdownIncrease + ClockViolationHwThermalSlowdownIncrease)
+    by Computer, Gpu
+| project Computer, Gpu, Uuid, Model, Serial, Lost, RecoveryAction, EccUncorrected, EccCorrected,
+    RemapPending = RemappedRowsPending, RemapFailure = RemappedRowsFailure,
+    RemappedRows = RemappedRowsCorrectable + RemappedRowsUncorrectable,
+    NvlinkActive = strcat(NvlinkLinksActiveMin, "/", NvlinkLinks), NvlinkErrors, PcieReplays,
+    PcieLink = strcat("Gen", PcieLinkGenerationMin, " x", PcieLinkWidthMin), ThermalSeconds
+| order by Lost desc, EccUncorrected desc, RemapFailure desc, NvlinkErrors desc
+"""
+    return [
+        text("gpu-title", "## GPUs\nPer GPU, from one row per GPU per upload interval (min/avg/max and increases)."),
+        query("gpu-utilization", "GPU utilization (0-1)", util, "timechart", width="50"),
+        query("gpu-power", "Power draw (W)", power, "timechart", width="50"),
+        query("gpu-temperature", "Temperature (°C)", temp, "timechart", width="50"),
+        query("gpu-memory", "Memory used (bytes)", memory, "timechart", width="50",
+              extra={"chartSettings": {"ySettings": {"numberFormatSettings": {"unit": 2, "options": {
+                  "style": "decimal"}}}}}),
+        query("gpu-health", "GPU health: ECC, row remapping, NVLink, PCIe", health, "table",
+              extra={"gridSettings": {"formatters": [
+                  {"columnMatch": "Lost", "formatter": 18, "formatOptions": {"thresholdsOptions": "icons",
+                   "thresholdsGrid": [{"operator": "==", "thresholdValue": "true", "representation": "4"},
+                                      {"operator": "Default", "representation": "success"}]}},
+                  {"columnMatch": "EccUncorrected", "formatter": 8, "formatOptions": {"palette": "greenRed"}},
+              ]}}),
+    ]
+
+
+def infiniband() -> list[dict[str, Any]]:
+    throughput = f"""
+GpuMonInfiniBand_CL
+| where {HOSTS}
+| summarize Rx = avg(DataReceivedBytesPerSecond), Tx = avg(DataTransmittedBytesPerSecond)
+    by Computer, Device, Port, bin(TimeGenerated, {GRAIN})
+| summarize ReceivedBytesPerSecond = sum(Rx), TransmittedBytesPerSecond = sum(Tx) by TimeGenerated
+| render timechart
+"""
+    ports = f"""
+GpuMonInfiniBand_CL
+| where {HOSTS}
+| summarize arg_max(TimeGenerated, LinkLayer, State, PhysState, UpMin, RateBytesPerSecond, FlapsInWindow, Flapping,
+        CountersSaturated, LastFlapTimestampSeconds),
+    Errors = sum(SymbolErrorsIncrease + LinkErrorRecoveriesIncrease + ReceiveErrorsIncrease
+        + ReceiveRemotePhysicalErrorsIncrease + ReceiveSwitchRelayErrorsIncrease + TransmitDiscardsIncrease
+        + TransmitConstraintErrorsIncrease + ReceiveConstraintErrorsIncrease + LocalLinkIntegrityErrorsIncrease
+        + ExcessiveBufferOverrunErrorsIncrease + Vl15DroppedIncrease),
+    SymbolErrors = sum(SymbolErrorsIncrease), LinkDowned = sum(LinkDownedIncrease), Flaps = sum(FlapsIncrease),
+    PeakRxBytesPerSecond = max(DataReceivedBytesPerSecond), PeakTxBytesPerSecond = max(DataTransmittedBytesPerSecond)
+    by Computer, Device, Port
+| extend StateName = case(State == 1, "DOWN", State == 2, "INIT", State == 3, "ARMED", State == 4, "ACTIVE",
+    State == 5, "ACTIVE_DEFER", "?"),
+    LastFlap = iff(isnull(LastFlapTimestampSeconds), datetime(null), unixtime_seconds_todatetime(LastFlapTimestampSeconds)),
+    PeakUtilization = max_of(PeakRxBytesPerSecond, PeakTxBytesPerSecond) / RateBytesPerSecond
+| project Computer, Device, Port, LinkLayer, StateName, Up = UpMin >= 1, RateBytesPerSecond, PeakUtilization,
+    Errors, SymbolErrors, LinkDowned, Flaps, FlapsInWindow, Flapping, LastFlap, CountersSaturated
+| order by Up asc, Flapping desc, Errors desc, Flaps desc
+"""
+    errors = f"""
+GpuMonInfiniBand_CL
+| where {HOSTS}
+| summarize Errors = sum(SymbolErrorsIncrease + LinkErrorRecoveriesIncrease + ReceiveErrorsIncrease
+        + TransmitDiscardsIncrease + LocalLinkIntegrityErrorsIncrease)
+    by Port = strcat(Computer, " ", Device, "/", Port), bin(TimeGenerated, {GRAIN})
+| render timechart
+"""
+    congestion = f"""
+GpuMonInfiniBand_CL
+| where {HOSTS}
+| summarize TransmitWaitTicksPerSecond = avg(TransmitWaitTicksPerSecond), OutOfSequence = sum(OutOfSequenceIncrease),
+    LocalAckTimeouts = sum(LocalAckTimeoutErrIncrease), OutOfBuffer = sum(OutOfBufferIncrease),
+    EcnMarked = sum(NpEcnMarkedRocePacketsIncrease), CnpSent = sum(NpCnpSentIncrease), CnpHandled = sum(RpCnpHandledIncrease),
+    TransportRetriesExceeded = sum(ReqTransportRetriesExceededIncrease)
+    by Computer, Device, Port
+| order by TransmitWaitTicksPerSecond desc
+"""
+    return [
+        text("ib-title", "## InfiniBand\nEvery port of every host: throughput, state, errors, flaps and congestion."),
+        query("ib-throughput", "Fabric throughput (bytes/s)", throughput, "timechart", width="50"),
+        query("ib-errors", "Port errors per interval", errors, "timechart", width="50"),
+        query("ib-ports", "Ports: state, errors and flaps", ports, "table", extra={"gridSettings": {"formatters": [
+            {"columnMatch": "Up", "formatter": 18, "formatOptions": {"thresholdsOptions": "icons", "thresholdsGrid": [
+                {"operator": "==", "thresholdValue": "false", "representation": "4"},
+                {"operator": "Default", "representation": "success"}]}},
+            {"columnMatch": "PeakUtilization", "formatter": 8, "formatOptions": {"min": 0, "max": 1,
+                                                                                  "palette": "blue"},
+             "numberFormat": {"unit": 0, "options": {"style": "percent"}}},
+            {"columnMatch": "Errors", "formatter": 8, "formatOptions": {"palette": "greenRed"}},
+            {"columnMatch": "RateBytesPerSecond", "formatter": 0, "numberFormat": {"unit": 3, "options": {
+                "style": "decimal"}}},
+        ]}}),
+        query("ib-congestion", "Congestion and retransmission counters", congestion, "table"),
+    ]
+
+
+def events() -> list[dict[str, Any]]:
+    over_time = f"""
+GpuMonEvents_CL
+| where {HOSTS}
+| summarize Events = count() by Kind, bin(TimeGenerated, {GRAIN})
+| render columnchart
+"""
+    xids = f"""
+GpuMonEvents_CL
+| where {HOSTS}
+| where Kind == "gpu_xid"
+| extend Xid = toint(Attributes.xid), Meaning = tostring(Attributes.meaning)
+| summarize Count = count(), First = min(TimeGenerated), Last = max(TimeGenerated) by Computer, Gpu, Uuid, Xid, Meaning
+| order by Last desc
+"""
+    flaps = f"""
+GpuMonEvents_CL
+| where {HOSTS}
+| where Kind in ("ib_link_flap", "ib_link_down", "ib_link_up", "ib_port_flapping")
+| summarize Flaps = countif(Kind == "ib_link_flap"), Downs = countif(Kind == "ib_link_down"),
+    Flapping = countif(Kind == "ib_port_flapping"), Last = max(TimeGenerated) by Computer, Device, Port
+| order by Flaps desc
+"""
+    recent = f"""
+GpuMonEvents_CL
+| where {HOSTS}
+| project TimeGenerated, Computer, Severity, Kind, Message, Gpu, Device, Port, Collector, Attributes
+| order by TimeGenerated desc
+| take 500
+"""
+    return [
+        text("events-title", "## Events\nLink flaps and downs, XIDs, lost GPUs and collector failures, as gpumon logged them."),
+        query("events-over-time", "Events by kind", over_time, "barchart", width="50"),
+        query("events-xids", "XIDs by GPU", xids, "table", width="50"),
+        query("events-flaps", "Link events by port", flaps, "table", width="50"),
+        query("events-recent", "Recent events", recent, "table", width="50", extra={"gridSettings": {"formatters": [
+            {"columnMatch": "Severity", "formatter": 18, "formatOptions": {"thresholdsOptions": "icons",
+             "thresholdsGrid": [
+                 {"operator": "==", "thresholdValue": "critical", "representation": "4"},
+                 {"operator": "==", "thresholdValue": "error", "representation": "3"},
+                 {"operator": "==", "thresholdValue": "warning", "representation": "2"},
+                 {"operator": "Default", "representation": "info"}]}}]}}),
+    ]
+
+
+def workbook() -> dict[str, Any]:
+    return {
+        "version": "Notebook/1.0",
+        "items": [
+            text("title", "# gpumon\nGPU and InfiniBand health from gpumon's tables GpuMonGpu_CL, "
+                          "GpuMonInfiniBand_CL and GpuMonEvents_CL. Pick the workspace, the time range and hosts."),
+            parameters(),
+            group("fleet", "Fleet", fleet()),
+            group("gpus", "GPUs", gpus()),
+            group("infiniband", "InfiniBand", infiniband()),
+            group("events", "Events", events()),
+        ],
+        "fallbackResourceIds": [],
+        "$schema": "https://github.com/Microsoft/Application-Insights-Workbooks/blob/master/schema/workbook.json",
+    }
+
+
+def template(content: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "$schema": "https://schema.management.azure.com/schemas/2019-04-01/deploymentTemplate.json#",
+        "contentVersion": "1.0.0.0",
+        "metadata": {"description": "The gpumon Workbook (GPU and InfiniBand health) over a Log Analytics "
+                                    "workspace that receives gpumon's tables."},
+        "parameters": {
+            "workbookDisplayName": {"type": "string", "defaultValue": "gpumon",
+                                    "metadata": {"description": "Name shown in the Workbooks gallery."}},
+            "workspaceResourceId": {"type": "string", "metadata": {
+                "description": "Resource ID of the Log Analytics workspace holding the GpuMon*_CL tables."}},
+            "workbookId": {"type": "string", "defaultValue": "[newGuid()]",
+                           "metadata": {"description": "Resource name (a GUID) of the Workbook; reuse it to update."}},
+            "location": {"type": "string", "defaultValue": "[resourceGroup().location]"},
+        },
+        "variables": {
+            # The workspace picker defaults to the workspace the Workbook is deployed for.
+            "workbookContent": content,
+        },
+        "resources": [{
+            "type": "Microsoft.Insights/workbooks",
+            "apiVersion": "2022-04-01",
+            "name": "[parameters('workbookId')]",
+            "location": "[parameters('location')]",
+            "kind": "shared",
+            "properties": {
+                "displayName": "[parameters('workbookDisplayName')]",
+                "serializedData": "[replace(string(variables('workbookContent')), '__WORKSPACE__', "
+                                  "parameters('workspaceResourceId'))]",
+                "version": "1.0",
+                "sourceId": "[parameters('workspaceResourceId')]",
+                "category": "workbook",
+            },
+        }],
+        "outputs": {"workbookId": {"type": "string", "value": "[resourceId('Microsoft.Insights/workbooks', "
+                                                              "parameters('workbookId'))]"}},
+    }
+
+
+def deployed_content() -> dict[str, Any]:
+    """The Workbook with its workspace parameter defaulting to the deployment's workspace."""
+    content = json.loads(json.dumps(workbook()))
+    for item in content["items"]:
+        if item["type"] == 9:
+            for p in item["content"]["parameters"]:
+                if p["name"] == "Workspace":
+                    p["value"] = "__WORKSPACE__"
+    return content
+
+
+FILES = {
+    "gpumon-workbook.json": lambda: workbook(),
+    "azuredeploy.json": lambda: template(deployed_content()),
+}
+
+
+def render(name: str) -> str:
+    return json.dumps(FILES[name](), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if a committed file differs")
+    args = parser.parse_args(argv)
+    stale = []
+    for name in FILES:
+        path = os.path.join(HERE, name)
+        body = render(name)
+        if args.check:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    if fh.read() != body:
+                        stale.append(name)
+            except FileNotFoundError:
+                stale.append(name)
+        else:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(body)
+    if stale:
+        print(f"stale: {', '.join(stale)}; run python {os.path.relpath(__file__)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,673 @@
+#!/usr/bin/env python3
+"""Writes the Grafana dashboards (fleet, node, InfiniBand fabric) as importable JSON.
+
+    python dashboards/grafana/generate.py           # rewrite the three JSON files
+    python dashboards/grafana/generate.py --check   # exit 1 if a committed file is stale
+
+The dashboards are built from code so that every panel gets the same data source variable, the same
+label filters and a unit, and so that the tests can walk one structure. Panels read gpumon's metrics
+and the recording rules of deploy/prometheus/recording-rules.yaml (load those rules too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+SCHEMA_VERSION = 39
+UIDS = {"fleet": "gpumon-fleet", "node": "gpumon-node", "fabric": "gpumon-ib-fabric"}
+TAGS = ["gpumon", "gpu", "infiniband"]
+
+# Data links: from a row of a table to the node dashboard of that host, keeping data source and time.
+NODE_LINK = {
+    "title": "Node dashboard for ${__data.fields.instance}",
+    "url": "/d/" + UIDS["node"] + "/gpumon-node?var-instance=${__data.fields.instance}"
+           "&${datasource:queryparam}&${cluster:queryparam}&${__url_time_range}",
+}
+FABRIC_LINK = {
+    "title": "InfiniBand fabric",
+    "url": "/d/" + UIDS["fabric"] + "/gpumon-infiniband-fabric?${datasource:queryparam}&${cluster:queryparam}"
+           "&${__url_time_range}",
+}
+
+IB_STATE_MAPPINGS = [{"type": "value", "options": {
+    "1": {"text": "DOWN", "color": "red", "index": 0},
+    "2": {"text": "INIT", "color": "orange", "index": 1},
+    "3": {"text": "ARMED", "color": "yellow", "index": 2},
+    "4": {"text": "ACTIVE", "color": "green", "index": 3},
+    "5": {"text": "ACTIVE_DEFER", "color": "blue", "index": 4},
+}}]
+IB_PHYS_MAPPINGS = [{"type": "value", "options": {
+    "1": {"text": "Sleep", "color": "red", "index": 0},
+    "2": {"text": "Polling", "color": "red", "index": 1},
+    "3": {"text": "Disabled", "color": "red", "index": 2},
+    "4": {"text": "Training", "color": "orange", "index": 3},
+    "5": {"text": "LinkUp", "color": "green", "index": 4},
+    "6": {"text": "ErrorRecovery", "color": "orange", "index": 5},
+    "7": {"text": "PhyTest", "color": "purple", "index": 6},
+}}]
+ON_OFF_MAPPINGS = [{"type": "value", "options": {
+    "0": {"text": "-", "color": "transparent", "index": 0},
+    "1": {"text": "active", "color": "orange", "index": 1},
+}}]
+THROTTLE_REASONS = "sw_power_cap|sw_thermal_slowdown|hw_thermal_slowdown|hw_slowdown|hw_power_brake_slowdown"
+ERROR_COUNTERS = (
+    ("symbol_errors", "symbol errors"),
+    ("link_error_recoveries", "link error recoveries"),
+    ("receive_errors", "receive errors"),
+    ("transmit_discards", "transmit discards"),
+    ("receive_remote_physical_errors", "remote physical errors"),
+)
+CONGESTION_HW = ("out_of_sequence|local_ack_timeout_err|out_of_buffer|packet_seq_err|np_ecn_marked_roce_packets"
+                 "|np_cnp_sent|rp_cnp_handled|roce_adp_retrans|req_transport_retries_exceeded")
+
+
+def xids_in_range(sel: str) -> str:
+    """XIDs counted in the dashboard range. The XID counter is born with the first XID, so a series
+    that did not exist at the start of the range counts whole (increase() would miss its first one)."""
+    metric = f"gpumon_gpu_xid_errors_total{{{sel}}}"
+    return f"(increase({metric}[$__range]) and {metric} offset $__range) or {metric}"
+
+
+# ----------------------------------------------------------------------------------------- building
+
+
+class Board:
+    """Lays panels out left to right, 24 columns wide, and numbers them."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict[str, Any]] = []
+        self.x = 0
+        self.y = 0
+        self.row_h = 0
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self.panels.append({"type": "row", "title": title, "collapsed": False, "panels": [],
+                            "id": len(self.panels) + 1, "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}})
+        self.y += 1
+
+    def _newline(self) -> None:
+        if self.x:
+            self.y += self.row_h
+            self.x = 0
+            self.row_h = 0
+
+    def add(self, panel: dict[str, Any], w: int, h: int) -> None:
+        if self.x + w > 24:
+            self._newline()
+        panel["id"] = len(self.panels) + 1
+        panel["gridPos"] = {"h": h, "w": w, "x": self.x, "y": self.y}
+        self.panels.append(panel)
+        self.x += w
+        self.row_h = max(self.row_h, h)
+
+
+def target(expr: str, legend: str = "", *, instant: bool = False, table: bool = False,
+           ref: str = "A") -> dict[str, Any]:
+    t: dict[str, Any] = {"datasource": DS, "refId": ref, "expr": expr, "editorMode": "code",
+                         "range": not instant, "instant": instant}
+    if legend:
+        t["legendFormat"] = legend
+    if table:
+        t["format"] = "table"
+    return t
+
+
+def refs(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for i, t in enumerate(targets):
+        t["refId"] = chr(ord("A") + i)
+    return targets
+
+
+def panel(kind: str, title: str, targets: list[dict[str, Any]], unit: str, *, description: str = "",
+          minimum: float | None = None, maximum: float | None = None, decimals: int | None = None,
+          thresholds: list[tuple[float | None, str]] | None = None, mappings: list[dict[str, Any]] | None = None,
+          options: dict[str, Any] | None = None, custom: dict[str, Any] | None = None,
+          links: list[dict[str, Any]] | None = None, color: dict[str, Any] | None = None,
+          transformations: list[dict[str, Any]] | None = None,
+          overrides: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": unit}
+    if minimum is not None:
+        defaults["min"] = minimum
+    if maximum is not None:
+        defaults["max"] = maximum
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    steps = [{"color": c, "value": v} for v, c in (thresholds or [(None, "green")])]
+    defaults["thresholds"] = {"mode": "absolute", "steps": steps}
+    if mappings:
+        defaults["mappings"] = mappings
+    if links:
+        defaults["links"] = links
+    if color:
+        defaults["color"] = color
+    if custom:
+        defaults["custom"] = custom
+    p: dict[str, Any] = {
+        "type": kind, "title": title, "datasource": DS, "targets": refs(targets),
+        "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
+        "options": options or {},
+    }
+    if description:
+        p["description"] = description
+    if transformations:
+        p["transformations"] = transformations
+    return p
+
+
+def stat(title: str, expr: str, unit: str, *, description: str = "", bad_above: float | None = None,
+         decimals: int | None = 0, links: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    thresholds = [(None, "green")] if bad_above is None else [(None, "green"), (bad_above, "red")]
+    return panel("stat", title, [target(expr, instant=True)], unit, description=description,
+                 decimals=decimals, thresholds=thresholds, links=links,
+                 options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                          "colorMode": "background" if bad_above is not None else "value",
+                          "graphMode": "none", "textMode": "value"})
+
+
+def timeseries(title: str, targets: list[dict[str, Any]], unit: str, *, description: str = "",
+               minimum: float | None = None, maximum: float | None = None, stack: bool = False,
+               bars: bool = False, overrides: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    custom: dict[str, Any] = {"drawStyle": "bars" if bars else "line", "lineWidth": 1,
+                              "fillOpacity": 60 if bars else 10, "showPoints": "never",
+                              "spanNulls": False}
+    if stack:
+        custom["stacking"] = {"mode": "normal", "group": "A"}
+    return panel("timeseries", title, targets, unit, description=description, minimum=minimum,
+                 maximum=maximum, custom=custom, overrides=overrides,
+                 options={"legend": {"displayMode": "table", "placement": "right", "calcs": ["lastNotNull", "max"]},
+                          "tooltip": {"mode": "multi", "sort": "desc"}})
+
+
+def table(title: str, targets: list[dict[str, Any]], unit: str, *, description: str = "",
+          hide: tuple[str, ...] = ("Time", "__name__", "job", "uuid"), rename: dict[str, str] | None = None,
+          links: list[dict[str, Any]] | None = None, mappings: list[dict[str, Any]] | None = None,
+          thresholds: list[tuple[float | None, str]] | None = None, sort: str | None = None,
+          overrides: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    for t in targets:
+        t.update({"instant": True, "range": False, "format": "table"})
+    transformations: list[dict[str, Any]] = []
+    if len(targets) > 1:
+        transformations.append({"id": "merge", "options": {}})
+    organize: dict[str, Any] = {"excludeByName": dict.fromkeys(hide, True), "renameByName": rename or {}}
+    transformations.append({"id": "organize", "options": organize})
+    options: dict[str, Any] = {"showHeader": True, "cellHeight": "sm", "footer": {"show": False}}
+    if sort:
+        options["sortBy"] = [{"displayName": sort, "desc": True}]
+    return panel("table", title, targets, unit, description=description, links=links, mappings=mappings,
+                 thresholds=thresholds, options=options, transformations=transformations,
+                 overrides=overrides, custom={"align": "auto", "cellOptions": {"type": "auto"}})
+
+
+def field_unit(name: str, unit: str, **more: Any) -> dict[str, Any]:
+    """An override giving one table column (by display name) its own unit and settings."""
+    props = [{"id": "unit", "value": unit}] + [{"id": k, "value": v} for k, v in more.items()]
+    return {"matcher": {"id": "byName", "options": name}, "properties": props}
+
+
+def status_history(title: str, targets: list[dict[str, Any]], unit: str, *, description: str = "",
+                   minimum: float | None = None, maximum: float | None = None,
+                   mappings: list[dict[str, Any]] | None = None, kind: str = "status-history",
+                   continuous: bool = True) -> dict[str, Any]:
+    color = {"mode": "continuous-GrYlRd"} if continuous else {"mode": "thresholds"}
+    return panel(kind, title, targets, unit, description=description, minimum=minimum, maximum=maximum,
+                 mappings=mappings, color=color,
+                 options={"showValue": "never", "rowHeight": 0.9, "legend": {"showLegend": False},
+                          "tooltip": {"mode": "single"}})
+
+
+def heatmap(title: str, expr: str, unit: str, *, description: str = "") -> dict[str, Any]:
+    """A distribution over time: Grafana buckets the series' values itself."""
+    return panel("heatmap", title, [target(expr)], unit, description=description,
+                 options={"calculate": True, "calculation": {"yBuckets": {"mode": "count", "value": "20"}},
+                          "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
+                          "yAxis": {"unit": unit}, "cellGap": 1, "tooltip": {"show": True, "yHistogram": True},
+                          "legend": {"show": True}})
+
+
+def bargauge(title: str, expr: str, unit: str, legend: str, *, description: str = "",
+             maximum: float | None = None, links: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return panel("bargauge", title, [target(expr, legend, instant=True)], unit, description=description,
+                 minimum=0, maximum=maximum, links=links,
+                 thresholds=[(None, "green"), (0.8 * maximum if maximum else 1, "orange")],
+                 options={"orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True,
+                          "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}})
+
+
+# ----------------------------------------------------------------------------------------- variables
+
+
+def var_datasource() -> dict[str, Any]:
+    return {"type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
+            "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []}
+
+
+def var_query(name: str, label: str, definition: str, *, multi: bool, include_all: bool,
+              all_value: str | None = ".*") -> dict[str, Any]:
+    v: dict[str, Any] = {
+        "type": "query", "name": name, "label": label, "datasource": DS,
+        "definition": definition,
+        "query": {"qryType": 1, "query": definition, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+        "refresh": 2, "sort": 3 if name in ("gpu",) else 1, "multi": multi, "includeAll": include_all,
+        "current": {}, "options": [], "hide": 0, "regex": "",
+    }
+    if include_all and all_value is not None:
+        v["allValue"] = all_value
+    return v
+
+
+def var_cluster() -> dict[str, Any]:
+    # Azure Managed Prometheus adds `cluster`; a plain Prometheus has none, and then All (.*) matches all.
+    return var_query("cluster", "Cluster", "label_values(gpumon_build_info, cluster)", multi=True, include_all=True)
+
+
+def var_instance(multi: bool) -> dict[str, Any]:
+    return var_query("instance", "Host", 'label_values(gpumon_build_info{cluster=~"$cluster"}, instance)',
+                     multi=multi, include_all=multi)
+
+
+def var_gpu() -> dict[str, Any]:
+    return var_query("gpu", "GPU", 'label_values(gpumon_gpu_info{cluster=~"$cluster", instance=~"$instance"}, gpu)',
+                     multi=True, include_all=True)
+
+
+def var_device() -> dict[str, Any]:
+    return var_query("device", "IB device",
+                     'label_values(gpumon_ib_port_info{cluster=~"$cluster", instance=~"$instance"}, device)',
+                     multi=True, include_all=True)
+
+
+def dashboard(key: str, title: str, description: str, board: Board, variables: list[dict[str, Any]],
+              links: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "__inputs": [],
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+        ],
+        "uid": UIDS[key], "title": title, "description": description, "tags": TAGS,
+        "editable": True, "graphTooltip": 1, "timezone": "browser", "refresh": "1m",
+        "time": {"from": "now-6h", "to": "now"}, "timepicker": {},
+        "schemaVersion": SCHEMA_VERSION, "version": 1, "fiscalYearStartMonth": 0, "liveNow": False,
+        "annotations": {"list": [{
+            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
+            "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
+        }]},
+        "templating": {"list": variables},
+        "links": links,
+        "panels": board.panels,
+    }
+
+
+def dash_links(*keys: str) -> list[dict[str, Any]]:
+    titles = {"fleet": "Fleet", "node": "Node", "fabric": "InfiniBand fabric"}
+    return [{"title": titles[k], "type": "link", "url": f"/d/{UIDS[k]}", "icon": "dashboard",
+             "includeVars": False, "keepTime": True, "targetBlank": False, "tooltip": "", "tags": [],
+             "asDropdown": False} for k in keys]
+
+
+# ----------------------------------------------------------------------------------------- fleet
+
+
+def fleet() -> dict[str, Any]:
+    sel = 'cluster=~"$cluster", instance=~"$instance"'
+    b = Board()
+    b.row("Overview")
+    for title, expr, unit, bad, desc in (
+        ("Hosts reporting", f"count(gpumon_build_info{{{sel}}})", "none", None, "gpumon daemons scraped now."),
+        ("Hosts down", f'count(up{{job=~"gpumon.*", {sel}}} == 0) or vector(0)', "none", 1,
+         "Scrape targets of the gpumon job that fail to answer."),
+        ("GPUs reporting", f"count(gpumon_gpu_info{{{sel}}})", "none", None, "GPUs with an identity series."),
+        ("GPUs lost", f"sum(gpumon_gpu_lost{{{sel}}})", "none", 1, "GPUs NVML reports lost (fallen off the bus)."),
+        ("Collectors down", f"count(gpumon_collector_up{{{sel}}} == 0) or vector(0)", "none", 1,
+         "gpumon collectors failing or hung, all hosts together."),
+        ("XIDs in range", f"sum({xids_in_range(sel)}) or vector(0)", "none", 1,
+         "XID errors reported by the driver within the dashboard's time range."),
+        ("IB flaps in range", f"sum(increase(gpumon_ib_link_flaps_total{{{sel}}}[$__range]))", "none", 1,
+         "InfiniBand link flaps within the time range."),
+        ("IB ports down", f"count(gpumon_ib_port_up{{{sel}}} == 0) or vector(0)", "none", 1,
+         "Ports not ACTIVE/LinkUp now."),
+        ("IB ports flapping", f"sum(gpumon_ib_port_flapping{{{sel}}})", "none", 1,
+         "Ports over the flap threshold (default 5 flaps in 24 h)."),
+    ):
+        b.add(stat(title, expr, unit, description=desc, bad_above=bad), 3 if title != "IB ports flapping" else 3, 4)
+    b.add(stat("Mean GPU utilization", f"avg(instance:gpumon_gpu_utilization:avg{{{sel}}})", "percentunit",
+               decimals=1, description="Mean of every GPU's utilization (recording rule)."), 3, 4)
+    b.add(stat("GPU power", f"sum(instance:gpumon_gpu_power_watts:sum{{{sel}}})", "watt", decimals=1,
+               description="Power drawn by all GPUs together."), 3, 4)
+    b.add(stat("IB throughput", f"sum(port:gpumon_ib_receive_bytes:rate5m{{{sel}}})"
+               f" + sum(port:gpumon_ib_transmit_bytes:rate5m{{{sel}}})", "Bps", decimals=1,
+               description="Received plus transmitted bytes per second, all ports (5 min rate)."), 3, 4)
+
+    b.row("GPUs")
+    b.add(status_history("GPU utilization across the fleet",
+                         [target(f'gpumon_gpu_utilization_ratio{{{sel}, engine="gpu"}}', "{{instance}} GPU {{gpu}}")],
+                         "percentunit", minimum=0, maximum=1,
+                         description="One row per GPU: a cold (idle) or hot (busy) streak shows at a glance."),
+          24, 10)
+    b.add(heatmap("GPU power distribution", f"gpumon_gpu_power_watts{{{sel}}}", "watt",
+                  description="How many GPUs draw how much power, over time."), 12, 8)
+    b.add(heatmap("GPU temperature distribution", f'gpumon_gpu_temperature_celsius{{{sel}, sensor="gpu"}}',
+                  "celsius", description="How many GPUs run how hot, over time."), 12, 8)
+    b.add(bargauge("Hottest GPUs", f'topk(10, gpumon_gpu_temperature_celsius{{{sel}, sensor="gpu"}})', "celsius",
+                   "{{instance}} GPU {{gpu}}", maximum=95, links=[NODE_LINK],
+                   description="The ten hottest GPUs now (core sensor)."), 8, 9)
+    b.add(bargauge("Most throttled GPUs",
+                   f"topk(10, sum by (instance, gpu) (rate(gpumon_gpu_clock_event_violation_seconds_total"
+                   f'{{{sel}, reason=~"sw_power_cap|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"}}'
+                   f"[$__range])))", "percentunit", "{{instance}} GPU {{gpu}}", maximum=1, links=[NODE_LINK],
+                   description="Share of the time range each GPU's clocks were held down by power or "
+                               "temperature (NVML violation counters)."), 8, 9)
+    b.add(bargauge("Highest power draw vs limit", f"topk(10, gpu:gpumon_power_limit:ratio{{{sel}}})", "percentunit",
+                   "{{instance}} GPU {{gpu}}", maximum=1, links=[NODE_LINK],
+                   description="Power draw over the enforced power limit (recording rule)."), 8, 9)
+
+    b.row("InfiniBand")
+    b.add(timeseries("Fabric throughput", [
+        target(f"sum(port:gpumon_ib_receive_bytes:rate5m{{{sel}}})", "received"),
+        target(f"sum(port:gpumon_ib_transmit_bytes:rate5m{{{sel}}})", "transmitted"),
+    ], "Bps", minimum=0, description="All InfiniBand/RoCE ports of the selected hosts (5 min rate)."), 12, 8)
+    b.add(table("Ports down or flapping", [
+        target(f"gpumon_ib_port_down_seconds{{{sel}}} > 0 or gpumon_ib_port_flaps_in_window{{{sel}}} > 0"
+               f" or gpumon_ib_port_flapping{{{sel}}} == 1"),
+    ], "none", hide=("Time", "__name__", "job"), rename={"Value": "down s / flaps"},
+        links=[NODE_LINK, FABRIC_LINK], thresholds=[(None, "orange")],
+        description="Ports down now (value: seconds down) or with flaps in the flap window (value: flaps)."),
+        12, 8)
+    b.add(bargauge("Flaps in range by host",
+                   f"topk(10, sum by (instance) (increase(gpumon_ib_link_flaps_total{{{sel}}}[$__range])))",
+                   "none", "{{instance}}", maximum=10, links=[NODE_LINK],
+                   description="Hosts with the most link flaps in the time range."), 12, 8)
+    b.add(bargauge("Highest port error rates",
+                   f"topk(10, port:gpumon_ib_errors:rate5m{{{sel}}})", "cps", "{{instance}} {{device}}/{{port}}",
+                   maximum=1, links=[NODE_LINK],
+                   description="Symbol, receive, recovery and discard errors per second (recording rule)."), 12, 8)
+
+    b.row("Hosts")
+    b.add(table("Hosts", [
+        target(f"instance:gpumon_gpu_utilization:avg{{{sel}}}"),
+        target(f"instance:gpumon_gpu_power_watts:sum{{{sel}}}"),
+        target(f"count by (cluster, instance, job) (gpumon_gpu_info{{{sel}}})"),
+        target(f"sum by (cluster, instance, job) (gpumon_ib_port_up{{{sel}}})"),
+        target(f"sum by (cluster, instance, job) (gpumon_gpu_lost{{{sel}}})"),
+    ], "none", hide=("Time", "job"),
+        rename={"Value #A": "GPU utilization", "Value #B": "GPU power", "Value #C": "GPUs",
+                "Value #D": "IB ports up", "Value #E": "GPUs lost"},
+        links=[NODE_LINK], sort="GPU utilization",
+        overrides=[field_unit("GPU utilization", "percentunit"), field_unit("GPU power", "watt")],
+        description="One row per host; click a host for its node dashboard."), 24, 8)
+
+    return dashboard("fleet", "gpumon / Fleet",
+                     "GPU and InfiniBand health of every host running gpumon.", b,
+                     [var_datasource(), var_cluster(), var_instance(multi=True)], dash_links("node", "fabric"))
+
+
+# ----------------------------------------------------------------------------------------- node
+
+
+def node() -> dict[str, Any]:
+    host = 'cluster=~"$cluster", instance=~"$instance"'
+    sel = f'{host}, gpu=~"$gpu"'
+    ib = f'{host}, device=~"$device"'
+    b = Board()
+    b.row("Host")
+    b.add(stat("GPUs", f"count(gpumon_gpu_info{{{host}}})", "none"), 3, 4)
+    b.add(stat("GPUs lost", f"sum(gpumon_gpu_lost{{{host}}})", "none", bad_above=1), 3, 4)
+    b.add(stat("Collectors down", f"count(gpumon_collector_up{{{host}}} == 0) or vector(0)", "none", bad_above=1), 3, 4)
+    b.add(stat("IB ports up", f"sum(gpumon_ib_port_up{{{host}}})", "none"), 3, 4)
+    b.add(stat("XIDs in range", f"sum({xids_in_range(host)}) or vector(0)", "none", bad_above=1), 3, 4)
+    b.add(stat("IB flaps in range", f"sum(increase(gpumon_ib_link_flaps_total{{{host}}}[$__range]))", "none",
+               bad_above=1), 3, 4)
+    b.add(table("Identity", [target(f"gpumon_gpu_info{{{host}}}")], "none",
+                hide=("Time", "__name__", "job", "Value", "cluster", "instance"),
+                description="Model, driver, VBIOS and serial of each GPU (gpumon_gpu_info)."), 6, 4)
+
+    b.row("GPUs")
+    b.add(timeseries("GPU utilization", [
+        target(f'gpumon_gpu_utilization_ratio{{{sel}, engine="gpu"}}', "GPU {{gpu}}"),
+    ], "percentunit", minimum=0, maximum=1, description="Share of time a kernel was running."), 8, 8)
+    b.add(timeseries("SM and tensor activity", [
+        target(f'gpumon_gpu_activity_ratio{{{sel}, activity=~"sm|tensor"}}', "GPU {{gpu}} {{activity}}"),
+    ], "percentunit", minimum=0, maximum=1, description="Profiling activity (GPM/DCP): how busy the SMs and "
+                                                        "tensor cores really are."), 8, 8)
+    b.add(timeseries("Memory used", [
+        target(f"gpumon_gpu_memory_used_bytes{{{sel}}}", "GPU {{gpu}} used"),
+        target(f"max(gpumon_gpu_memory_total_bytes{{{sel}}})", "total"),
+    ], "bytes", minimum=0, overrides=[{"matcher": {"id": "byName", "options": "total"}, "properties": [
+        {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}]}]), 8, 8)
+    b.add(timeseries("Power vs limit", [
+        target(f"gpumon_gpu_power_watts{{{sel}}}", "GPU {{gpu}}"),
+        target(f"max(gpumon_gpu_power_limit_watts{{{sel}}})", "limit"),
+    ], "watt", minimum=0, overrides=[{"matcher": {"id": "byName", "options": "limit"}, "properties": [
+        {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}, {"id": "color", "value": {
+            "mode": "fixed", "fixedColor": "red"}}]}]), 8, 8)
+    b.add(timeseries("Temperatures", [
+        target(f"gpumon_gpu_temperature_celsius{{{sel}}}", "GPU {{gpu}} {{sensor}}"),
+        target(f'min(gpumon_gpu_temperature_threshold_celsius{{{sel}, threshold="slowdown"}})', "slowdown"),
+    ], "celsius", description="Core and memory (HBM) temperature; dashed: the slowdown threshold.",
+        overrides=[{"matcher": {"id": "byName", "options": "slowdown"}, "properties": [
+            {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+            {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}}]}]), 8, 8)
+    b.add(timeseries("Clocks", [
+        target(f'gpumon_gpu_clock_hertz{{{sel}, clock=~"sm|memory"}}', "GPU {{gpu}} {{clock}}"),
+    ], "hertz", minimum=0), 8, 8)
+    b.add(status_history("Clock event reasons", [
+        target(f'gpumon_gpu_clock_event_reason_active{{{sel}, reason=~"{THROTTLE_REASONS}"}}',
+               "GPU {{gpu}} {{reason}}"),
+    ], "none", mappings=ON_OFF_MAPPINGS, kind="state-timeline", continuous=False,
+        description="Why clocks are held below maximum: power cap, thermal or hardware slowdown."), 12, 8)
+    b.add(timeseries("Time throttled", [
+        target(f'rate(gpumon_gpu_clock_event_violation_seconds_total{{{sel}, reason=~"{THROTTLE_REASONS}"}}'
+               "[$__rate_interval])", "GPU {{gpu}} {{reason}}"),
+    ], "percentunit", minimum=0, description="Share of time spent throttled, from NVML's violation counters."),
+        12, 8)
+    b.add(table("ECC and row remapping", [
+        target(f'sum by (gpu) (gpumon_gpu_ecc_errors_total{{{sel}, type="corrected", counter="aggregate"}})'),
+        target(f'sum by (gpu) (gpumon_gpu_ecc_errors_total{{{sel}, type="uncorrected", counter="aggregate"}})'),
+        target(f"sum by (gpu) (gpumon_gpu_remapped_rows{{{sel}}})"),
+        target(f"max by (gpu) (gpumon_gpu_remapped_rows_pending{{{sel}}})"),
+        target(f"max by (gpu) (gpumon_gpu_remapped_rows_failure{{{sel}}})"),
+    ], "none", rename={"Value #A": "corrected ECC (lifetime)", "Value #B": "uncorrected ECC (lifetime)",
+                       "Value #C": "remapped rows", "Value #D": "remap pending", "Value #E": "remap failure"},
+        thresholds=[(None, "green"), (1, "red")],
+        description="Lifetime ECC counts and row-remapping state per GPU; pending needs a GPU reset, "
+                    "failure a replacement."), 12, 8)
+    b.add(timeseries("ECC errors", [
+        target(f'increase(gpumon_gpu_ecc_errors_total{{{sel}, counter="volatile"}}[$__rate_interval])',
+               "GPU {{gpu}} {{type}}"),
+    ], "none", bars=True, minimum=0, description="New ECC errors per interval (volatile counters)."), 12, 8)
+    b.add(timeseries("NVLink throughput", [
+        target(f"gpumon_gpu_nvlink_throughput_bytes_per_second{{{sel}}}", "GPU {{gpu}} {{direction}}"),
+    ], "Bps", minimum=0), 8, 8)
+    b.add(timeseries("NVLink errors", [
+        target(f"rate(gpumon_gpu_nvlink_errors_total{{{sel}}}[$__rate_interval])", "GPU {{gpu}} {{type}}"),
+    ], "cps", minimum=0, description="CRC, replay and recovery errors per second, all links of a GPU."), 8, 8)
+    b.add(timeseries("NVLinks active", [
+        target(f"gpumon_gpu_nvlink_links_active{{{sel}}}", "GPU {{gpu}}"),
+    ], "none", minimum=0), 8, 8)
+    b.add(timeseries("PCIe throughput", [
+        target(f"gpumon_gpu_pcie_throughput_bytes_per_second{{{sel}}}", "GPU {{gpu}} {{direction}}"),
+    ], "Bps", minimum=0), 8, 8)
+    b.add(timeseries("PCIe replays", [
+        target(f"rate(gpumon_gpu_pcie_replay_total{{{sel}}}[$__rate_interval])", "GPU {{gpu}}"),
+    ], "cps", minimum=0, description="Link-level retransmissions: a noisy slot or riser."), 8, 8)
+    b.add(table("PCIe link", [
+        target(f"gpumon_gpu_pcie_link_generation{{{sel}}}"),
+        target(f"gpumon_gpu_pcie_link_generation_max{{{sel}}}"),
+        target(f"gpumon_gpu_pcie_link_width{{{sel}}}"),
+        target(f"gpumon_gpu_pcie_link_width_max{{{sel}}}"),
+    ], "none", hide=("Time", "__name__", "job", "uuid", "cluster", "instance"),
+        rename={"Value #A": "gen", "Value #B": "gen max", "Value #C": "width", "Value #D": "width max"},
+        description="Negotiated PCIe generation and width against the maximum."), 8, 8)
+
+    b.row("InfiniBand ports")
+    b.add(timeseries("Received vs link rate", [
+        target(f"rate(gpumon_ib_port_data_received_bytes_total{{{ib}}}[$__rate_interval])", "{{device}} rx"),
+        target(f"gpumon_ib_port_rate_bytes_per_second{{{ib}}}", "{{device}} link rate"),
+    ], "Bps", minimum=0), 12, 8)
+    b.add(timeseries("Transmitted vs link rate", [
+        target(f"rate(gpumon_ib_port_data_transmitted_bytes_total{{{ib}}}[$__rate_interval])", "{{device}} tx"),
+        target(f"gpumon_ib_port_rate_bytes_per_second{{{ib}}}", "{{device}} link rate"),
+    ], "Bps", minimum=0), 12, 8)
+    b.add(timeseries("Port error rates", [
+        target(f"rate(gpumon_ib_port_{name}_total{{{ib}}}[$__rate_interval])", f"{{{{device}}}} {label}")
+        for name, label in ERROR_COUNTERS
+    ], "cps", minimum=0, description="PMA error counters per second; symbol errors and recoveries point at "
+                                     "the cable, discards at congestion."), 12, 8)
+    b.add(timeseries("Congestion counters", [
+        target(f'rate(gpumon_ib_hw_stat_total{{{ib}, counter=~"{CONGESTION_HW}"}}[$__rate_interval])',
+               "{{device}} {{counter}}"),
+        target(f"rate(gpumon_ib_port_transmit_wait_ticks_total{{{ib}}}[$__rate_interval])",
+               "{{device}} transmit wait ticks"),
+    ], "cps", minimum=0, description="Driver hw_counters tied to congestion and retransmission (out of "
+                                     "sequence, ACK timeouts, ECN/CNP) and the PMA transmit-wait ticks."), 12, 8)
+    b.add(status_history("Port state", [
+        target(f"gpumon_ib_port_state{{{ib}}}", "{{device}}/{{port}}"),
+    ], "none", mappings=IB_STATE_MAPPINGS, kind="state-timeline", continuous=False,
+        description="Logical port state over time; a flap shorter than the scrape shows in the flaps panel."),
+        12, 8)
+    b.add(timeseries("Link flaps", [
+        target(f"increase(gpumon_ib_link_flaps_total{{{ib}}}[$__rate_interval])", "{{device}}/{{port}}"),
+    ], "none", bars=True, minimum=0, description="Flaps per interval, including those shorter than a poll "
+                                                 "(seen by link_downed or carrier changes)."), 12, 8)
+
+    b.row("Recent events")
+    b.add(table("XIDs in range", [target(xids_in_range(host))], "none",
+                hide=("Time", "__name__", "job", "uuid", "cluster", "instance"), rename={"Value": "count"},
+                thresholds=[(None, "red")],
+                description="XID errors per GPU and XID number within the time range. The messages are in the "
+                            "gpumon log and in GpuMonEvents_CL."), 8, 8)
+    b.add(table("Last flap per port", [target(f"gpumon_ib_last_flap_timestamp_seconds{{{ib}}} * 1000")],
+                "dateTimeAsIso", hide=("Time", "__name__", "job", "cluster", "instance"),
+                rename={"Value": "last flap"}, sort="last flap",
+                description="When each port last flapped (within the flap window or since gpumon started)."), 8, 8)
+    b.add(table("Ports down now", [
+        target(f"gpumon_ib_port_down_seconds{{{ib}}} > 0"),
+    ], "s", hide=("Time", "__name__", "job", "cluster", "instance"), rename={"Value": "down for"},
+        thresholds=[(None, "red")], description="Ports currently down and for how long."), 8, 8)
+
+    return dashboard("node", "gpumon / Node",
+                     "Every GPU and InfiniBand port of one host, and what happened to them recently.", b,
+                     [var_datasource(), var_cluster(), var_instance(multi=False), var_gpu(), var_device()],
+                     dash_links("fleet", "fabric"))
+
+
+# ----------------------------------------------------------------------------------------- fabric
+
+
+def fabric() -> dict[str, Any]:
+    sel = 'cluster=~"$cluster", instance=~"$instance", device=~"$device"'
+    b = Board()
+    b.row("Fabric")
+    b.add(stat("Ports", f"count(gpumon_ib_port_info{{{sel}}})", "none"), 4, 4)
+    b.add(stat("Ports down", f"count(gpumon_ib_port_up{{{sel}}} == 0) or vector(0)", "none", bad_above=1), 4, 4)
+    b.add(stat("Ports flapping", f"sum(gpumon_ib_port_flapping{{{sel}}})", "none", bad_above=1), 4, 4)
+    b.add(stat("Flaps in range", f"sum(increase(gpumon_ib_link_flaps_total{{{sel}}}[$__range]))", "none",
+               bad_above=1), 4, 4)
+    b.add(stat("Saturated counters", f"count(gpumon_ib_port_saturated{{{sel}}} == 1) or vector(0)", "none",
+               bad_above=1, description="Counters stuck at their maximum: they no longer count."), 4, 4)
+    b.add(stat("Error rate", f"sum(port:gpumon_ib_errors:rate5m{{{sel}}})", "cps", decimals=2,
+               description="Port errors per second, all ports."), 4, 4)
+    b.add(timeseries("Throughput", [
+        target(f"sum(port:gpumon_ib_receive_bytes:rate5m{{{sel}}})", "received"),
+        target(f"sum(port:gpumon_ib_transmit_bytes:rate5m{{{sel}}})", "transmitted"),
+    ], "Bps", minimum=0), 12, 8)
+    b.add(timeseries("Error rate by kind", [
+        target(f"sum(rate(gpumon_ib_port_{name}_total{{{sel}}}[$__rate_interval]))", label)
+        for name, label in ERROR_COUNTERS
+    ], "cps", minimum=0), 12, 8)
+
+    b.row("Ports")
+    b.add(status_history("Link utilization per port", [
+        target(f"port:gpumon_ib_utilization:ratio_rate5m{{{sel}}}", "{{instance}} {{device}}/{{port}}"),
+    ], "percentunit", minimum=0, maximum=1,
+        description="Busier direction over the negotiated rate; one row per port."), 24, 10)
+    b.add(table("Port state", [
+        target(f"gpumon_ib_port_state{{{sel}}}"),
+        target(f"gpumon_ib_port_phys_state{{{sel}}}"),
+        target(f"gpumon_ib_port_rate_bytes_per_second{{{sel}}}"),
+        target(f"gpumon_ib_port_flaps_in_window{{{sel}}}"),
+    ], "none", hide=("Time", "__name__", "job"),
+        rename={"Value #A": "state", "Value #B": "physical", "Value #C": "rate", "Value #D": "flaps in window"},
+        links=[NODE_LINK],
+        overrides=[
+            {"matcher": {"id": "byName", "options": "state"}, "properties": [
+                {"id": "mappings", "value": IB_STATE_MAPPINGS},
+                {"id": "custom.cellOptions", "value": {"type": "color-background"}}]},
+            {"matcher": {"id": "byName", "options": "physical"}, "properties": [
+                {"id": "mappings", "value": IB_PHYS_MAPPINGS},
+                {"id": "custom.cellOptions", "value": {"type": "color-background"}}]},
+            field_unit("rate", "Bps"),
+        ],
+        description="Every port of every host: logical and physical state, link rate and flaps in the window."),
+        24, 10)
+
+    b.row("Problems")
+    b.add(table("Error rates ranked", [target(f"topk(20, port:gpumon_ib_errors:rate5m{{{sel}}})")], "cps",
+                rename={"Value": "errors/s"}, sort="errors/s", links=[NODE_LINK],
+                thresholds=[(None, "green"), (0.1, "red")],
+                description="Ports with the highest error rate (symbol, receive, recovery, discards, ...)."), 8, 10)
+    b.add(table("Flapping ports", [target(f"topk(20, gpumon_ib_port_flaps_in_window{{{sel}}})")], "none",
+                rename={"Value": "flaps in window"}, sort="flaps in window", links=[NODE_LINK],
+                thresholds=[(None, "green"), (1, "orange"), (5, "red")],
+                description="Ports with the most flaps in the flap window (default 24 h)."), 8, 10)
+    b.add(table("Saturated counters", [target(f"gpumon_ib_port_saturated{{{sel}}} == 1")], "none",
+                hide=("Time", "__name__", "job", "Value"), links=[NODE_LINK],
+                description="Counters stuck at the maximum of their width: reset them (perfquery -R)."), 8, 10)
+    b.add(timeseries("Flaps per interval", [
+        target(f"sum by (instance, device, port) (increase(gpumon_ib_link_flaps_total{{{sel}}}[$__rate_interval]))",
+               "{{instance}} {{device}}/{{port}}"),
+    ], "none", bars=True, minimum=0), 12, 8)
+    b.add(bargauge("Most congested ports", f"topk(10, port:gpumon_ib_transmit_wait_ticks:rate5m{{{sel}}})",
+                   "cps", "{{instance}} {{device}}/{{port}}", maximum=None, links=[NODE_LINK],
+                   description="Transmit-wait ticks per second: time with data to send and no credits."), 12, 8)
+
+    return dashboard("fabric", "gpumon / InfiniBand fabric",
+                     "All InfiniBand and RoCE ports of all hosts: throughput, errors, state and flaps.", b,
+                     [var_datasource(), var_cluster(), var_instance(multi=True), var_device()],
+                     dash_links("fleet", "node"))
+
+
+# ----------------------------------------------------------------------------------------- main
+
+BUILDERS = {"fleet": fleet, "node": node, "fabric": fabric}
+FILES = {"fleet": "gpumon-fleet.json", "node": "gpumon-node.json", "fabric": "gpumon-infiniband-fabric.json"}
+
+
+def render(key: str) -> str:
+    return json.dumps(BUILDERS[key](), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if a committed file differs")
+    args = parser.parse_args(argv)
+    stale = []
+    for key, name in FILES.items():
+        path = os.path.join(HERE, name)
+        text = render(key)
+        if args.check:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    if fh.read() != text:
+                        stale.append(name)
+            except FileNotFoundError:
+                stale.append(name)
+        else:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+    if stale:
+        print(f"stale: {', '.join(stale)}; run python {os.path.relpath(__file__)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
