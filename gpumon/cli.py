@@ -141,8 +141,8 @@ def _reload(args: argparse.Namespace, runner: daemon.Daemon) -> None:
         log.error("new configuration rejected, keeping the running one: %s", exc)
         runner.reload_rejected()
         return
-    logs.setup(new.daemon.log_level, new.daemon.log_format)
     runner.reload(new)
+    logs.setup(runner.config.daemon.log_level, runner.config.daemon.log_format)
 
 
 def _once_context(config: Config):

@@ -116,18 +116,39 @@ def plan_collectors(config: Config, ctx: Context) -> Plan:
             plan.collectors.append(PlannedCollector(name, None, name in explicit, False, cls))
             continue
         collector = cls(ctx, config.sections.get(name))
-        try:
-            availability = collector.probe()
-        except Exception as exc:  # a probe must not raise; if it does, it is this collector's problem
-            log.exception("probe of collector %s failed", name)
-            available, reason = False, f"probe failed: {exc}"
-        else:
-            available, reason = availability.available, availability.reason
-        if not available:
-            collector.close()
+        available, reason, finished = _probe(collector, collector_deadline(config, collector))
+        if not available and finished:
+            collector.close()  # a probe still hanging in a library call keeps its collector
         plan.collectors.append(PlannedCollector(name, collector if available else None,
                                                 name in explicit, available, reason))
     return plan
+
+
+def collector_deadline(config: Config, collector: Collector) -> float:
+    """``[daemon] deadline``, or the collector's interval (at least 1 s)."""
+    interval = collector.interval(float(config.daemon.interval))
+    return float(config.daemon.deadline) or max(interval, 1.0)
+
+
+def _probe(collector: Collector, deadline: float) -> tuple[bool, str, bool]:
+    """Probe on a thread of its own: a library that hangs at init (nvmlInit on a wedged GPU) must
+    not keep the daemon from binding its port. Returns (available, reason, finished)."""
+    answer: list[tuple[bool, str]] = []
+
+    def probe() -> None:
+        try:
+            availability = collector.probe()
+            answer.append((bool(availability.available), availability.reason))
+        except Exception as exc:  # a probe must not raise; if it does, it is this collector's problem
+            log.debug("probe of collector %s raised", collector.name, exc_info=True)
+            answer.append((False, f"probe failed: {type(exc).__name__}: {exc}"))
+
+    thread = threading.Thread(target=probe, name=f"probe-{collector.name}", daemon=True)
+    thread.start()
+    thread.join(deadline)
+    if not answer:
+        return False, f"probe did not answer within {deadline:g} s", False
+    return answer[0][0], answer[0][1], True
 
 
 def make_sinks(config: Config, ctx: SinkContext) -> list[Sink]:
@@ -164,6 +185,7 @@ class CollectorRunner:
         self.deadline = deadline
         self.started: float | None = None
         self.overran = False
+        self.dead = False
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"collector-{self.name}", daemon=True)
 
@@ -178,21 +200,16 @@ class CollectorRunner:
         while not self._stop.is_set():
             self.started = t0 = time.monotonic()
             self.overran = False
-            result: Collection | None = None
-            failure = ""
-            unavailable = False
-            try:
-                result = self.collector.collect()
-            except CollectorUnavailable as exc:
-                failure, unavailable = str(exc) or "source unavailable", True
-            except Exception as exc:
-                failure = f"{type(exc).__name__}: {exc}"
-                log.debug("collector %s raised", self.name, exc_info=True)
+            result, failure, unavailable = run_collect(self.collector)
             duration = time.monotonic() - t0
-            self.started = None
             if self._stop.is_set():
                 break
-            self.loop.accept(self, result, failure, unavailable, duration)
+            try:
+                self.loop.accept(self, result, failure, unavailable, duration)
+            except Exception:  # never let bookkeeping kill the thread: its series would go stale
+                log.exception("accepting a result of collector %s failed", self.name)
+            finally:
+                self.started = None
             next_run += self.interval
             now = time.monotonic()
             if next_run < now:  # a slow run: skip the missed ticks rather than bunching runs up
@@ -202,6 +219,20 @@ class CollectorRunner:
             self.collector.close()
         except Exception:
             log.debug("closing collector %s failed", self.name, exc_info=True)
+
+
+def run_collect(collector: Collector) -> tuple[Collection | None, str, bool]:
+    """One ``collect()``: (result, failure, unavailable). Nothing a collector does escapes."""
+    try:
+        result = collector.collect()
+    except CollectorUnavailable as exc:
+        return None, str(exc) or "source unavailable", True
+    except BaseException as exc:  # noqa: BLE001 - a collector's bug is its own outage, not the daemon's
+        log.debug("collector %s raised", collector.name, exc_info=True)
+        return None, f"{type(exc).__name__}: {exc}", False
+    if not isinstance(result, Collection) or not all(isinstance(e, Event) for e in result.events):
+        return None, f"collect() returned {type(result).__name__}, not a Collection of Events", False
+    return result, "", False
 
 
 @dataclass
@@ -218,6 +249,8 @@ class Loop:
     """Composes snapshots from collector results and publishes them to the sinks."""
 
     TICK = 0.25
+    REFRESH = 5.0
+    """Seconds after which a snapshot is published even without a new result (process metrics)."""
 
     def __init__(self, config: Config, plan: Plan, ctx: Context, sinks: list[Sink],
                  reloads: dict[str, int] | None = None) -> None:
@@ -231,6 +264,7 @@ class Loop:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._dirty = False
         self._events: list[Event] = []
         self._slots: dict[str, _Slot] = {}
         self._seq = 0
@@ -242,7 +276,7 @@ class Loop:
         for planned in plan.running:
             assert planned.collector is not None
             interval = planned.collector.interval(default_interval)
-            deadline = float(config.daemon.deadline) or max(interval, 1.0)
+            deadline = collector_deadline(config, planned.collector)
             self.runners.append(CollectorRunner(self, planned.collector, interval, deadline))
             self._slots[planned.name] = _Slot(CollectorBook())
         self.thread = threading.Thread(target=self._run, name="loop", daemon=True)
@@ -281,6 +315,9 @@ class Loop:
     # -- results -----------------------------------------------------------------------------
     def accept(self, runner: CollectorRunner, result: Collection | None, failure: str,
                unavailable: bool, duration: float) -> None:
+        """Take one run's outcome. A run that finished after its deadline does not bring the
+        collector back up (it keeps flapping otherwise); its events still count."""
+        to_log: list[Event] = []
         with self._lock:
             slot = self._slots[runner.name]
             book = slot.book
@@ -288,31 +325,53 @@ class Loop:
             book.duration = duration
             if result is not None:
                 for reason, n in result.errors.items():
-                    book.count(reason, n)
+                    book.count(str(reason), int(n))
                 self._events.extend(result.events)
-                for event in result.events:
-                    log_event(event)
+                to_log.extend(result.events)
+            if result is not None and not runner.overran:
                 slot.families = tuple(result.families)
                 slot.status = CollectorStatus(runner.name, True, duration)
                 if not book.up and slot.down_reported:
                     log.info("collector %s is up again", runner.name)
                 book.up, slot.down_reported = True, False
+            elif result is not None:
+                to_log += self._mark_down(runner.name, slot, f"run took {duration:.3g} s, over its "
+                                          f"{runner.deadline:g} s deadline", duration)
             else:
                 book.count("unavailable" if unavailable else "exception")
-                self._mark_down(runner.name, slot, failure, duration, available=not unavailable)
+                to_log += self._mark_down(runner.name, slot, failure, duration, available=not unavailable)
+        for event in to_log:
+            log_event(event)
         self._wake.set()
 
-    def _mark_down(self, name: str, slot: _Slot, error: str, duration: float, available: bool = True) -> None:
-        """Withdraw the collector's series and report it down once (called with the lock held)."""
+    def _mark_down(self, name: str, slot: _Slot, error: str, duration: float,
+                   available: bool = True) -> list[Event]:
+        """Withdraw the collector's series and report it down once (called with the lock held).
+        Returns the event to log once the lock is released."""
         slot.families = ()
         slot.status = CollectorStatus(name, False, duration, error, available)
         slot.book.up = False
-        if not slot.down_reported:
-            slot.down_reported = True
-            event = Event("collector_down", Severity.ERROR, {"collector": name},
-                          f"collector {name} is down: {error}", {"error": error})
-            self._events.append(event)
+        if slot.down_reported:
+            return []
+        slot.down_reported = True
+        event = Event("collector_down", Severity.ERROR, {"collector": name},
+                      f"collector {name} is down: {error}", {"error": error})
+        self._events.append(event)
+        return [event]
+
+    def mark_down(self, name: str, error: str, duration: float, reason: str) -> None:
+        with self._lock:
+            slot = self._slots[name]
+            slot.book.count(reason)
+            events = self._mark_down(name, slot, error, duration)
+        for event in events:
             log_event(event)
+        self._wake.set()
+
+    def poke(self) -> None:
+        """Publish a fresh snapshot soon (from any thread; the loop thread does the work)."""
+        self._dirty = True
+        self._wake.set()
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
@@ -320,27 +379,34 @@ class Loop:
             started = runner.started
             if started is not None and not runner.overran and now - started > runner.deadline:
                 runner.overran = True
-                with self._lock:
-                    slot = self._slots[runner.name]
-                    slot.book.count("deadline")
-                    self._mark_down(runner.name, slot, f"run exceeded its {runner.deadline:g} s deadline",
-                                    now - started)
-                self._wake.set()
+                self.mark_down(runner.name, f"run exceeded its {runner.deadline:g} s deadline", now - started,
+                               "deadline")
+            elif not runner.thread.is_alive() and runner.thread.ident is not None and not runner.dead:
+                runner.dead = True
+                self.mark_down(runner.name, "collector thread died", 0.0, "exception")
 
     # -- composing ---------------------------------------------------------------------------
     def _run(self) -> None:
+        last = time.monotonic()
         while not self._stop.is_set():
             self.heartbeat = time.monotonic()
-            self._wake.wait(self.TICK)
+            woken = self._wake.wait(self.TICK)
             self._wake.clear()
             self._check_deadlines()
             if self._stop.is_set():
                 break
+            if not (woken or self._dirty) and time.monotonic() - last < self.REFRESH:
+                continue  # nothing new: keep the page (and its cached gzip body) as it is
+            self._dirty = False
+            last = time.monotonic()
             try:
                 self.publish_now()
             except Exception:  # a sink bug must not kill the loop; /healthz would go red
                 log.exception("publishing a snapshot failed")
-        self.publish_now()
+        try:
+            self.publish_now()
+        except Exception:
+            log.exception("publishing the last snapshot failed")
 
     def compose(self) -> Snapshot:
         for sink in self.sinks:
@@ -385,28 +451,22 @@ def collect_once(config: Config, plan: Plan, ctx: Context, timeout: float | None
     """``gpumon once``: every running collector once, in parallel, each bounded by its deadline."""
     loop = Loop(config, plan, ctx, [])
     threads = []
+    start = time.monotonic()
     for runner in loop.runners:
         def run(r: CollectorRunner = runner) -> None:
             t0 = time.monotonic()
-            try:
-                result, failure, unavailable = r.collector.collect(), "", False
-            except CollectorUnavailable as exc:
-                result, failure, unavailable = None, str(exc), True
-            except Exception as exc:
-                result, failure, unavailable = None, f"{type(exc).__name__}: {exc}", False
+            result, failure, unavailable = run_collect(r.collector)
             loop.accept(r, result, failure, unavailable, time.monotonic() - t0)
 
         thread = threading.Thread(target=run, name=f"once-{runner.name}", daemon=True)
         thread.start()
         threads.append((runner, thread))
-    for runner, thread in threads:
+    for runner, thread in threads:  # deadlines run from the common start, not one after another
         limit = timeout if timeout is not None else runner.deadline
-        thread.join(limit)
+        thread.join(max(0.0, start + limit - time.monotonic()))
         if thread.is_alive():
-            with loop._lock:
-                slot = loop._slots[runner.name]
-                slot.book.count("deadline")
-                loop._mark_down(runner.name, slot, f"run exceeded its {limit:g} s deadline", limit)
+            runner.overran = True
+            loop.mark_down(runner.name, f"run exceeded its {limit:g} s deadline", limit, "deadline")
     snapshot = loop.compose()
     for runner, thread in threads:
         if not thread.is_alive():
@@ -419,92 +479,128 @@ def sink_context(config: Config, loop_alive=lambda: True, simulation=None) -> Si
                        loop_alive=loop_alive, simulation=simulation)
 
 
+@dataclass
+class _Build:
+    """A validated, probed, not yet running set-up for one config."""
+
+    config: Config
+    ctx: Context
+    plan: Plan
+    sinks: list[Sink]
+    fresh: list[Sink]
+    holder: dict[str, Loop]
+
+
 class Daemon:
-    """``gpumon run``: builds the loop from a Config, and rebuilds it on reload."""
+    """``gpumon run``: builds the loop from a Config, and rebuilds it on reload.
+
+    A set-up is built (config validated, collectors probed, sinks constructed) before anything
+    running is touched, so a reload with a config that cannot work leaves the running one alone."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.loop: Loop | None = None
         self.ctx: Context | None = None
         self.reloads = {"success": 0, "failure": 0, "last_ok": 1}
+        self._fingerprints: dict[str, dict | None] = {}
 
-    def start(self, kept: dict[str, Sink] | None = None) -> Plan:
-        """Probe, start sinks, start collectors. Raises StartupError for exit 1.
-
-        ``kept`` are running sinks carried over by a reload; they are reused, not restarted."""
-        kept = kept or {}
-        config = self.config
+    def _build(self, config: Config, kept: dict[str, Sink]) -> _Build:
         ctx = make_context(config)
         plan = plan_collectors(config, ctx)
-        problems = plan.problems()
-        for planned in plan.collectors:
-            if not planned.available:
-                (log.error if planned.explicit else log.info)(
-                    "collector %s unavailable: %s", planned.name, planned.reason)
-        if problems:
-            _close_plan(plan)
-            raise StartupError("; ".join(problems))
-        holder: dict[str, Loop] = {}
-        sctx = sink_context(config, lambda: holder["loop"].alive() if "loop" in holder else True,
-                            ctx.simulation)
-        fresh = make_sinks(config.replace("daemon", sinks=[n for n in config.daemon.sinks if n not in kept]), sctx)
-        sinks = [kept[name] if name in kept else fresh.pop(0) for name in config.daemon.sinks]
-        for sink in kept.values():
-            sink.ctx.loop_alive = sctx.loop_alive
-        started: list[Sink] = []
         try:
-            for sink in sinks:
-                if sink.name not in kept:
-                    sink.start()
-                    started.append(sink)
-        except Exception as exc:
-            for sink in started:
-                sink.stop(1.0)
+            for planned in plan.collectors:
+                if not planned.available:
+                    (log.error if planned.explicit else log.info)(
+                        "collector %s unavailable: %s", planned.name, planned.reason)
+            problems = plan.problems()
+            if problems:
+                raise StartupError("; ".join(problems))
+            holder: dict[str, Loop] = {}
+            sctx = sink_context(config, lambda: holder["loop"].alive() if "loop" in holder else True,
+                                ctx.simulation)
+            fresh = make_sinks(config.replace("daemon", sinks=[n for n in config.daemon.sinks if n not in kept]),
+                               sctx)
+            pending = list(fresh)
+            sinks = [kept[name] if name in kept else pending.pop(0) for name in config.daemon.sinks]
             for sink in kept.values():
-                sink.stop(1.0)
+                sink.ctx.loop_alive = sctx.loop_alive
+        except BaseException:
             _close_plan(plan)
-            raise StartupError(f"sink '{sink.name}' failed to start: {exc}") from exc
-        loop = Loop(config, plan, ctx, sinks, self.reloads)
-        holder["loop"] = loop
-        if ctx.simulation is not None:
-            ctx.simulation.start()
+            raise
+        return _Build(config, ctx, plan, sinks, fresh, holder)
+
+    def _launch(self, build: _Build) -> None:
+        """Start the new sinks (binding ports), then the loop. On a sink failure nothing is left
+        running but the kept sinks, which the caller still owns."""
+        started: list[Sink] = []
+        for sink in build.fresh:
+            try:
+                sink.start()
+            except Exception as exc:
+                for done in started:
+                    done.stop(1.0)
+                _close_plan(build.plan)
+                raise StartupError(f"sink '{sink.name}' failed to start: {exc}") from exc
+            started.append(sink)
+        loop = Loop(build.config, build.plan, build.ctx, build.sinks, self.reloads)
+        build.holder["loop"] = loop
+        if build.ctx.simulation is not None:
+            build.ctx.simulation.start()
         loop.start()
-        self.loop, self.ctx = loop, ctx
+        self.config, self.loop, self.ctx = build.config, loop, build.ctx
+        # taken now: comparing two configs later would stat the same (already changed) files twice
+        self._fingerprints = {sink.name: _fingerprint(build.config, sink.name) for sink in build.sinks}
         log.info("gpumon %s running collectors: %s; sinks: %s", __version__,
-                 ", ".join(p.name for p in plan.running) or "none", ", ".join(s.name for s in sinks))
-        return plan
+                 ", ".join(p.name for p in build.plan.running) or "none",
+                 ", ".join(s.name for s in build.sinks))
+
+    def start(self) -> Plan:
+        """Probe, start sinks, start collectors. Raises StartupError for exit 1, ConfigError for 2."""
+        build = self._build(self.config, {})
+        self._launch(build)
+        return build.plan
 
     def stop(self, timeout: float = 5.0, keep: frozenset[str] = frozenset()) -> None:
-        if self.loop is not None:
-            self.loop.stop(timeout, keep)
-            self.loop = None
+        end = time.monotonic() + timeout
         if self.ctx is not None and self.ctx.simulation is not None:
             self.ctx.simulation.stop()
+        if self.loop is not None:
+            self.loop.stop(max(0.5, end - time.monotonic()), keep)
+            self.loop = None
 
     def reload(self, new_config: Config) -> None:
-        """Swap in a new config: stop everything, start again; on failure go back to the old one."""
+        """Swap in a new config. Sinks whose settings (and the files they name) did not change keep
+        running, so the endpoint answers throughout. A config that cannot be built is rejected before
+        anything stops; one whose new sink fails to start brings the previous config back."""
         old = self.config
         running = {sink.name: sink for sink in self.loop.sinks} if self.loop is not None else {}
         kept = {name: sink for name, sink in running.items()
-                if name in new_config.daemon.sinks and _section(old, name) == _section(new_config, name)}
-        self.stop(timeout=3.0, keep=frozenset(kept))
-        self.config = new_config
+                if name in new_config.daemon.sinks and self._fingerprints.get(name) == _fingerprint(new_config, name)}
         try:
-            self.start(kept)
-        except StartupError as exc:
-            log.error("reload failed (%s); keeping the previous configuration", exc)
-            self.config = old
+            build = self._build(new_config, kept)
+        except Exception as exc:
+            log.error("new configuration rejected, keeping the running one: %s", exc)
             self.reload_rejected()
-            self.start()
-        else:
-            self.reloads["success"] += 1
-            self.reloads["last_ok"] = 1
+            return
+        self.stop(timeout=3.0, keep=frozenset(running))
+        for name, sink in running.items():
+            if name not in kept:
+                sink.stop(1.0)
+        try:
+            self._launch(build)
+        except StartupError as exc:
+            log.error("reload failed (%s); going back to the previous configuration", exc)
+            self.reload_rejected()
+            self._launch(self._build(old, kept))  # the old config worked before; if not, exit 1
+            return
+        self.reloads["success"] += 1
+        self.reloads["last_ok"] = 1
 
     def reload_rejected(self) -> None:
         self.reloads["failure"] += 1
         self.reloads["last_ok"] = 0
         if self.loop is not None:
-            self.loop.publish_now()
+            self.loop.poke()
 
 
 def _merged(families: list[MetricFamily]) -> tuple[MetricFamily, ...]:
@@ -522,9 +618,18 @@ def _merged(families: list[MetricFamily]) -> tuple[MetricFamily, ...]:
     return tuple(out)
 
 
-def _section(config: Config, name: str) -> dict | None:
+def _fingerprint(config: Config, name: str) -> dict | None:
+    """A sink's settings plus the identity of every file they name (certificates, web config), so
+    a reload picks up a rotated certificate or a changed password file."""
     section = config.sections.get(name)
-    return dict(section) if section is not None else None
+    if section is None:
+        return None
+    values: dict = dict(section)
+    for key, value in section.items():
+        if isinstance(value, str) and value and os.path.isfile(value):
+            st = os.stat(value)
+            values[f"{key}@file"] = (st.st_mtime_ns, st.st_size, st.st_ino)
+    return values
 
 
 def _close_plan(plan: Plan) -> None:

@@ -147,3 +147,35 @@ def test_run_speaks_sd_notify(gpumon_run, tmp_path):
             messages.append(receiver.recv(4096).decode())
     finally:
         receiver.close()
+
+
+def test_reload_to_a_config_that_cannot_start_keeps_serving(gpumon_run, tmp_path):
+    config = tmp_path / "gpumon.toml"
+    config.write_text('[daemon]\nlog_level = "info"\n')
+    process = gpumon_run("--config", str(config), "--sysfs-root", str(tmp_path))
+    # valid TOML, but an explicitly requested collector this host does not have
+    config.write_text('[daemon]\ncollectors = ["infiniband"]\n')
+    process.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: 'gpumon_config_reloads_total{result="failure"} 1' in process.metrics())
+    # a web config file that does not exist
+    config.write_text(f'[prometheus]\nweb_config_file = "{tmp_path}/missing.yml"\n')
+    process.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: 'gpumon_config_reloads_total{result="failure"} 2' in process.metrics())
+    assert process.proc.poll() is None
+    code, output = process.stop()
+    assert code == 0 and "collector 'infiniband' is unavailable" in output and "missing.yml" in output
+
+
+def test_reload_picks_up_a_changed_web_config_file(gpumon_run, tmp_path):
+    import bcrypt
+
+    web = tmp_path / "web.yml"
+    web.write_text("")
+    config = tmp_path / "gpumon.toml"
+    config.write_text(f'[prometheus]\nweb_config_file = "{web}"\n')
+    process = gpumon_run("--config", str(config))
+    assert http_get(process.url + "/metrics")[0] == 200
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    web.write_text(f"basic_auth_users:\n  prom: '{hashed}'\n")  # same path, new content
+    process.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: http_get(process.url + "/metrics", timeout=2)[0] == 401)

@@ -178,3 +178,78 @@ def test_stop_is_prompt_with_a_hung_collector():
     loop.stop(2.0)
     hung.release.set()
     assert time.monotonic() - t0 < 2.5
+
+
+class Broken(Scripted):
+    """Returns something that is not a Collection on its second run."""
+
+    def collect(self):
+        result = super().collect()
+        return {"oops": 1} if self.runs == 2 else result
+
+
+def test_a_result_that_is_not_a_collection_marks_down_instead_of_going_stale(loop_of):
+    broken = Broken("broken")
+    loop, sink = loop_of(broken)
+    wait_for(lambda: values(latest(sink), "gpumon_collector_up").get((("collector", "broken"),)) == 0)
+    assert (("source", "broken"),) not in values(latest(sink), "gpumon_test_value")
+    status = latest(sink).collectors[0]
+    assert "not a Collection" in status.error
+    wait_for(lambda: values(latest(sink), "gpumon_collector_up").get((("collector", "broken"),)) == 1)
+
+
+class Slow(Scripted):
+    def collect(self):
+        import time
+
+        time.sleep(0.4)
+        return super().collect()
+
+
+def test_runs_that_always_finish_late_keep_the_collector_down(loop_of):
+    slow = Slow("slow")
+    loop, sink = loop_of(slow, deadline=0.2)
+    wait_for(lambda: slow.runs >= 4, timeout=10)
+    snap = latest(sink)
+    assert values(snap, "gpumon_collector_up")[(("collector", "slow"),)] == 0
+    assert (("source", "slow"),) not in values(snap, "gpumon_test_value")
+    downs = [e for s in sink.snapshots for e in s.events if e.kind == "collector_down"]
+    assert len(downs) == 1  # one outage, not one event per late run
+
+
+class HangingProbe(Scripted):
+    def probe(self):
+        from gpumon.collectors.base import Availability
+
+        self.release.wait(30)
+        return Availability(True)
+
+
+def test_a_probe_that_hangs_is_unavailable_after_the_deadline():
+    import time
+
+    from gpumon.daemon import _probe
+
+    collector = HangingProbe("hp")
+    t0 = time.monotonic()
+    available, reason, finished = _probe(collector, 0.3)
+    collector.release.set()
+    assert not available and not finished and "did not answer within 0.3 s" in reason
+    assert time.monotonic() - t0 < 2
+
+
+def test_once_deadlines_run_in_parallel_not_one_after_another():
+    import time
+
+    hung = [Scripted(f"h{i}") for i in range(4)]
+    for c in hung:
+        c.mode = "hang"
+    config = load(schemas(), None, {"GPUMON_DAEMON_DEADLINE": "0.5"}, {})
+    plan = Plan([PlannedCollector(c.name, c, True, True) for c in hung])
+    t0 = time.monotonic()
+    snapshot = collect_once(config, plan, Context(hostname="t"))
+    elapsed = time.monotonic() - t0
+    for c in hung:
+        c.release.set()
+    assert all(not c.ok for c in snapshot.collectors)
+    assert elapsed < 1.5, elapsed
