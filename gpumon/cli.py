@@ -78,10 +78,13 @@ def load_config(args: argparse.Namespace) -> Config:
 
 
 def _check_names(config: Config, key: str, known: list[str]) -> None:
+    where = config.origins.get(f"daemon.{key}", config.source)
     for name in config.daemon[key]:
         if name not in known:
-            where = config.origins.get(f"daemon.{key}", config.source)
             raise ConfigError(where, f"[daemon] {key}", f"unknown name {name!r} (known: {', '.join(known)})")
+    names = list(config.daemon[key])
+    if len(set(names)) != len(names):
+        raise ConfigError(where, f"[daemon] {key}", f"names a plugin twice: {', '.join(names)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

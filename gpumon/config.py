@@ -335,6 +335,8 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(path, "(file)", "permission denied") from None
     except IsADirectoryError:
         raise ConfigError(path, "(file)", "is a directory") from None
+    except OSError as exc:  # ENOTDIR, ELOOP, ENAMETOOLONG, EIO...
+        raise ConfigError(path, "(file)", exc.strerror or str(exc)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, "(syntax)", f"not valid TOML: {exc}") from None
     except UnicodeDecodeError:

@@ -52,7 +52,10 @@ def as_table(snapshot: Snapshot, width: int = WIDTH) -> str:
             cls = registry.collector_class(status.name)
         except (registry.UnknownPlugin, registry.BrokenPlugin):
             continue
-        table = cls.summarize(snapshot)
+        try:
+            table = cls.summarize(snapshot)
+        except Exception as exc:  # the table is a convenience; the collector's data is still good
+            table = Table(f"{status.name}: summary failed ({type(exc).__name__}: {exc})", (), ())
         if table is not None:
             parts.append(format_table(table, width))
     events = Table("Events", ("time", "severity", "kind", "subject", "message"), tuple(

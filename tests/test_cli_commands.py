@@ -178,4 +178,11 @@ def test_reload_picks_up_a_changed_web_config_file(gpumon_run, tmp_path):
     hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
     web.write_text(f"basic_auth_users:\n  prom: '{hashed}'\n")  # same path, new content
     process.proc.send_signal(signal.SIGHUP)
-    wait_for(lambda: http_get(process.url + "/metrics", timeout=2)[0] == 401)
+
+    def asks_for_credentials() -> bool:
+        try:  # the sink is restarted with its new settings: a connection may be cut meanwhile
+            return http_get(process.url + "/metrics", timeout=2)[0] == 401
+        except OSError:
+            return False
+
+    wait_for(asks_for_credentials)

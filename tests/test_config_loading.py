@@ -105,6 +105,8 @@ def test_missing_file():
     (["--sinks", "kafka"], {}, "[daemon] sinks: unknown name 'kafka'"),
     ([], {"GPUMON_PROMETHEUS_LISTEN": "x:y"}, "GPUMON_PROMETHEUS_LISTEN"),
     (["--log-format", "xml"], {}, "[daemon] log_format"),
+    (["--config", "/etc/passwd/gpumon.toml"], {}, "/etc/passwd/gpumon.toml: (file): Not a directory"),
+    (["--sinks", "prometheus,prometheus"], {}, "[daemon] sinks: names a plugin twice"),
 ])
 def test_cli_exits_2_with_one_line(args, env, fragment):
     result = subprocess.run([sys.executable, "-m", "gpumon", "once", *args], env=clean_env(**env),

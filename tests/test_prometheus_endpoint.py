@@ -172,3 +172,48 @@ def test_head_request_has_no_body(sink):
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and body == b""
     wait_for(lambda: s.health().exported >= 1)
+
+
+def test_a_request_trickled_slower_than_the_deadline_is_cut(sink):
+    s = sink(request_timeout=1.0)
+    s.publish(snapshot())
+    conn = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+    t0 = time.monotonic()
+    try:
+        for ch in b"GET /metrics HTTP/1.1\r\nHost: x\r\n":  # one byte every 0.2 s, each read within timeout
+            conn.send(bytes([ch]))
+            time.sleep(0.2)  # the client's pace is what this test is about
+    except OSError:
+        pass  # cut by the server
+    finally:
+        conn.close()
+    assert time.monotonic() - t0 < 3.0
+    assert s.health().failed >= 1
+
+
+def test_connections_beyond_the_cap_are_closed_and_scrapes_resume(sink):
+    s = sink(max_connections=4, request_timeout=5.0)
+    s.publish(snapshot())
+    idle = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(4)]
+    try:
+        extra = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+        assert extra.recv(1) == b""  # closed at once, not queued behind the idle ones
+        extra.close()
+    finally:
+        for conn in idle:
+            conn.close()
+    def scrape_ok() -> bool:
+        try:
+            return http_get(url(s), timeout=2)[0] == 200
+        except OSError:  # still at the cap for a moment while the server sees the closes
+            return False
+
+    wait_for(scrape_ok)
+
+
+def test_gzip_refused_with_q0_and_vary_is_set(sink):
+    s = sink()
+    s.publish(snapshot())
+    status, headers, body = http_get(url(s), {"Accept-Encoding": "gzip;q=0, identity"})
+    assert status == 200 and "Content-Encoding" not in headers and body.startswith(b"# HELP")
+    assert headers["Vary"] == "Accept, Accept-Encoding"

@@ -108,6 +108,15 @@ def test_mutual_tls_requires_a_client_certificate(files, ca):
     ("tls_server_config:\n  cert_file: server.pem\n  key_file: server.pem\n  min_version: TLS10\n",
      "tls_server_config.min_version"),
     ("basic_auth_users:\n  bob: plaintext\n", "basic_auth_users.bob"),
+    ("basic_auth_users:\n  bob: $2y$10$notreallyahash\n", "basic_auth_users.bob"),
+    ("basic_auth_users:\n  bob: \"$2y$10$\u00e9\"\n", "basic_auth_users.bob"),
+    ("http_server_config:\n  headers:\n    X-A: \"ok\\r\\nSet-Cookie: x\"\n", "http_server_config.headers"),
+    ("tls_server_config:\n  cert_file: server.pem\n  key_file: server.pem\n  min_version: [TLS12]\n",
+     "tls_server_config.min_version"),
+    ("tls_server_config:\n  cert_file: server.pem\n  key_file: server.pem\n  min_version: TLS13\n"
+     "  max_version: TLS12\n", "tls_server_config.max_version"),
+    ("tls_server_config:\n  cert_file: server.pem\n  key_file: server.pem\n  client_auth_type: [x]\n",
+     "tls_server_config.client_auth_type"),
     ("basic_auth_user:\n  bob: x\n", "basic_auth_user"),
     ("tls_server_config: [\n", "(syntax)"),
     ("- a\n- b\n", "(top level)"),
@@ -118,6 +127,25 @@ def test_bad_web_config_names_the_key(files, text, key):
     with pytest.raises(ConfigError) as err:
         load_web_config(str(web))
     assert err.value.key == key and err.value.source == str(web)
+
+
+def test_unknown_users_cost_the_same_bcrypt_check(files):
+    """Timing must not tell valid user names apart: an unknown user is checked against a dummy hash."""
+    import time
+
+    web = files / "web.yml"
+    slow = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode()
+    web.write_text(f"basic_auth_users:\n  prometheus: '{slow}'\n")
+    config = load_web_config(str(web))
+
+    def cost(user: bytes) -> float:
+        header = "Basic " + base64.b64encode(user + b":wrong").decode()
+        t0 = time.perf_counter()
+        assert not config.authorized(header)
+        return time.perf_counter() - t0
+
+    known, unknown = cost(b"prometheus"), cost(b"nobody")
+    assert unknown > known / 4  # both pay a cost-10 bcrypt; a short cut would be ~1000x cheaper
 
 
 def test_bad_web_config_exits_2(files):

@@ -50,12 +50,14 @@ def test_a_broken_plugin_is_reported_and_the_rest_keeps_working(tmp_path):
     dist = tmp_path / "broken_probe-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-probe\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[gpumon.collectors]\nbroken = broken_probe:Probe\n")
+    (dist / "entry_points.txt").write_text("[gpumon.collectors]\nbroken = broken_probe:Probe\n"
+                                           "[gpumon.sinks]\nghost = notinstalled.sub:Sink\n")
     env = clean_env(PYTHONPATH=str(tmp_path))
     result = subprocess.run([sys.executable, "-m", "gpumon", "once", "--format", "json", "--sysfs-root", "/nonexistent"],
                             env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "plugin 'broken' cannot be loaded" in result.stderr
+    assert "plugin 'ghost' cannot be loaded" in result.stderr  # a.b with a missing parent a
     status = {c["name"]: c for c in json.loads(result.stdout)["collectors"]}
     assert not status["broken"]["ok"] and "half-installed" in status["broken"]["error"]
     explicit = subprocess.run([sys.executable, "-m", "gpumon", "once", "--collectors", "broken"],

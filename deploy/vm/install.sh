@@ -314,6 +314,9 @@ Restart=on-failure
 RestartSec=5s
 # Exit status 2 is a bad config or bad usage: restarting would only fail again.
 RestartPreventExitStatus=2
+# Bounds descriptors: the endpoint caps its connections ([prometheus] max_connections, 128), each
+# IB attribute is one cached descriptor (about 60 per port), and NVML holds a few per GPU.
+LimitNOFILE=8192
 
 # Secrets. The file is read by systemd as root; keep it 0600 root:root. It may set any
 # GPUMON_<SECTION>_<KEY> and the Azure identity variables (AZURE_CLIENT_ID, ...).

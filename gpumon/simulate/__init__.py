@@ -86,7 +86,10 @@ class Simulation:
 
     def _run(self) -> None:
         while not self._stop.wait(self._tick):
-            self.step(self._tick)
+            try:
+                self.step(self._tick)
+            except Exception:  # a full disk or EMFILE must not freeze the simulated host for good
+                log.exception("simulate: step failed")
 
     def step(self, seconds: float) -> None:
         """Advance the simulated host by ``seconds`` and apply any control files dropped meanwhile."""

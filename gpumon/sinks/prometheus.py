@@ -14,6 +14,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gpumon.config import Option, SectionSchema, listen_check, parse_listen
@@ -38,6 +39,9 @@ OPTIONS = SectionSchema(
                min=0.1, max=300.0),
         Option("backlog", int, 256, "Listen backlog: pending connections the kernel queues.",
                min=16, max=65535),
+        Option("max_connections", int, 128,
+               "Connections served at once; more are closed at once, so slow or flooding clients cannot "
+               "exhaust threads and file descriptors.", min=1, max=10000),
     ),
 )
 
@@ -48,6 +52,21 @@ LANDING = """<!doctype html>
 <ul><li><a href="/metrics">/metrics</a></li><li><a href="/healthz">/healthz</a></li></ul>
 </body></html>
 """
+
+
+def accepts_gzip(header: str) -> bool:
+    """``Accept-Encoding`` allows gzip (``gzip;q=0`` refuses it)."""
+    for part in header.split(","):
+        coding, _, params = part.strip().partition(";")
+        if coding.strip().lower() in ("gzip", "*"):
+            q = params.strip()
+            if q.startswith("q="):
+                try:
+                    return float(q[2:]) > 0
+                except ValueError:
+                    return False
+            return True
+    return False
 
 
 class Page:
@@ -82,33 +101,88 @@ class _Server(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ipv6 else socket.AF_INET
         self.request_queue_size = backlog
         self.sink = sink
+        self.slots = threading.BoundedSemaphore(sink.max_connections)
+        self.deadlines: dict[socket.socket, float] = {}
+        self.deadlines_lock = threading.Lock()
         super().__init__(address, handler)
+        self.reaper = threading.Thread(target=self._reap, name="prometheus-reaper", daemon=True)
+        self.reaper.start()
 
     def server_bind(self) -> None:
         if self.address_family == socket.AF_INET6:
             self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         super().server_bind()
 
+    def process_request(self, request, client_address) -> None:
+        """On the accept thread: a connection beyond ``max_connections`` is closed, not queued."""
+        if not self.slots.acquire(blocking=False):
+            self.sink.count_failure()
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def arm(self, conn: socket.socket) -> None:
+        """(Re)start the clock for one request: it must be read and answered within request_timeout."""
+        with self.deadlines_lock:
+            self.deadlines[conn] = time.monotonic() + self.sink.request_timeout
+
+    def disarm(self, conn: socket.socket) -> None:
+        with self.deadlines_lock:
+            self.deadlines.pop(conn, None)
+
+    def _reap(self) -> None:
+        """Cut connections that trickle a request slower than the per-read socket timeout can see."""
+        while True:
+            time.sleep(0.25)
+            now = time.monotonic()
+            with self.deadlines_lock:
+                late = [conn for conn, deadline in self.deadlines.items() if deadline < now]
+                for conn in late:
+                    del self.deadlines[conn]
+            for conn in late:
+                self.sink.count_failure()
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
     def finish_request(self, request, client_address) -> None:
         """Runs on the connection's own thread: the TLS handshake happens here, never in accept."""
         sink = self.sink
         request.settimeout(sink.request_timeout)
-        context = sink.web.ssl_context
-        if context is not None:
-            try:
-                request = context.wrap_socket(request, server_side=True)
-            except (ssl.SSLError, OSError) as exc:
-                sink.count_failure()
-                log.debug("TLS handshake from %s failed: %s", client_address[0], exc)
-                return
+        self.arm(request)
         try:
-            self.RequestHandlerClass(request, client_address, self)
-        finally:
+            context = sink.web.ssl_context
             if context is not None:
                 try:
-                    request.close()
-                except OSError:
-                    pass
+                    wrapped = context.wrap_socket(request, server_side=True)
+                except (ssl.SSLError, OSError) as exc:
+                    sink.count_failure()
+                    log.debug("TLS handshake from %s failed: %s", client_address[0], exc)
+                    return
+                self.disarm(request)
+                request = wrapped
+                self.arm(request)
+            try:
+                self.RequestHandlerClass(request, client_address, self)
+            finally:
+                if context is not None:
+                    try:
+                        request.close()
+                    except OSError:
+                        pass
+        finally:
+            self.disarm(request)
 
     def handle_error(self, request, client_address) -> None:
         self.sink.count_failure()
@@ -124,6 +198,10 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.timeout = self.server.sink.request_timeout
         super().setup()
+
+    def handle_one_request(self) -> None:
+        super().handle_one_request()
+        self.server.arm(self.connection)  # a kept-alive connection gets a fresh window for the next
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
         log.debug("%s %s", self.address_string(), format % args)
@@ -147,9 +225,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(503, b"no collection yet\n", "text/plain; charset=utf-8", head)
                 return
             openmetrics = "application/openmetrics-text" in (self.headers.get("Accept") or "")
-            gzipped = "gzip" in (self.headers.get("Accept-Encoding") or "")
+            gzipped = accepts_gzip(self.headers.get("Accept-Encoding") or "")
             body = page.body(openmetrics, gzipped)
-            extra = {"Content-Encoding": "gzip"} if gzipped else {}
+            extra = {"Vary": "Accept, Accept-Encoding"}
+            if gzipped:
+                extra["Content-Encoding"] = "gzip"
             self._send(200, body, OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE, head, extra)
             sink.count_scrape()
         elif path == "/healthz":
@@ -186,6 +266,7 @@ class PrometheusSink(Sink):
         self.host, self.port = parse_listen(values["listen"])
         self.request_timeout = float(values["request_timeout"])
         self.backlog = int(values["backlog"])
+        self.max_connections = int(values["max_connections"])
         self.web = load_web_config(values["web_config_file"]) if values["web_config_file"] else WebConfig()
         self.page: Page | None = None
         self._renderer = Renderer()

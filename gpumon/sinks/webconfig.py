@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import ssl
 import threading
 from dataclasses import dataclass, field
@@ -30,9 +31,11 @@ _TLS_VERSIONS = {
     "TLS12": ssl.TLSVersion.TLSv1_2,
     "TLS13": ssl.TLSVersion.TLSv1_3,
 }
+# bcrypt of a random throwaway password, cost 10 like the toolkit's examples
+_DUMMY_HASH = b"$2b$10$kI36ojRi3GAG92aQ09UgFev/w3towOacoYL9N9S.60bC/Cd.FCh3u"
+_BCRYPT = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
 _TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
              "cipher_suites", "curve_preferences", "prefer_server_cipher_suites"}
-_IGNORED_TLS_KEYS = {"prefer_server_cipher_suites"}  # Go-only tuning knobs with no OpenSSL effect
 
 
 @dataclass
@@ -60,8 +63,8 @@ class WebConfig:
         except (ValueError, UnicodeDecodeError):
             return False
         hashed = self.users.get(user)
-        if hashed is None:
-            return False
+        if hashed is None:  # spend the same bcrypt time, so timing does not reveal valid user names
+            hashed, user = _DUMMY_HASH, ""
         digest = hashlib.sha256(password.encode("utf-8")).digest()
         key = (user, digest)
         with self._lock:
@@ -73,12 +76,12 @@ class WebConfig:
             ok = bcrypt.checkpw(password.encode("utf-8"), hashed)
         except ValueError:
             ok = False
-        if ok:
+        if ok and user:
             with self._lock:
                 if len(self._ok_cache) > 64:
                     self._ok_cache.clear()
                 self._ok_cache[key] = True
-        return ok
+        return ok and bool(user)
 
 
 def load_web_config(path: str) -> WebConfig:
@@ -105,8 +108,11 @@ def load_web_config(path: str) -> WebConfig:
         raise ConfigError(path, "http_server_config", "only http2: false and headers are supported")
     config = WebConfig()
     headers = http.get("headers") or {}
-    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-        raise ConfigError(path, "http_server_config.headers", "must map header names to strings")
+    if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and not set(k + v) & {"\r", "\n", "\0"}
+            for k, v in headers.items()):
+        raise ConfigError(path, "http_server_config.headers",
+                          "must map header names to single-line strings")
     config.headers = {str(k): v for k, v in headers.items()}
     if doc.get("tls_server_config") is not None:
         config.ssl_context = _tls_context(path, doc["tls_server_config"])
@@ -114,8 +120,9 @@ def load_web_config(path: str) -> WebConfig:
     if not isinstance(users, dict):
         raise ConfigError(path, "basic_auth_users", "must map user names to bcrypt hashes")
     for user, hashed in users.items():
-        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-            raise ConfigError(path, f"basic_auth_users.{user}", "must be a bcrypt hash ($2y$...)")
+        if not isinstance(hashed, str) or not _BCRYPT.match(hashed):
+            raise ConfigError(path, f"basic_auth_users.{user}",
+                              "must be a bcrypt hash ($2y$10$ and 53 characters; htpasswd -nBC 10)")
         config.users[str(user)] = hashed.encode("ascii")
     return config
 
@@ -131,7 +138,7 @@ def _tls_context(path: str, tls: Any) -> ssl.SSLContext:
             raise ConfigError(path, f"tls_server_config.{key}",
                               "not supported; OpenSSL's defaults for the TLS version are used")
     cert, key = tls.get("cert_file"), tls.get("key_file")
-    if not cert or not key:
+    if not isinstance(cert, str) or not isinstance(key, str) or not cert or not key:
         raise ConfigError(path, "tls_server_config.cert_file", "cert_file and key_file are both required")
     base = os.path.dirname(os.path.abspath(path))
     cert, key = (os.path.join(base, str(p)) for p in (cert, key))  # relative to the file, as the toolkit
@@ -139,11 +146,16 @@ def _tls_context(path: str, tls: Any) -> ssl.SSLContext:
     context.minimum_version = _version(path, tls, "min_version", "TLS12")
     if tls.get("max_version"):
         context.maximum_version = _version(path, tls, "max_version", "TLS13")
+        if context.maximum_version < context.minimum_version:
+            raise ConfigError(path, "tls_server_config.max_version", "is lower than min_version: no "
+                              "handshake could succeed")
     try:
         context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(path, "tls_server_config.cert_file", f"cannot load certificate/key: {exc}") from None
     auth = tls.get("client_auth_type") or "NoClientCert"
+    if not isinstance(auth, str):
+        raise ConfigError(path, "tls_server_config.client_auth_type", "must be a string")
     if auth in _UNSUPPORTED_CLIENT_AUTH:
         raise ConfigError(path, "tls_server_config.client_auth_type",
                           f"{auth} is not supported; use VerifyClientCertIfGiven or RequireAndVerifyClientCert")
@@ -164,6 +176,6 @@ def _tls_context(path: str, tls: Any) -> ssl.SSLContext:
 
 def _version(path: str, tls: dict, key: str, default: str) -> ssl.TLSVersion:
     value = tls.get(key) or default
-    if value not in _TLS_VERSIONS:
+    if not isinstance(value, str) or value not in _TLS_VERSIONS:
         raise ConfigError(path, f"tls_server_config.{key}", f"{value!r} is not one of TLS12, TLS13")
     return _TLS_VERSIONS[value]
