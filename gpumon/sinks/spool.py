@@ -103,7 +103,10 @@ def _fsync_dir(path: str) -> None:
 
 
 class Spool:
-    """Append on one thread, read and acknowledge on another; all state changes under one lock."""
+    """Append on one thread, read and acknowledge on another; all state changes under one lock.
+
+    fsync never runs under that lock (except when a segment rolls over), so ``stats()`` and
+    ``append()``, which the daemon's loop thread calls, do not wait on a slow disk."""
 
     def __init__(self, directory: str, max_bytes: int, segment_bytes: int | None = None) -> None:
         if max_bytes < 4096:
@@ -112,6 +115,7 @@ class Spool:
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes or max(4096, max_bytes // 8)
         self._lock = threading.Lock()
+        self._cursor_lock = threading.Lock()  # orders cursor-file writes; taken before _lock
         self._segments: list[_Segment] = []
         self._cursor = (0, 0)
         self._fd: int | None = None
@@ -225,19 +229,25 @@ class Spool:
             active.size += len(blob)
             active.pending += count
             self._dirty = True
-            self._enforce_cap()
+            dropped = self._enforce_cap()
+        for path in dropped:
+            self._unlink(path)
+        if dropped:
+            self._persist_cursor()
         return count
 
-    def _enforce_cap(self) -> None:
+    def _enforce_cap(self) -> list[str]:
+        """Drop the oldest segments over the cap (lock held); returns their paths to unlink."""
+        dropped = []
         while self._pending_bytes() > self.max_bytes:
             if len(self._segments) == 1:
                 self._new_segment(self._segments[-1].number + 1)
             oldest = self._segments.pop(0)
             self._dropped += oldest.pending
             log.warning("spool full (%d bytes max): dropped %d oldest records", self.max_bytes, oldest.pending)
-            self._unlink(oldest.path)
+            dropped.append(oldest.path)
             self._cursor = (self._segments[0].number, 0)
-            self._write_cursor()
+        return dropped
 
     def _pending_bytes(self) -> int:
         total = sum(s.size for s in self._segments)
@@ -248,9 +258,14 @@ class Spool:
     def sync(self) -> None:
         """fsync what was appended (uploader thread): survives power loss from here on."""
         with self._lock:
-            if self._fd is not None and self._dirty:
-                os.fsync(self._fd)
-                self._dirty = False
+            if self._fd is None or not self._dirty:
+                return
+            fd = os.dup(self._fd)  # a roll-over may close the active fd while this one syncs
+            self._dirty = False
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     # -- consumer -------------------------------------------------------------------------------
 
@@ -304,23 +319,27 @@ class Spool:
                 return
             seg.pending -= len(batch.records)
             self._cursor = (seg.number, batch.end)
-            if batch.end >= seg.size and len(self._segments) > 1:
+            finished = batch.end >= seg.size and len(self._segments) > 1
+            if finished:
                 self._segments.pop(0)
                 self._cursor = (self._segments[0].number, 0)
-                self._write_cursor()
-                self._unlink(seg.path)
-                _fsync_dir(self.directory)
-            else:
-                self._write_cursor()
+        self._persist_cursor()  # before the unlink: a crash in between re-reads nothing twice
+        if finished:
+            self._unlink(seg.path)
+            _fsync_dir(self.directory)
 
-    def _write_cursor(self) -> None:
-        final = os.path.join(self.directory, "cursor")
-        tmp = final + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"segment": self._cursor[0], "offset": self._cursor[1]}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+    def _persist_cursor(self) -> None:
+        """Write the current cursor durably, outside the state lock."""
+        with self._cursor_lock:
+            with self._lock:
+                segment, offset = self._cursor
+            final = os.path.join(self.directory, "cursor")
+            tmp = final + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump({"segment": segment, "offset": offset}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
 
     # -- state ----------------------------------------------------------------------------------
 
