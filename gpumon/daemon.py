@@ -309,6 +309,15 @@ class Loop:
             except Exception:
                 log.exception("stopping sink %s failed", sink.name)
 
+    def carry_over(self, previous: Loop) -> None:
+        """After a reload: keep the running totals and latest series of collectors that still run,
+        so counters do not reset and the page does not shrink until their first new run."""
+        with previous._lock:
+            for name in self._slots:
+                old = previous._slots.get(name)
+                if old is not None:
+                    self._slots[name] = _Slot(old.book, old.families, old.status, old.down_reported)
+
     def alive(self) -> bool:
         return self.thread.is_alive() and time.monotonic() - self.heartbeat < 30.0
 
@@ -529,7 +538,7 @@ class Daemon:
             raise
         return _Build(config, ctx, plan, sinks, fresh, holder)
 
-    def _launch(self, build: _Build) -> None:
+    def _launch(self, build: _Build, previous: Loop | None = None) -> None:
         """Start the new sinks (binding ports), then the loop. On a sink failure nothing is left
         running but the kept sinks, which the caller still owns."""
         started: list[Sink] = []
@@ -543,6 +552,8 @@ class Daemon:
                 raise StartupError(f"sink '{sink.name}' failed to start: {exc}") from exc
             started.append(sink)
         loop = Loop(build.config, build.plan, build.ctx, build.sinks, self.reloads)
+        if previous is not None:
+            loop.carry_over(previous)
         build.holder["loop"] = loop
         if build.ctx.simulation is not None:
             build.ctx.simulation.start()
@@ -582,16 +593,17 @@ class Daemon:
             log.error("new configuration rejected, keeping the running one: %s", exc)
             self.reload_rejected()
             return
+        previous = self.loop
         self.stop(timeout=3.0, keep=frozenset(running))
         for name, sink in running.items():
             if name not in kept:
                 sink.stop(1.0)
         try:
-            self._launch(build)
+            self._launch(build, previous)
         except StartupError as exc:
             log.error("reload failed (%s); going back to the previous configuration", exc)
             self.reload_rejected()
-            self._launch(self._build(old, kept))  # the old config worked before; if not, exit 1
+            self._launch(self._build(old, kept), previous)  # it worked before; if not, exit 1
             return
         self.reloads["success"] += 1
         self.reloads["last_ok"] = 1
