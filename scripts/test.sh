@@ -6,9 +6,10 @@ cd "$(dirname "$0")/.."
 
 # prometheus/promtool: end-to-end scrapes and rule tests; node_exporter: the benchmarks' peer;
 # systemd: systemd-analyze for the unit; buildah, debootstrap: the container image build;
-# shellcheck: the VM installer; nodejs (with npm): the KQL checker. kubectl (with its built-in
-# kustomize) is expected on PATH: it is not in Debian, see docs/deployment.md.
-DEBIAN_PACKAGES=(prometheus prometheus-node-exporter systemd buildah debootstrap shellcheck nodejs)
+# shellcheck: the VM installer; nodejs (with npm): the KQL checker; apache2-utils: ab, the
+# benchmarks' load generator. kubectl (with its built-in kustomize) is expected on PATH: it is not
+# in Debian, see docs/deployment.md.
+DEBIAN_PACKAGES=(prometheus prometheus-node-exporter systemd buildah debootstrap shellcheck nodejs apache2-utils)
 missing=()
 for pkg in "${DEBIAN_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -217,3 +217,22 @@ def test_gzip_refused_with_q0_and_vary_is_set(sink):
     status, headers, body = http_get(url(s), {"Accept-Encoding": "gzip;q=0, identity"})
     assert status == 200 and "Content-Encoding" not in headers and body.startswith(b"# HELP")
     assert headers["Vary"] == "Accept, Accept-Encoding"
+
+
+def test_http_10_keep_alive_and_http_09(sink):
+    s = sink(request_timeout=5.0)
+    s.publish(snapshot())
+    with socket.create_connection(("127.0.0.1", s.port), timeout=5) as conn:
+        for _ in range(2):  # two requests on one HTTP/1.0 keep-alive connection
+            conn.sendall(b"GET /metrics HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(4096)
+            headers, _, body = head.partition(b"\r\n\r\n")
+            assert b"Connection: keep-alive" in headers
+            length = int(next(line.split(b":")[1] for line in headers.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += conn.recv(65536)
+    reply = raw(s, b"GET /metrics\r\n\r\n")  # HTTP/0.9: the body alone, then close
+    assert reply.startswith(b"# HELP gpumon_test_value")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import html
 import logging
+import queue
 import socket
 import ssl
 import threading
@@ -104,6 +105,10 @@ class _Server(ThreadingHTTPServer):
         self.slots = threading.BoundedSemaphore(sink.max_connections)
         self.deadlines: dict[socket.socket, float] = {}
         self.deadlines_lock = threading.Lock()
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.idle = 0
+        self.idle_lock = threading.Lock()
+        self.closed = False
         super().__init__(address, handler)
         self.reaper = threading.Thread(target=self._reap, name="prometheus-reaper", daemon=True)
         self.reaper.start()
@@ -113,23 +118,65 @@ class _Server(ThreadingHTTPServer):
             self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         super().server_bind()
 
+    IDLE_SECONDS = 30.0
+    """How long a finished connection's thread waits for the next connection before it exits."""
+
     def process_request(self, request, client_address) -> None:
-        """On the accept thread: a connection beyond ``max_connections`` is closed, not queued."""
+        """On the accept thread. A connection beyond ``max_connections`` is closed, not queued.
+        Otherwise it goes to an idle connection thread, or to a new one when none is idle: starting
+        a thread per scrape was most of the accept loop's time under load (docs/performance.md),
+        and every connection still has a thread of its own, so an idle client holds only that."""
         if not self.slots.acquire(blocking=False):
             self.sink.count_failure()
             self.shutdown_request(request)
             return
+        with self.idle_lock:
+            reuse = self.idle > 0
+            if reuse:
+                self.idle -= 1  # reserved: that thread will take this job off the queue
+        if reuse:
+            self.jobs.put((request, client_address))
+            return
         try:
-            super().process_request(request, client_address)
+            threading.Thread(target=self._serve, args=(request, client_address), name="prometheus-conn",
+                             daemon=True).start()
         except BaseException:
             self.slots.release()
+            self.shutdown_request(request)
             raise
 
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
+    def _serve(self, request, client_address) -> None:
+        while True:
+            try:
+                self.finish_request(request, client_address)
+            except Exception:
+                self.handle_error(request, client_address)
+            finally:
+                self.shutdown_request(request)
+                self.slots.release()
+            if self.closed:
+                return
+            with self.idle_lock:
+                self.idle += 1
+            try:
+                job = self.jobs.get(timeout=self.IDLE_SECONDS)
+            except queue.Empty:
+                with self.idle_lock:
+                    if self.idle > 0:  # nobody reserved a thread meanwhile: this one may go
+                        self.idle -= 1
+                        return
+                job = self.jobs.get()  # reserved: the job is on its way
+            if job is None:  # the server closed
+                return
+            request, client_address = job
+
+    def server_close(self) -> None:
+        self.closed = True
+        super().server_close()
+        with self.idle_lock:
+            idle, self.idle = self.idle, 0
+        for _ in range(idle):  # wake the idle threads so they exit
+            self.jobs.put(None)
 
     def arm(self, conn: socket.socket) -> None:
         """(Re)start the clock for one request: it must be read and answered within request_timeout."""
@@ -248,11 +295,28 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        if self.request_version == "HTTP/1.0" and not self.close_connection:
+            self.send_header("Connection", "keep-alive")  # else a 1.0 keep-alive client waits for EOF
         for name, value in {**self.server.sink.web.headers, **(extra or {})}.items():
             self.send_header(name, value)
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
+        # headers and body in one write: one syscall and one TCP segment train per scrape
+        buffered = getattr(self, "_headers_buffer", [])  # HTTP/0.9 requests buffer no headers
+        data = b"".join(buffered) + b"\r\n" if buffered else b""
+        self._headers_buffer = []
+        self.wfile.write(data if head else data + body)
+
+    _date_cache: tuple[int, str] = (0, "")
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The Date header, formatted once per second rather than per response."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        now = int(time.time())
+        second, text = _Handler._date_cache
+        if second != now:
+            text = super().date_time_string(now)
+            _Handler._date_cache = (now, text)
+        return text
 
 
 class PrometheusSink(Sink):

@@ -1,0 +1,1 @@
+"""gpumon benchmarks: see bench/README.md and `python -m bench --help`."""

@@ -1,0 +1,62 @@
+"""The benchmark harness runs end to end in its tiny "smoke" mode and writes one JSON per benchmark.
+
+No timing is asserted (the figures live in docs/performance.md); this pins that every benchmark
+still drives the current code and produces the figures its README line promises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+# Fast benchmarks: each starts at most a couple of processes. The slower ones (scrape, memory, flap,
+# azure_volume) are proven by `python -m bench --smoke` in full; the keys below pin the fast set.
+FAST = {
+    "ib_cpu": ("ratio_median", "gpumon_cpu_ms_per_run", "node_exporter_cpu_ms_per_scrape"),
+    "watcher": ("cpu_ms_per_run", "intervals"),
+    "nvml_calls": ("profiles", "h100_calls_per_gpu_per_run"),
+    "scale": ("gpus", "ports"),
+    "startup": ("cases", "target_met"),
+}
+
+
+def run_bench(tmp_path, *names: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMON_")}
+    return subprocess.run([sys.executable, "-m", "bench", "--smoke", "--quiet", "--out", str(tmp_path), *names],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(shutil.which("prometheus-node-exporter") is None and shutil.which("node_exporter") is None,
+                    reason="node_exporter is not installed (Debian: prometheus-node-exporter)")
+def test_fast_benchmarks_write_their_figures(tmp_path):
+    proc = run_bench(tmp_path, *FAST)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name, keys in FAST.items():
+        data = json.loads((tmp_path / f"{name}.json").read_text())
+        assert data["benchmark"] == name and data["smoke"] is True
+        assert "error" not in data, data["error"]
+        for key in keys:
+            assert key in data, f"{name}.json lacks {key}"
+        assert data["machine"]["nproc"] >= 1
+    ib = json.loads((tmp_path / "ib_cpu.json").read_text())
+    assert ib["ports"] == 9 and ib["gpumon_series"] > 0 and ib["ratio_median"] > 0
+    calls = json.loads((tmp_path / "nvml_calls.json").read_text())
+    assert set(calls["profiles"]) >= {"h100-sxm5-80gb"}
+    assert all(p["calls_per_gpu_per_run_max"] > 0 for p in calls["profiles"].values())
+    scale = json.loads((tmp_path / "scale.json").read_text())
+    assert [row["gpus"] for row in scale["gpus"]] == [1, 8]
+    assert scale["gpus"][1]["series"] > scale["gpus"][0]["series"]
+
+
+def test_unknown_benchmark_is_a_usage_error(tmp_path):
+    proc = run_bench(tmp_path, "no_such_benchmark")
+    assert proc.returncode == 2
+    assert "unknown benchmark" in proc.stderr
+    assert not list(tmp_path.iterdir())
