@@ -91,16 +91,18 @@ def example_toml(schemas: list[SectionSchema]) -> str:
     return "\n".join(out)
 
 
-def write(root: str) -> None:
+def outputs(root: str) -> dict[str, str]:
     from gpumon.cli import schemas
 
     found = schemas()
-    with open(os.path.join(root, "docs", "configuration.md"), "w", encoding="utf-8") as fh:
-        fh.write(reference_markdown(found))
-    os.makedirs(os.path.join(root, "examples"), exist_ok=True)
-    with open(os.path.join(root, "examples", "gpumon.toml"), "w", encoding="utf-8") as fh:
-        fh.write(example_toml(found))
+    return {os.path.join(root, "docs", "configuration.md"): reference_markdown(found),
+            os.path.join(root, "examples", "gpumon.toml"): example_toml(found)}
 
 
 if __name__ == "__main__":
-    write(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import sys
+
+    from gpumon.generated import sync
+
+    sys.exit(sync(outputs(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                  "--check" in sys.argv[1:], "python -m gpumon.confdoc"))

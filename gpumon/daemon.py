@@ -298,7 +298,7 @@ class Loop:
             runner.stop()
         self._stop.set()
         self._wake.set()
-        self.thread.join(timeout=max(0.0, min(1.0, end - time.monotonic())))
+        self.thread.join(timeout=max(0.0, (end - time.monotonic()) / 2))  # its last publish, then flush
         for runner in self.runners:
             runner.thread.join(timeout=max(0.0, min(0.5, end - time.monotonic())))
         for sink in self.sinks:

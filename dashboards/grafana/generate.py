@@ -18,6 +18,9 @@ import sys
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # runnable from a checkout
+
+from gpumon.generated import sync  # noqa: E402
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 SCHEMA_VERSION = 39
@@ -649,24 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if a committed file differs")
     args = parser.parse_args(argv)
-    stale = []
-    for key, name in FILES.items():
-        path = os.path.join(HERE, name)
-        text = render(key)
-        if args.check:
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    if fh.read() != text:
-                        stale.append(name)
-            except FileNotFoundError:
-                stale.append(name)
-        else:
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(text)
-    if stale:
-        print(f"stale: {', '.join(stale)}; run python {os.path.relpath(__file__)}", file=sys.stderr)
-        return 1
-    return 0
+    outputs = {os.path.join(HERE, name): render(key) for key, name in FILES.items()}
+    return sync(outputs, args.check, "python dashboards/grafana/generate.py")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
+from gpumon.generated import sync  # noqa: E402
 from gpumon.sinks.azure_rows import (  # noqa: E402
     DEFAULT_STREAMS,
     INFO_COLUMNS,
@@ -215,23 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(DOCS_PATH, encoding="utf-8") as fh:
         docs = fh.read()
     wanted = {TEMPLATE_PATH: render(), DOCS_PATH: docs_with_section(docs)}
-    stale = 0
-    for path, text in wanted.items():
-        try:
-            with open(path, encoding="utf-8") as fh:
-                current = fh.read()
-        except FileNotFoundError:
-            current = ""
-        if current == text:
-            continue
-        if args.check:
-            print(f"{path} is stale: run python deploy/azure/generate.py", file=sys.stderr)
-            stale = 1
-        else:
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            print(f"wrote {path}")
-    return stale
+    return sync(wanted, args.check, "python deploy/azure/generate.py")
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ PMA_COUNTERS: tuple[PmaCounter, ...] = (
 )
 PMA_BY_FILE = {c.file: c for c in PMA_COUNTERS}
 
-HW_COUNTER_WIDTHS: dict[str, int] = dict.fromkeys((
+MLX5_QUEUE_COUNTERS: tuple[str, ...] = (
     "duplicate_request", "implied_nak_seq_err", "local_ack_timeout_err", "out_of_buffer",
     "out_of_sequence", "packet_seq_err", "req_cqe_error", "req_cqe_flush_error",
     "req_remote_access_errors", "req_remote_invalid_request", "req_rnr_retries_exceeded",
@@ -110,7 +110,15 @@ HW_COUNTER_WIDTHS: dict[str, int] = dict.fromkeys((
     "resp_local_length_error", "resp_remote_access_errors", "rnr_nak_retry_err",
     "rx_atomic_requests", "rx_dct_connect", "rx_icrc_encapsulated", "rx_read_requests",
     "rx_write_requests",
-), 32)
+)
+"""The mlx5 queue (q) counters in hw_counters/, on every port."""
+MLX5_ROCE_COUNTERS: tuple[str, ...] = (
+    "np_cnp_sent", "np_ecn_marked_roce_packets", "roce_adp_retrans", "roce_adp_retrans_to",
+    "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans", "rp_cnp_handled",
+    "rp_cnp_ignored",
+)
+"""The mlx5 congestion/RoCE counters in hw_counters/, on Ethernet (RoCE) ports."""
+HW_COUNTER_WIDTHS: dict[str, int] = dict.fromkeys(MLX5_QUEUE_COUNTERS, 32)
 """mlx5 queue counters are 32-bit; any other hw counter is taken as 64-bit."""
 HW_NOT_COUNTERS = frozenset({"lifespan"})
 

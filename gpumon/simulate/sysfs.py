@@ -17,6 +17,8 @@ import random
 import shutil
 from dataclasses import dataclass, field
 
+from gpumon.collectors.infiniband import MLX5_QUEUE_COUNTERS, MLX5_ROCE_COUNTERS
+
 # Bit widths of the PMA counters (IBA PortCounters/PortCountersExtended as mlx5 exposes them).
 PMA_WIDTHS: dict[str, int] = {
     "symbol_error": 16,
@@ -43,20 +45,8 @@ PMA_WIDTHS: dict[str, int] = {
 }
 
 # mlx5 hw_counters: queue (q) counters are 32-bit, the congestion/RoCE ones 64-bit.
-HW_COUNTERS_IB: tuple[str, ...] = (
-    "duplicate_request", "implied_nak_seq_err", "local_ack_timeout_err", "out_of_buffer",
-    "out_of_sequence", "packet_seq_err", "req_cqe_error", "req_cqe_flush_error",
-    "req_remote_access_errors", "req_remote_invalid_request", "req_rnr_retries_exceeded",
-    "req_transport_retries_exceeded", "resp_cqe_error", "resp_cqe_flush_error",
-    "resp_local_length_error", "resp_remote_access_errors", "rnr_nak_retry_err",
-    "rx_atomic_requests", "rx_dct_connect", "rx_icrc_encapsulated", "rx_read_requests",
-    "rx_write_requests",
-)
-HW_COUNTERS_ROCE: tuple[str, ...] = (
-    "np_cnp_sent", "np_ecn_marked_roce_packets", "roce_adp_retrans", "roce_adp_retrans_to",
-    "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans", "rp_cnp_handled",
-    "rp_cnp_ignored",
-)
+HW_COUNTERS_IB = MLX5_QUEUE_COUNTERS
+HW_COUNTERS_ROCE = MLX5_ROCE_COUNTERS
 HW_WIDTHS: dict[str, int] = {**dict.fromkeys(HW_COUNTERS_IB, 32), **dict.fromkeys(HW_COUNTERS_ROCE, 64)}
 
 STATE_NAMES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}

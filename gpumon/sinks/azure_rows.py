@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.collectors.infiniband import MLX5_QUEUE_COUNTERS, MLX5_ROCE_COUNTERS
 from gpumon.model import Event, MetricFamily, MetricType, Snapshot
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")
@@ -88,17 +89,7 @@ class InfoColumns:
     labels: tuple[tuple[str, str], ...]
 
 
-HW_COUNTERS: tuple[str, ...] = (
-    "duplicate_request", "implied_nak_seq_err", "local_ack_timeout_err", "out_of_buffer",
-    "out_of_sequence", "packet_seq_err", "req_cqe_error", "req_cqe_flush_error",
-    "req_remote_access_errors", "req_remote_invalid_request", "req_rnr_retries_exceeded",
-    "req_transport_retries_exceeded", "resp_cqe_error", "resp_cqe_flush_error",
-    "resp_local_length_error", "resp_remote_access_errors", "rnr_nak_retry_err",
-    "rx_atomic_requests", "rx_dct_connect", "rx_icrc_encapsulated", "rx_read_requests",
-    "rx_write_requests", "np_cnp_sent", "np_ecn_marked_roce_packets", "roce_adp_retrans",
-    "roce_adp_retrans_to", "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans",
-    "rp_cnp_handled", "rp_cnp_ignored",
-)
+HW_COUNTERS = MLX5_QUEUE_COUNTERS + MLX5_ROCE_COUNTERS
 """The mlx5 hw_counters given columns; others the firmware offers are left to the other sinks."""
 
 EXCLUDED: dict[str, str] = {
