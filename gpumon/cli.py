@@ -185,6 +185,8 @@ def cmd_check(args: argparse.Namespace, config: Config) -> int:
                 verdict, detail = "ok", planned.reason or "source found"
             elif planned.explicit:
                 verdict, detail, failed = "FAIL", planned.reason, True
+            elif planned.waiting:
+                verdict, detail = "wait", f"{planned.reason} (gpumon run keeps retrying)"
             else:
                 verdict, detail = "skip", planned.reason
             print(f"collector {planned.name:<28} {verdict:<5} {detail}")

@@ -209,7 +209,9 @@ DAEMON = SectionSchema(
     (
         Option("collectors", list, ["auto"],
                "Collectors to run. `auto` runs every collector whose source this host has and reports "
-               "the others as unavailable; a collector named explicitly that is unavailable is an error."),
+               "the others as unavailable; a source that is there but not ready (libnvidia-ml present, "
+               "driver not loaded yet) runs reported down until it is. A collector named explicitly "
+               "that is unavailable is an error."),
         Option("sinks", list, ["prometheus"], "Sinks that publish each snapshot."),
         Option("interval", float, 10.0,
                "Default collection interval in seconds for collectors that do not set their own.",

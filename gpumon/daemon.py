@@ -40,6 +40,9 @@ class PlannedCollector:
     explicit: bool
     available: bool
     reason: str = ""
+    #: Not available yet but its source is on this host (driver loading): ``run`` starts it anyway,
+    #: reported down until its source is ready.
+    waiting: bool = False
 
 
 @dataclass
@@ -50,7 +53,7 @@ class Plan:
 
     @property
     def running(self) -> list[PlannedCollector]:
-        return [p for p in self.collectors if p.available]
+        return [p for p in self.collectors if p.available or p.waiting]
 
     def problems(self) -> list[str]:
         return [f"collector '{p.name}' is unavailable: {p.reason}"
@@ -116,11 +119,12 @@ def plan_collectors(config: Config, ctx: Context) -> Plan:
             plan.collectors.append(PlannedCollector(name, None, name in explicit, False, cls))
             continue
         collector = cls(ctx, config.sections.get(name))
-        available, reason, finished = _probe(collector, collector_deadline(config, collector))
-        if not available and finished:
+        available, reason, finished, retry = _probe(collector, collector_deadline(config, collector))
+        waiting = not available and finished and retry
+        if not (available or waiting) and finished:
             collector.close()  # a probe still hanging in a library call keeps its collector
-        plan.collectors.append(PlannedCollector(name, collector if available else None,
-                                                name in explicit, available, reason))
+        plan.collectors.append(PlannedCollector(name, collector if available or waiting else None,
+                                                name in explicit, available, reason, waiting))
     return plan
 
 
@@ -130,25 +134,26 @@ def collector_deadline(config: Config, collector: Collector) -> float:
     return float(config.daemon.deadline) or max(interval, 1.0)
 
 
-def _probe(collector: Collector, deadline: float) -> tuple[bool, str, bool]:
+def _probe(collector: Collector, deadline: float) -> tuple[bool, str, bool, bool]:
     """Probe on a thread of its own: a library that hangs at init (nvmlInit on a wedged GPU) must
-    not keep the daemon from binding its port. Returns (available, reason, finished)."""
-    answer: list[tuple[bool, str]] = []
+    not keep the daemon from binding its port. Returns (available, reason, finished, retry)."""
+    answer: list[tuple[bool, str, bool]] = []
 
     def probe() -> None:
         try:
             availability = collector.probe()
-            answer.append((bool(availability.available), availability.reason))
+            answer.append((bool(availability.available), availability.reason, bool(availability.retry)))
         except Exception as exc:  # a probe must not raise; if it does, it is this collector's problem
             log.debug("probe of collector %s raised", collector.name, exc_info=True)
-            answer.append((False, f"probe failed: {type(exc).__name__}: {exc}"))
+            answer.append((False, f"probe failed: {type(exc).__name__}: {exc}", False))
 
     thread = threading.Thread(target=probe, name=f"probe-{collector.name}", daemon=True)
     thread.start()
     thread.join(deadline)
     if not answer:
-        return False, f"probe did not answer within {deadline:g} s", False
-    return answer[0][0], answer[0][1], True
+        return False, f"probe did not answer within {deadline:g} s", False, False
+    available, reason, retry = answer[0]
+    return available, reason, True, retry
 
 
 def make_sinks(config: Config, ctx: SinkContext) -> list[Sink]:
@@ -518,7 +523,10 @@ class Daemon:
         plan = plan_collectors(config, ctx)
         try:
             for planned in plan.collectors:
-                if not planned.available:
+                if planned.waiting and not planned.explicit:
+                    log.warning("collector %s not ready: %s; running it, reported down until it is",
+                                planned.name, planned.reason)
+                elif not planned.available:
                     (log.error if planned.explicit else log.info)(
                         "collector %s unavailable: %s", planned.name, planned.reason)
             problems = plan.problems()

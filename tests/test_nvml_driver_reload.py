@@ -6,11 +6,15 @@ from __future__ import annotations
 import pynvml
 import pytest
 
+from gpumon.cli import schemas
 from gpumon.collectors.base import CollectorUnavailable, Context
 from gpumon.collectors.nvml import NvmlCollector
 from gpumon.collectors.nvml_session import NvmlSession
 from gpumon.collectors.xid import XidCollector
+from gpumon.config import load
+from gpumon.daemon import Loop, _close_plan, plan_collectors
 from gpumon.simulate.nvml import FakeNVML
+from tests.conftest import wait_for
 
 
 class Clock:
@@ -98,3 +102,69 @@ def test_session_is_shared_and_shut_down_by_the_last_user() -> None:
     assert fake.calls["nvmlShutdown"] == 0
     x.close()
     assert fake.calls["nvmlShutdown"] == 1
+
+
+def _auto_plan(fake: FakeNVML, tmp_path):
+    config = load(schemas(), None, {"GPUMON_DAEMON_INTERVAL": "0.1"}, {})
+    ctx = Context(hostname="test", sysfs_root=str(tmp_path / "no-sysfs"), state_dir=str(tmp_path), nvml=fake)
+    return config, ctx, plan_collectors(config, ctx)
+
+
+def test_daemon_started_before_the_driver_runs_nvml_down_and_brings_it_up(tmp_path) -> None:
+    """A GPU host booting (or mid driver update) when gpumon starts: the library is there, the driver
+    is not. The collectors run reported down, and come up once the driver loads, without a restart."""
+    fake = FakeNVML("h100-sxm5-80gb", 2)
+    fake.fail_init(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    config, ctx, plan = _auto_plan(fake, tmp_path)
+    assert {p.name for p in plan.running} == {"nvml", "xid"}
+    assert all(p.waiting and "Driver Not Loaded" in p.reason for p in plan.running)
+    assert plan.problems() == []
+    loop = Loop(config, plan, ctx, [])
+    loop.start()
+    try:
+        def up(name: str) -> float | None:
+            fam = loop.latest.family("gpumon_collector_up") if loop.latest else None
+            return next((s.value for s in fam.samples if s.label("collector") == name), None) if fam else None
+
+        wait_for(lambda: up("nvml") == 0.0)
+        status = {c.name: c for c in loop.latest.collectors}
+        assert not status["nvml"].available and "Driver Not Loaded" in status["nvml"].error
+        assert loop.latest.family("gpumon_gpu_power_watts") is None
+        fake.fail_init(None)                       # the driver module finished loading
+        wait_for(lambda: up("nvml") == 1.0 and up("xid") == 1.0, timeout=10.0)
+        power = loop.latest.family("gpumon_gpu_power_watts")
+        assert {s.label("gpu") for s in power.samples} == {"0", "1"}
+    finally:
+        loop.stop(2.0)
+        _close_plan(plan)
+
+
+def test_a_host_without_the_nvml_library_does_not_run_the_gpu_collectors(tmp_path) -> None:
+    fake = FakeNVML("h100-sxm5-80gb", 2)
+    fake.fail_init(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    _, _, plan = _auto_plan(fake, tmp_path)
+    assert plan.running == []
+    assert {p.name: p.waiting for p in plan.collectors} == {"infiniband": False, "linkflap": False,
+                                                              "nvml": False, "xid": False}
+
+
+def test_asking_for_nvml_explicitly_while_the_driver_is_away_is_still_a_problem(tmp_path) -> None:
+    fake = FakeNVML("h100-sxm5-80gb", 2)
+    fake.fail_init(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    config = load(schemas(), None, {"GPUMON_DAEMON_COLLECTORS": "nvml"}, {})
+    plan = plan_collectors(config, Context(hostname="test", state_dir=str(tmp_path), nvml=fake))
+    assert [p.split(":")[0] for p in plan.problems()] == ["collector 'nvml' is unavailable"]
+    _close_plan(plan)
+
+
+def test_check_says_a_not_ready_driver_is_waited_for(tmp_path, monkeypatch, capsys) -> None:
+    from gpumon import cli, daemon
+
+    fake = FakeNVML("h100-sxm5-80gb", 2)
+    fake.fail_init(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    monkeypatch.setattr(daemon, "make_context", lambda config: Context(
+        hostname="test", sysfs_root=str(tmp_path / "no-sysfs"), state_dir=str(tmp_path), nvml=fake))
+    assert cli.main(["check", "--listen", "127.0.0.1:0"]) == 0
+    lines = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("collector")}
+    assert lines["nvml"].split()[2] == "wait" and "Driver Not Loaded" in lines["nvml"]
+    assert lines["infiniband"].split()[2] == "skip"

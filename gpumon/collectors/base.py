@@ -27,6 +27,9 @@ class Availability:
 
     available: bool
     reason: str = ""
+    #: The source is on this host but not ready (a driver still loading or being updated): ``gpumon
+    #: run`` starts the collector anyway, reported down, so it comes up without a restart.
+    retry: bool = False
 
 
 class CollectorUnavailable(Exception):

@@ -146,7 +146,7 @@ class NvmlCollector(Collector):
         try:
             self.session.ensure()
         except CollectorUnavailable as exc:
-            return Availability(False, str(exc))
+            return Availability(False, str(exc), retry=self.session.retryable)
         if not self.session.devices:
             return Availability(False, "NVML reports no GPUs")
         return Availability(True, f"NVML initialised, {len(self.session.devices)} GPU(s)")

@@ -78,6 +78,9 @@ class NvmlSession:
         self.ready = False
         self.generation = 0
         self.reason = "NVML not initialised yet"
+        #: False while the last failure says this is no GPU host (no libnvidia-ml, no nvidia-ml-py);
+        #: True when the library is there but init failed (driver not loaded, version mismatch).
+        self.retryable = False
         self._backoff = BACKOFF_MIN
         self._next_try = 0.0
         self.devices: list[Device] = []
@@ -134,7 +137,7 @@ class NvmlSession:
             try:
                 lib = self.lib
             except ImportError:
-                self._fail("nvidia-ml-py (module pynvml) is not installed", now)
+                self._fail("nvidia-ml-py (module pynvml) is not installed", now, retryable=False)
                 raise CollectorUnavailable(self.reason) from None
             try:
                 self._count("nvmlInit")
@@ -145,7 +148,7 @@ class NvmlSession:
             except Exception as exc:  # noqa: BLE001 - any NVML failure leaves us unavailable
                 code = nvml_code(exc)
                 reason = f"NVML init failed: {exc}" + (f" ({error_name(code)})" if code else "")
-                self._fail(reason, now)
+                self._fail(reason, now, retryable=error_name(code) != "library_not_found")
                 raise CollectorUnavailable(self.reason) from None
             with self._lock:
                 self.ready = True
@@ -156,10 +159,14 @@ class NvmlSession:
         finally:
             self._init_lock.release()
 
-    def _fail(self, reason: str, now: float) -> None:
+    def _fail(self, reason: str, now: float, retryable: bool) -> None:
         if reason != self.reason:
-            log.warning("%s; retrying with backoff", reason)
+            if retryable:
+                log.warning("%s; retrying with backoff", reason)
+            else:  # no GPU host: the daemon says once that the collector is unavailable
+                log.debug("%s", reason)
         self.reason = reason
+        self.retryable = retryable
         self._next_try = now + self._backoff
         self._backoff = min(BACKOFF_MAX, self._backoff * 2)
 

@@ -94,7 +94,7 @@ class XidCollector(Collector):
         try:
             self.session.ensure()
         except CollectorUnavailable as exc:
-            return Availability(False, str(exc))
+            return Availability(False, str(exc), retry=self.session.retryable)
         return Availability(True) if self.session.devices else Availability(False, "NVML reports no GPUs")
 
     # --- the thread ----------------------------------------------------------------------------------
