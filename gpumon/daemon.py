@@ -322,6 +322,14 @@ class Loop:
                 old = previous._slots.get(name)
                 if old is not None:
                     self._slots[name] = _Slot(old.book, old.families, old.status, old.down_reported)
+        before = {r.name: r.collector for r in previous.runners}
+        for runner in self.runners:
+            old_collector = before.get(runner.name)
+            if old_collector is not None and type(old_collector) is type(runner.collector):
+                try:
+                    runner.collector.inherit(old_collector)
+                except Exception:  # losing a total is better than losing the reload
+                    log.exception("collector %s could not take over its predecessor's totals", runner.name)
 
     def alive(self) -> bool:
         return self.thread.is_alive() and time.monotonic() - self.heartbeat < 30.0

@@ -106,5 +106,9 @@ class Collector:
     def collect(self) -> Collection:
         raise NotImplementedError
 
+    def inherit(self, previous: Collector) -> None:
+        """After a reload: take over what ``previous`` (the stopped instance of this collector that
+        this one replaces) counted itself, such as event totals, so no counter resets. Default: none."""
+
     def close(self) -> None:
         """Release file descriptors, threads, library handles."""
