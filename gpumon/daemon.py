@@ -29,6 +29,10 @@ log = logging.getLogger("gpumon.daemon")
 event_log = logging.getLogger("gpumon.event")
 
 
+CARRIED_ACROSS_RELOAD = ("flaps",)
+"""Shared collector state a reload keeps when the host view (sysfs root, state dir) is unchanged."""
+
+
 class StartupError(Exception):
     """A collector or sink that was asked for cannot run: ``gpumon run`` exits 1 with this message."""
 
@@ -528,6 +532,9 @@ class Daemon:
 
     def _build(self, config: Config, kept: dict[str, Sink]) -> _Build:
         ctx = make_context(config)
+        if self.ctx is not None and (self.ctx.sysfs_root, self.ctx.state_dir) == (ctx.sysfs_root, ctx.state_dir):
+            for key in CARRIED_ACROSS_RELOAD:
+                ctx.adopt_shared(self.ctx, key)
         plan = plan_collectors(config, ctx)
         try:
             for planned in plan.collectors:

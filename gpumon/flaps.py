@@ -32,6 +32,9 @@ log = logging.getLogger("gpumon.flaps")
 
 STATE_ACTIVE = 4
 PHYS_LINKUP = 5
+PHYS_LINK_ERROR_RECOVERY = 6
+MAX_WINDOW = 30 * 86400.0
+"""The longest flap window the config allows: what is loaded before the configured one is known."""
 
 SIGNAL_STATE = "state"
 SIGNAL_LINK_DOWNED = "link_downed"
@@ -46,12 +49,14 @@ PortKey = tuple[str, str]
 
 
 def is_up(state: int | None, phys_state: int | None) -> bool | None:
-    """ACTIVE and LinkUp; an unreadable phys_state defers to state alone. None when state is unknown."""
+    """ACTIVE and LinkUp, for flap purposes; an unreadable phys_state defers to state alone. None when
+    state is unknown. ACTIVE during LinkErrorRecovery counts as up: a retrain that succeeds is
+    ``link_error_recovery``, not a flap; one that fails takes the port out of ACTIVE."""
     if state is None:
         return None
     if phys_state is None:
         return state == STATE_ACTIVE
-    return state == STATE_ACTIVE and phys_state == PHYS_LINKUP
+    return state == STATE_ACTIVE and phys_state in (PHYS_LINKUP, PHYS_LINK_ERROR_RECOVERY)
 
 
 @dataclass
@@ -82,6 +87,9 @@ class _Port:
     flapping: bool = False
     last_flap_wall: float | None = None
     saturated: bool = False
+    identity: str | None = None
+    """Name the window is persisted under: ``<node_guid>/<port>`` once known (device names can move
+    between HCAs across a reboot), else ``<device>/<port>``."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,8 @@ class FlapDetector:
         self._logged: set[str] = set()
         self._lock = threading.Lock()
         self._dirty = False
+        self._persisted: dict[str, list[float]] = {}
+        """Windows loaded from the state file and not yet claimed by a port seen in this run."""
         if state_path is not None:
             self._load()
 
@@ -140,10 +150,52 @@ class FlapDetector:
     def configure(self, threshold: int, window: float) -> None:
         """Set the flapping rule (the watcher owns these options; the detector may predate it)."""
         with self._lock:
+            if (threshold, window) == (self.threshold, self.window):
+                return
             self.threshold, self.window = threshold, window
             wall = self._wall()
             for key, port in self._ports.items():
                 self._update_flapping(key, port, wall, announce=False)
+
+    def identify(self, key: PortKey, node_guid: str) -> None:
+        """Tie a port to its HCA's ``node_guid``, so its persisted window follows the HCA rather than
+        the device name. A name now carried by another HCA starts that port afresh (no counter
+        deltas across two HCAs), keeping only the exported totals, which must not go backwards."""
+        name = f"{node_guid}/{key[1]}" if node_guid else f"{key[0]}/{key[1]}"
+        with self._lock:
+            port = self._ports.get(key)
+            if port is not None and port.identity == name:
+                return
+            if port is not None and port.identity is not None:
+                if port.window:
+                    self._persisted[port.identity] = list(port.window)
+                fresh = _Port(total=port.total, signal_counts=port.signal_counts)
+                port = self._ports[key] = fresh
+            elif port is None:
+                port = self._ports[key] = _Port()
+            port.identity = name
+            times = self._persisted.pop(name, None)
+            if times is None and name != f"{key[0]}/{key[1]}":
+                times = self._persisted.pop(f"{key[0]}/{key[1]}", None)  # written before GUIDs were used
+            if times:
+                self._adopt_window(key, port, times)
+                self._dirty = True  # rewritten under the GUID on the next save
+
+    def _adopt_window(self, key: PortKey, port: _Port, times: list[float]) -> None:
+        merged = sorted([*port.window, *times])
+        port.window = deque(merged)
+        port.last_flap_wall = max(merged[-1], port.last_flap_wall or merged[-1])
+        self._update_flapping(key, port, self._wall(), announce=False)
+
+    def _port(self, key: PortKey) -> _Port:
+        """The port's record; one never identified claims a window persisted under its device name."""
+        port = self._ports.get(key)
+        if port is None:
+            port = self._ports[key] = _Port()
+            times = self._persisted.pop(f"{key[0]}/{key[1]}", None)
+            if times:
+                self._adopt_window(key, port, times)
+        return port
 
     # ----------------------------------------------------------------- observations
 
@@ -166,9 +218,7 @@ class FlapDetector:
         with self._lock:
             now = self._clock() if at is None else at
             wall = self._wall()
-            port = self._ports.get(key)
-            if port is None:
-                port = self._ports[key] = _Port()
+            port = self._port(key)
             new: list[_Flap] = []
             if link_downed is not None:
                 port.saturated = link_downed_saturated
@@ -297,7 +347,13 @@ class FlapDetector:
         port.flapping = flapping
 
     def _prune(self, port: _Port, now: float) -> None:
+        """Forget flaps too old to be matched, except those a still-open outage may yet match: the
+        state and carrier signals report an outage only when it ends, however long it lasts."""
         horizon = now - self.match_horizon
+        if port.left_active_at is not None:
+            horizon = min(horizon, port.left_active_at - self.match_slack)
+        if port.carrier_pending:
+            horizon = min(horizon, port.carrier_pending_since - self.match_slack)
         while port.recent and port.recent[0].end < horizon:
             port.recent.popleft()
 
@@ -307,6 +363,8 @@ class FlapDetector:
         """The port's counts; a port never observed reads as all zeros."""
         with self._lock:
             port = self._ports.get(key)
+            if port is None and f"{key[0]}/{key[1]}" in self._persisted:
+                port = self._port(key)
             if port is None:
                 return PortFlapStatus(0, 0, False, None, 0.0, None, dict.fromkeys(SIGNALS, 0), False)
             self._update_flapping(key, port, self._wall(), announce=True)
@@ -364,16 +422,11 @@ class FlapDetector:
             self._corrupt(f"corrupt flap state {self.state_path}: {exc}")
             return
         wall = self._wall()
-        cutoff = wall - self.window
+        cutoff = wall - MAX_WINDOW  # the configured window is applied once known (configure)
         for name, times in ports.items():
-            device, _, number = name.rpartition("/")
             kept = sorted(t for t in times if cutoff < t <= wall + 300.0)
-            if not kept:
-                continue
-            port = self._ports[(device, number)] = _Port()
-            port.window.extend(kept)
-            port.last_flap_wall = kept[-1]
-            port.flapping = len(kept) >= self.threshold
+            if kept:
+                self._persisted[name] = kept
 
     def _corrupt(self, message: str) -> None:
         """Report once, keep the bad file beside the good one for a person to read, start afresh."""
@@ -390,11 +443,17 @@ class FlapDetector:
         if self.state_path is None:
             self._dirty = False
             return
+        wall = self._wall()
+        cutoff = wall - self.window
+        ports = {name: times for name, times in self._persisted.items() if times and times[-1] > cutoff}
+        for key, port in sorted(self._ports.items()):
+            if port.window:
+                ports[port.identity or f"{key[0]}/{key[1]}"] = list(port.window)
         document = {
             "version": STATE_VERSION,
-            "saved_at": self._wall(),
+            "saved_at": wall,
             "window_seconds": self.window,
-            "ports": {f"{k[0]}/{k[1]}": list(p.window) for k, p in sorted(self._ports.items()) if p.window},
+            "ports": ports,
         }
         directory = os.path.dirname(self.state_path) or "."
         try:

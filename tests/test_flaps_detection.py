@@ -59,10 +59,24 @@ def test_phys_state_alone_leaving_linkup_counts() -> None:
     det = make(clock)
     det.observe(KEY, clock.mono, **UP)
     clock.advance(1)
-    det.observe(KEY, clock.mono, state=4, phys_state=6)  # LinkErrorRecovery
+    det.observe(KEY, clock.mono, state=4, phys_state=2)  # Polling, read before state followed it
     clock.advance(1)
     det.observe(KEY, clock.mono, **UP)
     assert det.status(KEY).flaps_total == 1
+
+
+def test_a_retrain_that_succeeds_is_not_a_flap() -> None:
+    """ACTIVE + LinkErrorRecovery is a retrain in progress: link_error_recovery counts it when it
+    succeeds; only a failed recovery (link_downed) takes the link down."""
+    clock = Clock()
+    det = make(clock)
+    det.observe(KEY, clock.mono, **UP, link_downed=0)
+    clock.advance(1)
+    det.observe(KEY, clock.mono, state=4, phys_state=6)
+    clock.advance(1)
+    det.observe(KEY, clock.mono, **UP, link_downed=0)
+    assert det.status(KEY).flaps_total == 0
+    assert [e.kind for e in det.drain_events()] == []
 
 
 def test_port_down_at_start_coming_up_is_not_a_flap() -> None:
@@ -266,3 +280,21 @@ def test_two_threads_feeding_one_detector_agree_on_the_count() -> None:
         # while they overlap in time, and no update is lost.
         assert st.signal_counts["link_downed"] == rounds
         assert rounds <= st.flaps_total <= rounds + st.signal_counts["state"]
+
+
+def test_an_outage_longer_than_the_match_horizon_is_still_one_flap() -> None:
+    """link_downed reports the flap when the link goes down; the state signal only when it comes
+    back, an hour later. The first report must still be there to be matched."""
+    clock = Clock()
+    det = make(clock, match_horizon=600)
+    det.observe(KEY, clock.mono, **UP, link_downed=0)
+    clock.advance(1)
+    det.observe(KEY, clock.mono, **DOWN)
+    for _ in range(400):                 # 66 minutes down, watched every 10 s
+        clock.advance(10)
+        det.observe(KEY, clock.mono, **DOWN, link_downed=1)
+    clock.advance(1)
+    det.observe(KEY, clock.mono, **UP, link_downed=1)
+    st = det.status(KEY)
+    assert st.flaps_total == 1
+    assert st.signal_counts["state"] == 1 and st.signal_counts["link_downed"] == 1

@@ -113,3 +113,70 @@ def test_no_state_path_keeps_everything_in_memory() -> None:
     det = FlapDetector(clock=lambda: clock.mono, wall_clock=lambda: clock.wall)
     flap_n(det, clock, 1)
     assert det.status(KEY).flaps_total == 1 and det.drain_errors() == {}
+
+
+def test_a_window_longer_than_a_day_survives_a_restart(tmp_path) -> None:
+    """The detector is built before the watcher's configured window is known: what it loads must not
+    be cut to the default 24 h."""
+    clock = Clock()
+    path = state_path(str(tmp_path))
+    det = make(clock, path, threshold=3, window=7 * 86400)
+    for day in range(3):
+        det.observe(KEY, clock.mono, link_downed=day)
+        clock.advance(86400 * 2)
+        det.observe(KEY, clock.mono, link_downed=day + 1)
+    assert det.status(KEY).window_flaps == 3
+    again = make(clock, path)              # default window until the watcher configures it
+    again.configure(3, 7 * 86400)
+    st = again.status(KEY)
+    assert (st.window_flaps, st.flapping) == (3, True)
+
+
+def test_the_window_follows_the_hca_not_the_device_name(tmp_path) -> None:
+    """Device names are not stable across reboots; node_guid is. After a reboot that swaps two names,
+    each HCA keeps its own flap history."""
+    clock = Clock()
+    path = state_path(str(tmp_path))
+    det = make(clock, path, threshold=2)
+    det.identify(("mlx5_ib0", "1"), "aaaa:0000:0000:0001")
+    det.identify(("mlx5_ib1", "1"), "bbbb:0000:0000:0002")
+    det.observe(("mlx5_ib0", "1"), clock.mono, link_downed=0)
+    clock.advance(30)
+    det.observe(("mlx5_ib0", "1"), clock.mono, link_downed=2)
+    assert det.status(("mlx5_ib0", "1")).flapping
+    saved = json.loads(Path(path).read_text(encoding="utf-8"))["ports"]
+    assert set(saved) == {"aaaa:0000:0000:0001/1"}
+
+    clock.mono = 3.0
+    again = make(clock, path, threshold=2)
+    again.identify(("mlx5_ib0", "1"), "bbbb:0000:0000:0002")   # the names swapped
+    again.identify(("mlx5_ib1", "1"), "aaaa:0000:0000:0001")
+    assert again.status(("mlx5_ib1", "1")).window_flaps == 2 and again.status(("mlx5_ib1", "1")).flapping
+    assert again.status(("mlx5_ib0", "1")).window_flaps == 0
+
+
+def test_a_name_taken_over_by_another_hca_does_not_count_its_counter_as_flaps(tmp_path) -> None:
+    clock = Clock()
+    det = make(clock, state_path(str(tmp_path)))
+    key = ("mlx5_ib3", "1")
+    det.identify(key, "aaaa:0000:0000:0001")
+    det.observe(key, clock.mono, link_downed=1)
+    clock.advance(30)
+    det.observe(key, clock.mono, link_downed=2)
+    assert det.status(key).flaps_total == 1
+    det.identify(key, "cccc:0000:0000:0003")           # a VF re-plugged as another HCA
+    clock.advance(30)
+    det.observe(key, clock.mono, link_downed=40)       # that HCA's own history, not 38 new flaps
+    assert det.status(key).flaps_total == 1
+
+
+def test_a_state_file_keyed_by_device_name_is_still_read(tmp_path) -> None:
+    clock = Clock()
+    path = state_path(str(tmp_path))
+    Path(path).write_text(json.dumps({"version": 1, "ports": {"mlx5_ib2/1": [clock.wall - 60, clock.wall - 30]}}),
+                          encoding="utf-8")
+    det = make(clock, path, threshold=2)
+    det.identify(KEY, "aaaa:0000:0000:0001")
+    assert det.status(KEY).window_flaps == 2
+    det.observe(KEY, clock.mono, link_downed=0)
+    assert set(json.loads(Path(path).read_text(encoding="utf-8"))["ports"]) == {"aaaa:0000:0000:0001/1"}

@@ -61,7 +61,7 @@ def test_bad_counter_content_costs_that_value_only(tmp_path, content, reason) ->
     assert coll.errors == {reason: 1}
     assert KEY not in values(coll, "gpumon_ib_port_link_downed_total")
     assert values(coll, "gpumon_ib_port_symbol_errors_total")[KEY] >= 0
-    assert len(values(coll, "gpumon_ib_hw_stat_total")) == 22
+    assert len(values(coll, "gpumon_ib_hw_stat_total")) == 21
 
 
 @pytest.mark.parametrize(("file", "content", "reason", "metric"), [
@@ -232,8 +232,8 @@ def test_pread_mode_opens_each_file_once_and_reads_fresh_content(tmp_path, monke
     ib.collect()
     first = len(opens)
     # discovery reads 5 static files (fw_ver, board_id, hca_type, node_guid, link_layer) once;
-    # every run: state, phys_state, rate, 21 counters/, 22 hw_counters/ (not lifespan).
-    assert first == 5 + 3 + 21 + 22
+    # every run: state, phys_state, rate, 21 counters/, 21 hw_counters/ (not lifespan).
+    assert first == 5 + 3 + 21 + 21
     assert len(set(opens)) == first  # each file read at most once per run
     path = counter_path(fabric, "symbol_error")
     with open(path, "r+", encoding="ascii") as fh:  # in place, as sysfs content changes

@@ -87,7 +87,7 @@ def test_series_budget_on_nd_h100_v5(tmp_path) -> None:
     ib, _ = collector(tmp_path, "nd-h100-v5")
     coll = ib.collect()
     series = sum(len(f.samples) for f in coll.families)
-    assert series == 441  # 9 ports; documented in docs/collectors/infiniband.md
+    assert series == 433  # 9 ports; documented in docs/collectors/infiniband.md
     lean, _ = collector(tmp_path / "lean", "nd-h100-v5", hw_counters=False)
     assert sum(len(f.samples) for f in lean.collect().families) == 9 * 26
 
@@ -120,7 +120,7 @@ def test_old_kernel_no_pma_keeps_everything_else(tmp_path) -> None:
     assert coll.errors == {"no_pma": len(PMA_COUNTERS)}
     assert values(coll, "gpumon_ib_port_data_received_bytes_total") == {}
     assert values(coll, "gpumon_ib_port_state") == {("mlx5_0", "1"): 4}
-    assert len(values(coll, "gpumon_ib_hw_stat_total")) == 22
+    assert len(values(coll, "gpumon_ib_hw_stat_total")) == 21
 
 
 def test_include_and_exclude_devices(tmp_path) -> None:
@@ -170,3 +170,12 @@ def test_summarize_one_row_per_port_within_100_columns(tmp_path) -> None:
     widths = [max(len(c), *(len(r[i]) for r in table.rows)) for i, c in enumerate(table.columns)]
     assert sum(widths) + 2 * (len(widths) - 1) <= 100
     assert InfinibandCollector.summarize(Snapshot("h", 0, (), (), ())) is None
+
+
+def test_state_texts_the_kernel_prints_parse() -> None:
+    from gpumon.collectors.infiniband import PHYS_STATE_NAMES, STATE_NAMES, parse_state
+
+    assert parse_state("4: ACTIVE\n", STATE_NAMES) == 4
+    assert parse_state("5: LinkUp\n", PHYS_STATE_NAMES) == 5
+    assert parse_state("7: Phy Test\n", PHYS_STATE_NAMES) == 7
+    assert parse_state("0: <unknown>\n", PHYS_STATE_NAMES) == 0   # what phys_state_show prints for 0

@@ -14,6 +14,7 @@ from gpumon.collectors.linkflap import LinkflapCollector
 from gpumon.config import Section
 from gpumon.model import Collection
 from gpumon.simulate.sysfs import build_tree
+from tests.conftest import wait_for
 
 KEY = ("mlx5_ib0", "1")
 
@@ -131,7 +132,10 @@ def test_threshold_makes_the_port_flapping_and_it_survives_restart(tmp_path) -> 
     assert values(coll, "gpumon_ib_port_flaps_in_window")[KEY] == 3
     assert [e.kind for e in events].count("ib_port_flapping") == 1
     with open(os.path.join(ctx.state_dir, "ib_flaps.json"), encoding="utf-8") as fh:
-        assert len(json.load(fh)["ports"]["mlx5_ib0/1"]) == 3
+        saved = json.load(fh)["ports"]
+    with open(os.path.join(ctx.sysfs_root, "class", "infiniband", "mlx5_ib0", "node_guid"), encoding="ascii") as fh:
+        guid = fh.read().strip()
+    assert len(saved[f"{guid}/1"]) == 3   # keyed on the HCA, not the device name
 
     restarted = Context("host", sysfs_root=ctx.sysfs_root, state_dir=ctx.state_dir)
     again = LinkflapCollector(restarted, Section("linkflap", {"flap_threshold": 3}))
@@ -203,3 +207,58 @@ def test_both_collectors_on_their_own_threads_count_each_flap_once(tmp_path) -> 
     assert signals[("mlx5_ib2", "1", "link_downed")] == 5
     assert signals[("mlx5_ib2", "1", "carrier_changes")] == 5
     assert total == 5
+
+
+def test_a_netdev_that_appears_after_the_hca_is_picked_up(tmp_path) -> None:
+    """ib_ipoib loaded after gpumon started (or a udev rename): the netdev label and the
+    carrier_changes signal follow without a restart."""
+    ctx, fabric, watcher, ib = setup(tmp_path)
+    ndir = fabric.netdev_dir("mlx5_ib0", 1)
+    aside = str(tmp_path / "aside")
+    os.rename(ndir, aside)
+    info = values(ib.collect(), "gpumon_ib_port_info")
+    assert [k[-1] for k in info if k[0] == "mlx5_ib0"] == [""]            # no netdev yet
+    watcher.collect()
+    os.rename(aside, ndir)
+    info = values(ib.collect(), "gpumon_ib_port_info")
+    assert [k[-1] for k in info if k[0] == "mlx5_ib0"] == ["ib0"]
+    watcher.collect()
+    with open(os.path.join(ndir, "carrier_changes"), encoding="ascii") as fh:
+        before = int(fh.read())
+    with open(os.path.join(ndir, "carrier_changes"), "w", encoding="ascii") as fh:
+        fh.write(f"{before + 2}\n")                  # a flap only the netdev saw
+    coll = watcher.collect()
+    assert values(coll, "gpumon_ib_link_flap_signals_total")[KEY + ("carrier_changes",)] == 1
+
+
+def test_the_detector_and_its_totals_survive_a_reload(tmp_path) -> None:
+    """SIGHUP builds a new Context; the flap detector (totals, baselines, open outages) carries over
+    when the state directory is the same, so gpumon_ib_link_flaps_total does not reset."""
+    from gpumon.cli import schemas
+    from gpumon.config import load
+    from gpumon.daemon import Daemon
+
+    fabric = build_tree("hbv4", str(tmp_path / "sys"))
+    env = {"GPUMON_DAEMON_SYSFS_ROOT": str(tmp_path / "sys"), "GPUMON_DAEMON_STATE_DIR": str(tmp_path / "state"),
+           "GPUMON_DAEMON_COLLECTORS": "infiniband", "GPUMON_DAEMON_SINKS": "",
+           "GPUMON_LINKFLAP_WATCH_INTERVAL": "0.05", "GPUMON_DAEMON_INTERVAL": "0.05"}
+    daemon = Daemon(load(schemas(), None, env, {}))
+    daemon.start()
+    try:
+        def flaps() -> float | None:
+            snap = daemon.loop.latest if daemon.loop else None
+            fam = snap.family("gpumon_ib_link_flaps_total") if snap else None
+            return next((s.value for s in fam.samples if s.label("device") == "mlx5_ib0"), None) if fam else None
+
+        wait_for(lambda: flaps() == 0.0)
+        fabric.flap("mlx5_ib0", 1)
+        wait_for(lambda: flaps() == 1.0)
+        detector = daemon.ctx.get_shared("flaps", lambda: None)
+        daemon.reload(load(schemas(), None, {**env, "GPUMON_LINKFLAP_FLAP_THRESHOLD": "2"}, {}))
+        assert daemon.ctx.get_shared("flaps", lambda: None) is detector
+        wait_for(lambda: detector.threshold == 2)     # the new rule, applied on the first new run
+        assert flaps() == 1.0
+        fabric.flap("mlx5_ib0", 1)
+        wait_for(lambda: flaps() == 2.0)
+    finally:
+        daemon.stop(timeout=3.0)

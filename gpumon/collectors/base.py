@@ -62,6 +62,16 @@ class Context:
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def adopt_shared(self, previous: Context, key: str) -> None:
+        """Take ``previous``'s shared object under ``key`` (a reload keeps state such as the flap
+        detector's totals and open outages, which no source could give back)."""
+        with previous._lock:
+            if key not in previous._shared:
+                return
+            value = previous._shared[key]
+        with self._lock:
+            self._shared[key] = value
+
     def get_shared(self, key: str, factory: Callable[[], T]) -> T:
         """One object per key for all collectors of this daemon, created on first use."""
         with self._lock:

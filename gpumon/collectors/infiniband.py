@@ -108,16 +108,16 @@ MLX5_QUEUE_COUNTERS: tuple[str, ...] = (
     "req_remote_access_errors", "req_remote_invalid_request", "req_rnr_retries_exceeded",
     "req_transport_retries_exceeded", "resp_cqe_error", "resp_cqe_flush_error",
     "resp_local_length_error", "resp_remote_access_errors", "rnr_nak_retry_err",
-    "rx_atomic_requests", "rx_dct_connect", "rx_icrc_encapsulated", "rx_read_requests",
-    "rx_write_requests",
+    "rx_atomic_requests", "rx_dct_connect", "rx_read_requests", "rx_write_requests",
 )
-"""The mlx5 queue (q) counters in hw_counters/, on every port."""
+"""The mlx5 queue (q) counters in hw_counters/, on every port (32-bit)."""
 MLX5_ROCE_COUNTERS: tuple[str, ...] = (
     "np_cnp_sent", "np_ecn_marked_roce_packets", "roce_adp_retrans", "roce_adp_retrans_to",
     "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans", "rp_cnp_handled",
-    "rp_cnp_ignored",
+    "rp_cnp_ignored", "rx_icrc_encapsulated",
 )
-"""The mlx5 congestion/RoCE counters in hw_counters/, on Ethernet (RoCE) ports."""
+"""The mlx5 congestion/RoCE counters in hw_counters/, on Ethernet (RoCE) ports (64-bit;
+``rx_icrc_encapsulated`` is an extended PPCNT counter, not a queue counter)."""
 HW_COUNTER_WIDTHS: dict[str, int] = dict.fromkeys(MLX5_QUEUE_COUNTERS, 32)
 """mlx5 queue counters are 32-bit; any other hw counter is taken as 64-bit."""
 HW_NOT_COUNTERS = frozenset({"lifespan"})
@@ -216,7 +216,7 @@ class Attr:
 
 
 _DIGITS = re.compile(r"[0-9]+")
-_STATE = re.compile(r"([0-9]+)(?::[ \t]*[A-Za-z_ ]*)?")
+_STATE = re.compile(r"([0-9]+)(?::[ \t]*(?:[A-Za-z_ ]*|<unknown>))?")
 _RATE = re.compile(r"([0-9]+(?:\.[0-9]+)?) Gb/sec(?: \([^)]*\))?")
 
 
@@ -317,6 +317,8 @@ class PortPaths:
     port_dir: str
     netdevs: tuple[str, ...] = ()
     netdev_dirs: tuple[str, ...] = ()
+    node_guid: str = ""
+    """The HCA's identity: device names are not stable across reboots, the GUID is."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -337,10 +339,15 @@ def device_filter(include: str, exclude: str) -> Callable[[str], bool]:
     return wanted
 
 
-def tree_signature(sysfs_root: str) -> tuple[tuple[str, str], ...] | None:
-    """Cheap fingerprint of the device set (names and link targets); None when the class is absent.
+Signature = tuple[tuple[str, str, tuple[str, ...]], ...]
 
-    A VF re-plugged under the same name comes back at another link target, so it changes too.
+
+def tree_signature(sysfs_root: str) -> Signature | None:
+    """Cheap fingerprint of the device set (names, link targets, netdev names); None when the class
+    is absent.
+
+    A VF re-plugged under the same name comes back at another link target, so it changes too; an
+    IPoIB netdev that appears after the HCA (ib_ipoib loaded late, a udev rename) changes it as well.
     """
     base = class_dir(sysfs_root)
     try:
@@ -355,7 +362,11 @@ def tree_signature(sysfs_root: str) -> tuple[tuple[str, str], ...] | None:
             target = os.readlink(os.path.join(base, name))
         except OSError:
             target = ""
-        result.append((name, target))
+        try:
+            netdevs = tuple(sorted(os.listdir(os.path.join(base, name, "device", "net"))))
+        except OSError:
+            netdevs = ()
+        result.append((name, target, netdevs))
     return tuple(result)
 
 
@@ -396,11 +407,21 @@ def discover(sysfs_root: str, wanted: Callable[[str], bool]) -> list[PortPaths]:
                 (p for p in os.listdir(os.path.join(device_dir, "ports")) if p.isdigit()), key=int)
         except OSError:
             continue
+        node_guid = _read_small(os.path.join(device_dir, "node_guid"))
         for port in ports:
             netdevs, netdev_dirs = _netdevs(device_dir, port, len(ports))
             found.append(PortPaths(device, port, device_dir, os.path.join(device_dir, "ports", port),
-                                   netdevs, netdev_dirs))
+                                   netdevs, netdev_dirs, node_guid))
     return found
+
+
+def _read_small(path: str) -> str:
+    """A short identity file's stripped text; empty when unreadable (the info series reports why)."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read(256).strip()
+    except OSError:
+        return ""
 
 
 def _listdir(path: str) -> list[str]:
@@ -496,7 +517,7 @@ class InfinibandCollector(Collector):
         self._hw = bool(_option(cfg, "hw_counters"))
         self._cached = read_mode_cached(_option(cfg, "read_mode"), ctx.sysfs_root)
         self._faults = FaultLog(log)
-        self._signature: tuple[tuple[str, str], ...] | None = None
+        self._signature: Signature | None = None
         self._stale = True
         self._ports: list[_Port] = []
         self._detector = shared_detector(ctx)
@@ -542,6 +563,7 @@ class InfinibandCollector(Collector):
         ports: list[_Port] = []
         statics: dict[str, dict[str, str]] = {}
         for paths in discover(self.ctx.sysfs_root, self._wanted):
+            self._detector.identify(paths.key, paths.node_guid)
             if paths.device not in statics:
                 statics[paths.device] = {
                     name: self._read_static(coll, os.path.join(paths.device_dir, name))

@@ -22,6 +22,7 @@ from gpumon.collectors.infiniband import (
     Fault,
     FaultLog,
     PortPaths,
+    Signature,
     class_dir,
     device_filter,
     discover,
@@ -118,9 +119,10 @@ class LinkflapCollector(Collector):
         self._wanted = device_filter(_option(cfg, "include_devices"), _option(cfg, "exclude_devices"))
         self._cached = read_mode_cached(_option(cfg, "read_mode"), ctx.sysfs_root)
         self._detector = shared_detector(ctx)
-        self._detector.configure(int(_option(cfg, "flap_threshold")), float(_option(cfg, "flap_window")))
+        self._rule = (int(_option(cfg, "flap_threshold")), float(_option(cfg, "flap_window")))
+        self._configured = False
         self._faults = FaultLog(log)
-        self._signature: tuple[tuple[str, str], ...] | None = None
+        self._signature: Signature | None = None
         self._stale = True
         self._ports: list[_Watched] = []
 
@@ -154,6 +156,7 @@ class LinkflapCollector(Collector):
                     if os.path.exists(path):
                         carrier = Attr(path, self._cached)
                         break
+            self._detector.identify(paths.key, paths.node_guid)
             ports.append(_Watched(
                 paths, (("device", paths.device), ("port", paths.port)),
                 Attr(os.path.join(paths.port_dir, "state"), self._cached),
@@ -173,6 +176,11 @@ class LinkflapCollector(Collector):
             self._signature = signature
         self._stale = False
         detector = self._detector
+        if not self._configured:
+            # On the first run, not at construction: a reload that is built but then rejected must
+            # leave the running watcher's rule alone (the detector is shared across reloads).
+            detector.configure(*self._rule)
+            self._configured = True
         for port in self._ports:
             state = self._read(coll, port.state, lambda t: parse_state(t, STATE_NAMES))
             phys = self._read(coll, port.phys_state, lambda t: parse_state(t, PHYS_STATE_NAMES))

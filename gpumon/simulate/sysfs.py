@@ -115,9 +115,9 @@ class Port:
     up: bool = True
     down_left: float = 0.0
     """Seconds of ticks until a timed port-down ends; 0 with ``up`` False means until set_up."""
-    carrier_changes: int = 2
+    carrier_changes: int = 2  # the kernel's carrier_changes is carrier_up_count + carrier_down_count
     carrier_up: int = 1
-    carrier_down: int = 0
+    carrier_down: int = 1
     load: float = 0.35
     """Fraction of line rate the simulated job pushes through the port."""
 
@@ -298,8 +298,7 @@ class Fabric:
     def flap(self, device: str, port: int = 1) -> None:
         """A flap shorter than any poll: the state never shows it, the counters do."""
         p = self.port(device, port)
-        self._add(p, "link_downed", 1)
-        self._add(p, "link_error_recovery", 1)
+        self._add(p, "link_downed", 1)  # a failed recovery; a successful retrain is link_error_recovery
         p.carrier_changes += 2
         p.carrier_down += 1
         p.carrier_up += 1
