@@ -6,7 +6,9 @@ import pytest
 
 from gpumon.sinks.azure_monitor import AzureMonitorSink
 from gpumon.sinks.base import SinkContext
+from tests import azure_ingestion_server
 from tests.azure_ingestion_server import FakeCredential, ImdsServer, IngestionServer
+from tests.test_azure_upload_faults import UndeclaredStreamIs400
 
 
 @pytest.fixture
@@ -73,6 +75,24 @@ def test_wrong_stream_is_named(server, tmp_path):
     results = check(server, tmp_path, credential=FakeCredential(), stream_events="Custom-GpuMonEvent_CL")
     assert [r.ok for r in results] == [True, True, True, False]
     assert "Custom-GpuMonEvent_CL" in results[3].message and "404" in results[3].message
+
+
+def test_wrong_stream_answered_with_400_fails_the_check(monkeypatch, tmp_path):
+    monkeypatch.setattr(azure_ingestion_server, "_IngestHandler", UndeclaredStreamIs400)
+    with IngestionServer() as server:
+        results = check(server, tmp_path, credential=FakeCredential(), stream_events="Custom-GpuMonEvent_CL")
+    assert [r.ok for r in results] == [True, True, True, False]
+    assert "400" in results[3].message and "Custom-GpuMonEvent_CL" in results[3].message
+    assert "dcr-00000000000000000000000000000001" in results[3].message and "not declared" in results[3].message
+
+
+def test_a_400_that_does_not_name_the_stream_is_reachable_and_authorised(server, tmp_path):
+    """The service's answer to an empty body is not documented: only a 400 naming the stream, the DCR
+    or the api-version fails the check; any other says the endpoint, token and role are right."""
+    server.fail(400, stream="Custom-GpuMonInfiniBand_CL")
+    results = check(server, tmp_path, credential=FakeCredential())
+    assert [r.ok for r in results] == [True, True, True, True]
+    assert "reachable and authorised" in results[2].message and "refused" in results[2].message
 
 
 def test_endpoint_unreachable(server, tmp_path):

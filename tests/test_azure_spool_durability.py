@@ -137,3 +137,42 @@ def test_records_appended_before_kill_9_survive(tmp_path):
     assert len(records) >= acknowledged  # everything append() returned for is there, intact
     assert records == [f"rec-{i:07d}".encode() * 8 for i in range(len(records))]
     assert json.loads((tmp_path / "cursor").read_text())["segment"] >= 1
+
+
+def _segments(path) -> list[str]:
+    return sorted(n for n in os.listdir(path) if n.startswith("seg-"))
+
+
+def test_reading_moves_on_after_the_last_segment_was_fully_acknowledged(tmp_path):
+    spool = Spool(str(tmp_path), max_bytes=32768, segment_bytes=4096)
+    record = b"r" * 1000  # 1,008 bytes on disk: four fill a segment
+    for _ in range(4):
+        spool.append([record])
+        assert drain(spool) == [record]  # everything acknowledged: the cursor sits at the segment's end
+    later = [f"later-{i:03d}".encode() * 100 for i in range(33)]  # rolls over, and past the cap if stuck
+    for payload in later:
+        spool.append([payload])
+        batch = spool.read()
+        assert batch is not None and batch.records == (payload,)  # the new segment is read at once
+        spool.ack(batch)
+    assert spool.stats().dropped == 0
+    assert len(_segments(tmp_path)) == 1  # acknowledged segments are gone
+
+
+def test_after_reopen_the_segment_following_a_fully_acknowledged_one_is_read(tmp_path):
+    spool = Spool(str(tmp_path), max_bytes=32768, segment_bytes=4096)
+    first = [b"a" * 1000 for _ in range(4)]
+    spool.append(first)
+    assert drain(spool) == first
+    spool.append([b"b" * 1000])  # starts the next segment; nothing reads it before the restart
+    spool.close()
+
+    reopened = Spool(str(tmp_path), max_bytes=32768, segment_bytes=4096)
+    assert reopened.stats().records == 1
+    assert drain(reopened) == [b"b" * 1000]
+    more = [f"c{i}".encode() * 400 for i in range(40)]  # well past the cap if nothing were read
+    for payload in more:
+        reopened.append([payload])
+        assert drain(reopened) == [payload]
+    assert reopened.stats().dropped == 0
+

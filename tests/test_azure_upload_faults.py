@@ -1,13 +1,17 @@
 """The sink's uploader against a loopback Logs Ingestion server, through the real LogsIngestionClient.
 
 Each fault the service can serve gets its outcome: 429/5xx/hang/refused are retried (Retry-After
-honoured) and nothing is lost; 413 chunks are split; a row the service rejects (400) is dead-lettered
-while the rest of its batch goes through; 403 keeps the rows and says which role is missing where.
+honoured, later chunks held back) and nothing is lost; 413 chunks are split; a row the service
+rejects (400) is dead-lettered once while the rest of its batch goes through; a 400 for the request
+itself (undeclared stream) and 403 keep the rows and say what to fix; spool I/O errors do not stop
+the uploader.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import threading
 import time
 
@@ -16,6 +20,8 @@ import pytest
 from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
 from gpumon.sinks.azure_monitor import AzureMonitorSink
 from gpumon.sinks.base import SinkContext
+from gpumon.sinks.spool import Spool
+from tests import azure_ingestion_server
 from tests.azure_ingestion_server import FakeCredential, IngestionServer
 
 EVENTS = "Custom-GpuMonEvents_CL"
@@ -23,8 +29,17 @@ GPU_STREAM = "Custom-GpuMonGpu_CL"
 POWER = MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid"))
 
 
+class UndeclaredStreamIs400(azure_ingestion_server._IngestHandler):
+    """Answers a stream the DCR does not declare with 400 InvalidStream, a request-level 400."""
+
+    def _reply(self, status, error="", message="", headers=None):
+        super()._reply(400 if error == "InvalidStream" else status, error, message, headers)
+
+
 @pytest.fixture
-def server():
+def server(request, monkeypatch):
+    if getattr(request, "param", None) == "undeclared-stream-400":
+        monkeypatch.setattr(azure_ingestion_server, "_IngestHandler", UndeclaredStreamIs400)
     with IngestionServer() as srv:
         yield srv
 
@@ -33,11 +48,11 @@ def server():
 def make_sink(server, tmp_path):
     sinks: list[AzureMonitorSink] = []
 
-    def make(credential=None, **options) -> AzureMonitorSink:
+    def make(credential=None, clock=time.monotonic, **options) -> AzureMonitorSink:
         cfg = {"endpoint": server.endpoint, "dcr_immutable_id": server.dcr_id, "ca_bundle": server.ca_path,
                "imds_url": "", "upload_interval": 60.0, "timeout": 2.0, **options}
         sink = AzureMonitorSink(SinkContext("node-1", str(tmp_path), "test"), cfg,
-                                credential=credential or FakeCredential())
+                                credential=credential or FakeCredential(), clock=clock)
         sink.backoff_min = sink.config_backoff_min = 0.1
         sink.start()
         sinks.append(sink)
@@ -224,3 +239,109 @@ def test_publish_returns_at_once_while_the_endpoint_hangs(server, make_sink):
         publish_events(sink, events(2))
     assert time.monotonic() - start < 3.0  # 50 publishes, each appending to the spool, none waiting
     assert sink.health().extra["rows_queued"] == 101
+
+
+def deadletter_lines(tmp_path) -> list[dict]:
+    path = tmp_path / "spool" / "azure_monitor" / "deadletter.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("server", ["undeclared-stream-400"], indirect=True)
+def test_400_for_an_undeclared_stream_keeps_the_rows_until_the_dcr_is_fixed(server, make_sink, tmp_path, caplog):
+    declared = server.declarations.pop(EVENTS)  # a DCR that lacks the stream
+    sink = make_sink()
+    publish_events(sink, events(6))
+    detail = wait_health(sink, lambda h: "400" in h.detail).detail
+    assert EVENTS in detail and server.dcr_id in detail and "not declared" in detail
+    assert server.wait_for(lambda s: len(s.requests()) >= 3)  # retried...
+    health = sink.health()
+    assert health.dropped == 0 and health.extra["rows_queued"] == 6 and not health.up  # ...not dead-lettered
+    assert deadletter_lines(tmp_path) == []
+    assert len({r.wire_bytes for r in server.requests()}) == 1  # always the whole batch: no bisection
+    assert sum("not declared" in r.getMessage() for r in caplog.records) == 1  # logged once
+    server.declarations[EVENTS] = declared  # the DCR is fixed
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 6, timeout=10)
+    assert wait_health(sink, lambda h: h.up and h.extra["rows_queued"] == 0).dropped == 0
+
+
+def test_400_refusing_rows_alone_alike_is_a_request_fault_not_bad_rows(server, make_sink, tmp_path, caplog):
+    server.fail(400, count=6, stream=EVENTS)  # the same error for the batch and for its rows sent alone
+    sink = make_sink()
+    publish_events(sink, events(5))
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 5, timeout=10)
+    # The batch, its first row alone, its last row alone: a request fault, kept; twice; then all of it.
+    assert [r.status for r in server.requests()] == [400] * 6 + [204]
+    health = wait_health(sink, lambda h: h.extra["rows_queued"] == 0)
+    assert health.dropped == 0 and health.exported == 5 and health.up
+    assert deadletter_lines(tmp_path) == []
+    assert sum("refused the same way" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_dead_lettered_row_is_not_sent_again_when_its_batch_is_retried(server, make_sink, tmp_path):
+    server.reject_rows(lambda row: row.get("Message", "").startswith("poison"))
+    server.fail(503, stream=GPU_STREAM)  # the batch's other stream fails once: the whole batch is retried
+    now = [1000.0]
+    sink = make_sink(clock=lambda: now[0])
+    fam = MetricFamily(POWER, (POWER.sample(300, "0", "GPU-a"),))
+    sink.publish(Snapshot("node-1", time.time(), (fam,), (), ()))  # opens the interval
+    now[0] += 60.0  # the next publish spools its events and the GPU row together: one batch
+    sink.publish(Snapshot("node-1", time.time(), (fam,), events(3) + events(1, "poison") + events(3), ()))
+    assert server.wait_for(lambda s: len(s.rows(GPU_STREAM)) == 1, timeout=10)
+    health = wait_health(sink, lambda h: h.extra["rows_queued"] == 0)
+    assert [line["row"]["Message"] for line in deadletter_lines(tmp_path)] == ["poison 0"]
+    assert health.dropped == 1 and health.exported == 7
+    assert len(server.rows(EVENTS)) == 6 and len(delivered_ids(server)) == 6
+
+
+def test_429_ends_the_batch_and_its_later_chunks_wait_for_retry_after(server, make_sink):
+    server.fail(429, retry_after=1.0)
+    sink = make_sink()
+    big = tuple(Event("gpu_xid", Severity.ERROR, {"gpu": "0"}, f"{i:03d} " + "x" * 60000, {})
+                for i in range(40))  # 2.4 MB: three chunks of at most 1 MiB
+    publish_events(sink, big)
+    assert server.wait_for(lambda s: len(s.requests()) == 1, timeout=5)
+    assert not server.wait_for(lambda s: len(s.requests()) > 1, timeout=0.5)  # nothing more while throttled
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 40, timeout=10)
+    assert [r.status for r in server.requests()] == [429, 204, 204, 204]
+    assert [r["Message"][:3] for r in server.rows(EVENTS)] == [f"{i:03d}" for i in range(40)]  # in order
+    assert wait_health(sink, lambda h: h.exported == 40).failed == 1
+
+
+def fail_first(monkeypatch, obj, name: str, code: int, times: int) -> list[int]:
+    """Make ``obj.name`` raise OSError(code) on its first ``times`` calls: the disk fault, nothing else."""
+    real = getattr(obj, name)
+    left = [times]
+
+    def flaky(*args, **kwargs):
+        if left[0] > 0:
+            left[0] -= 1
+            raise OSError(code, os.strerror(code))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, flaky)
+    return left
+
+
+def test_uploader_outlives_spool_sync_errors(server, make_sink, monkeypatch, caplog):
+    sink = make_sink()
+    left = fail_first(monkeypatch, sink._spool, "sync", errno.EIO, 3)
+    publish_events(sink, events(4))
+    assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 4, timeout=10)
+    assert left == [0]
+    health = wait_health(sink, lambda h: h.up and h.extra["rows_queued"] == 0)
+    assert health.failed == 3 and health.exported == 4
+    assert sum(os.strerror(errno.EIO) in r.getMessage() for r in caplog.records) == 1  # logged once
+
+
+def test_uploader_outlives_a_full_disk_when_acknowledging(server, make_sink, monkeypatch, tmp_path):
+    sink = make_sink()
+    left = fail_first(monkeypatch, sink._spool, "_persist_cursor", errno.ENOSPC, 2)
+    for n in (3, 6, 9):
+        publish_events(sink, events(3, message=f"batch-{n}"))
+        assert server.wait_for(lambda s, n=n: len(s.rows(EVENTS)) == n, timeout=10)
+    assert left == [0]
+    health = wait_health(sink, lambda h: h.up and h.extra["rows_queued"] == 0)
+    assert health.failed == 2 and health.exported == 9
+    assert len(delivered_ids(server)) == 9  # nothing sent twice
+    sink.stop(2.0)
+    assert Spool(str(tmp_path / "spool" / "azure_monitor"), 256 << 20).stats().records == 0

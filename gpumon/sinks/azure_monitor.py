@@ -5,9 +5,13 @@
 once, appends rows to the on-disk spool (:mod:`gpumon.sinks.spool`) and wakes the uploader. The
 uploader thread sends what the spool holds with ``LogsIngestionClient`` and acknowledges it only
 after the service said 204, so an outage or a kill -9 re-sends rather than loses (each row carries a
-``RowId`` to de-duplicate in KQL). Backoff honours ``Retry-After``; a 400/413 chunk is bisected until
-the rejected rows are isolated and written to ``deadletter.jsonl``; 401/403/404 are configuration
-faults, retried slowly with a message that says what to fix.
+``RowId`` to de-duplicate in KQL). Backoff honours ``Retry-After``, and the first failure that is not
+about the rows (429, 5xx, timeout, 401/403/404) ends the batch: its later chunks wait for the retry.
+A 400/413 chunk is bisected until the rejected rows are isolated and written to ``deadletter.jsonl``,
+unless the 400 is about the request itself (the stream, DCR or api-version named in the service's
+error, or the first and last rows refused alone with the code the whole request got): that, like
+401/403/404, is a configuration fault, retried slowly with the rows kept and a message that says
+what to fix. An error in the uploader's own I/O (the spool) is counted and retried, never fatal.
 
 The Azure SDK is imported only in ``start()`` and ``check()``: a host without the ``azure`` extra
 never pays for it.
@@ -16,11 +20,13 @@ never pays for it.
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import io
 import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -84,7 +90,15 @@ OPTIONS = SectionSchema(
 
 _RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 _CONFIG_STATUS = {401, 403, 404}
+_ROW_STATUS = {400, 413}
+"""Statuses that may be about some rows only: isolated by bisection, the rest of the batch goes on."""
 _DEADLETTER_MAX = 16 << 20
+_UPLOADER_FAULT = "uploader error:"
+_TARGET_CODE = re.compile(r"stream|api-?version|datacollectionrule|dcr", re.IGNORECASE)
+_TARGET_MESSAGE = re.compile(r"api-version|\bstream\b[^.]{0,120}\bnot (?:declared|defined|found|present)",
+                             re.IGNORECASE)
+"""A 400 whose error code or message names the stream, the DCR or the api-version is about the
+request (InvalidStream, InvalidApiVersion, ...): no row of it can go through, so none is dead-lettered."""
 
 
 @dataclass
@@ -93,6 +107,10 @@ class _Outcome:
     delay: float = 0.0
     config_fault: bool = False
     reason: str = ""
+
+
+class _StopBatch(Exception):
+    """Raised from ``on_error`` so the SDK sends no further chunk after a retryable failure."""
 
 
 @dataclass
@@ -290,25 +308,50 @@ class AzureMonitorSink(Sink):
     # -- the uploader ---------------------------------------------------------------------------
 
     def _run(self) -> None:
+        """Upload until stopped. A failing round (spool I/O such as EIO or ENOSPC, or a bug) is counted,
+        logged once and retried with backoff: the thread must outlive it, or nothing is sent until restart."""
         backoff = 0.0
-        assert self._spool is not None
         while not self._stopping.is_set():
-            self._wake.clear()
-            self._spool.sync()
-            batch = self._spool.read(max_records=2000)
-            if batch is None:
-                self._wake.wait(timeout=5.0)
-                continue
-            outcome = self._deliver(batch.records)
-            if outcome.ok:
-                self._spool.ack(batch)
-                self._delivered.clear()
+            try:
+                outcome = self._round()
+            except Exception as exc:
+                outcome = self._uploader_fault(exc)
+            else:
+                if self._counters.detail.startswith(_UPLOADER_FAULT):
+                    self._counters.detail = ""  # the spool works again
+            if outcome is None or outcome.ok:
                 backoff = 0.0
                 continue
             floor = self.config_backoff_min if outcome.config_fault else self.backoff_min
             backoff = min(self.backoff_max, max(floor, backoff * 2))
             delay = outcome.delay if outcome.delay else backoff * random.uniform(0.8, 1.2)
             self._stopping.wait(min(delay, 3600.0))
+
+    def _round(self) -> _Outcome | None:
+        """Sync the spool, send one batch, acknowledge it if delivered; None after waiting idle."""
+        assert self._spool is not None
+        self._wake.clear()
+        self._spool.sync()
+        batch = self._spool.read(max_records=2000)
+        if batch is None:
+            self._wake.wait(timeout=5.0)
+            return None
+        outcome = self._deliver(batch.records)
+        if outcome.ok:
+            self._spool.ack(batch)
+            self._delivered.clear()
+        return outcome
+
+    def _uploader_fault(self, exc: Exception) -> _Outcome:
+        """Count a round that raised; log each kind once (with the traceback when it is not disk I/O)."""
+        self._counters.failed += 1
+        where = f"spool {self.spool_dir}" if isinstance(exc, OSError) else type(exc).__name__
+        reason = f"{_UPLOADER_FAULT} {where}: {exc}; retrying"
+        if not isinstance(exc, OSError) and reason not in self._counters.logged:
+            self._counters.logged.add(reason)
+            log.error("azure_monitor: %s", reason, exc_info=exc)
+        self._note(reason, logging.ERROR)
+        return _Outcome(False, 0.0, False, reason)
 
     def _deliver(self, records: tuple[bytes, ...]) -> _Outcome:
         by_stream: dict[str, list[dict[str, Any]]] = {}
@@ -317,14 +360,17 @@ class AzureMonitorSink(Sink):
                 doc = json.loads(record)
                 by_stream.setdefault(doc["s"], []).append(doc["r"])
             except (ValueError, KeyError, TypeError) as exc:
-                self._dead_letter("?", {"record": record.decode("utf-8", "replace")}, f"unreadable: {exc}")
+                key = "raw:" + hashlib.sha1(record).hexdigest()
+                if key not in self._delivered:
+                    self._delivered.add(key)
+                    self._dead_letter("?", {"record": record.decode("utf-8", "replace")}, f"unreadable: {exc}")
         for key, rows in by_stream.items():
             stream = self._streams.get(key)
+            todo = [r for r in rows if r.get("RowId") not in self._delivered]
             if stream is None:
-                for row in rows:
+                for row in todo:
                     self._dead_letter(key, row, "no stream configured for this table")
                 continue
-            todo = [r for r in rows if r.get("RowId") not in self._delivered]
             if not todo:
                 continue
             outcome = self._upload(stream, todo)
@@ -332,17 +378,48 @@ class AzureMonitorSink(Sink):
                 return outcome
         return _Outcome(True)
 
-    def _upload(self, stream: str, rows: list[dict[str, Any]]) -> _Outcome:
+    def _upload(self, stream: str, rows: list[dict[str, Any]], probe: bool = True) -> _Outcome:
         """Send rows; isolate rejected rows by bisection. Not ok = retry the whole batch later."""
         from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
+        failures = self._send(stream, rows)
+        refused = []
+        worst: _Outcome | None = None
+        for error, chunk in failures:
+            self._counters.failed += 1
+            status = _status(error)
+            if isinstance(error, HttpResponseError) and status in _ROW_STATUS:
+                refused.append((error, status, chunk))
+            elif worst is None:
+                worst = self._classify(error, status, stream, ClientAuthenticationError)
+        if worst is not None:  # the batch is retried anyway: isolating rows now would only add requests
+            return worst
+        for error, status, chunk in refused:
+            outcome = self._refused(stream, chunk, error, status, probe)
+            if not outcome.ok:
+                return outcome
+        return _Outcome(True)
+
+    def _send(self, stream: str, rows: list[dict[str, Any]]) -> list[tuple[BaseException, list[dict[str, Any]]]]:
+        """One ``upload``: mark what went through delivered; return (error, rows) per failed chunk.
+
+        After a failure that is not about rows (429, 5xx, no connection, 401/403/404) no further chunk
+        is sent: a throttled DCR is not sent more, and Retry-After holds for the whole batch. The
+        failure then carries every row from its chunk on, none of which went out."""
         failures: list[tuple[BaseException, list[dict[str, Any]]]] = []
 
         def on_error(err: Any) -> None:
             failures.append((err.error, list(err.failed_logs)))
+            if _status(err.error) not in _ROW_STATUS:
+                raise _StopBatch
 
         try:
             self._client.upload(self._opt["dcr_immutable_id"], stream, rows, on_error=on_error)
+        except _StopBatch:
+            error, chunk = failures[-1]
+            # The SDK hands back the very row objects; failing that, count all as unsent (re-sent).
+            first = next((i for i, r in enumerate(rows) if chunk and r is chunk[0]), 0)
+            failures[-1] = (error, rows[first:])
         except Exception as exc:  # on_error catches per chunk; this is a failure before any chunk
             failures.append((exc, rows))
         failed_ids = {r.get("RowId") for _, chunk in failures for r in chunk}
@@ -352,24 +429,60 @@ class AzureMonitorSink(Sink):
             self._counters.sent += len(sent)
             self._counters.last_success = time.time()
             self._counters.detail = ""
-        worst: _Outcome | None = None
-        for error, chunk in failures:
+        return failures
+
+    def _refused(self, stream: str, chunk: list[dict[str, Any]], error: BaseException, status: int | None,
+                 probe: bool) -> _Outcome:
+        """A 400/413 chunk: a request-level 400 keeps every row; otherwise bisect down to the bad rows."""
+        if status == 400 and _names_target(error):
+            return self._request_fault(stream, error)
+        if len(chunk) == 1:
+            self._dead_letter(stream, chunk[0], f"HTTP {status}: {_error_text(error)}")
+            return _Outcome(True)
+        if status == 400 and probe:
+            verdict = self._probe(stream, chunk, error)
+            if verdict is not None:
+                return verdict
+        todo = [r for r in chunk if r.get("RowId") not in self._delivered]
+        half = len(todo) // 2
+        for part in (todo[:half], todo[half:]):
+            if part:
+                outcome = self._upload(stream, part, probe=False)
+                if not outcome.ok:
+                    return outcome
+        return _Outcome(True)
+
+    def _probe(self, stream: str, chunk: list[dict[str, Any]], error: BaseException) -> _Outcome | None:
+        """Send the first and the last row alone. Both refused with the code the whole request got means
+        the request is at fault (stream, DCR, schema), not its rows; None means: isolate the bad rows."""
+        from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+
+        code = _error_code(error)
+        for row in (chunk[0], chunk[-1]):
+            failures = self._send(stream, [row])
+            if not failures:
+                return None
+            err = failures[0][0]
             self._counters.failed += 1
-            status = getattr(getattr(error, "response", None), "status_code", None)
-            if isinstance(error, HttpResponseError) and status in (400, 413):
-                if len(chunk) > 1:
-                    half = len(chunk) // 2
-                    for part in (chunk[:half], chunk[half:]):
-                        outcome = self._upload(stream, part)
-                        if not outcome.ok:
-                            return outcome
-                    continue
-                reason = f"HTTP {status}: {_error_text(error)}"
-                self._dead_letter(stream, chunk[0], reason)
-                continue
-            outcome = self._classify(error, status, stream, ClientAuthenticationError)
-            worst = outcome if worst is None else worst
-        return worst or _Outcome(True)
+            status = _status(err)
+            if not isinstance(err, HttpResponseError) or status not in _ROW_STATUS:
+                return self._classify(err, status, stream, ClientAuthenticationError)
+            if status == 400 and _names_target(err):
+                return self._request_fault(stream, err)
+            if status != 400 or _error_code(err) != code:
+                return None
+        return self._request_fault(stream, error, every_row=True)
+
+    def _request_fault(self, stream: str, error: BaseException, every_row: bool = False) -> _Outcome:
+        """A 400 for the request itself: keep the rows, say what to fix, retry slowly until it is fixed."""
+        why = "rows sent alone are refused the same way: " if every_row else ""
+        reason = (f"400 from stream {stream} on DCR {self._opt['dcr_immutable_id']}: the request itself is "
+                  f"refused, not a row ({why}{_error_text(error)}); check the stream_* options and "
+                  "dcr_immutable_id against the DCR (deploy/azure/ outputs) and redeploy the template if "
+                  "this gpumon sends columns it lacks; rows stay in the spool and are retried")
+        self._note(reason, logging.ERROR)
+        headers = getattr(getattr(error, "response", None), "headers", None)
+        return _Outcome(False, _retry_after(headers) or 0.0, True, reason)
 
     def _classify(self, error: BaseException, status: int | None, stream: str, auth_error: type) -> _Outcome:
         dcr = self._opt["dcr_immutable_id"]
@@ -409,7 +522,10 @@ class AzureMonitorSink(Sink):
             log.log(level, "azure_monitor: %s", reason)
 
     def _dead_letter(self, stream: str, row: dict[str, Any], reason: str) -> None:
+        """Write a rejected row aside; its RowId counts as delivered so a retried batch skips it."""
         self._counters.rejected += 1
+        if row.get("RowId") is not None:
+            self._delivered.add(row["RowId"])
         log.error("azure_monitor: row %s rejected by stream %s, kept in deadletter.jsonl: %s",
                   row.get("RowId", "?"), stream, reason)
         path = os.path.join(self.spool_dir, "deadletter.jsonl")
@@ -500,13 +616,14 @@ class AzureMonitorSink(Sink):
                 client.upload(dcr, stream, io.BytesIO(b"[]"))
                 results.append(CheckResult(label, True, f"stream {stream} on DCR {dcr} accepts uploads"))
             except HttpResponseError as exc:
-                status = exc.status_code
-                if status == 400:  # authorised and routed; the empty probe body itself was refused
-                    results.append(CheckResult(label, True, f"stream {stream} on DCR {dcr} reachable "
-                                               "and authorised (empty probe refused as expected)"))
-                else:
-                    results.append(CheckResult(label, False, _status_verdict(
-                        status, dcr, stream, self._identity_hint(), _error_text(exc), audience)))
+                if exc.status_code == 400 and not _names_target(exc):
+                    # Authorised and routed; what the service makes of an empty body is not documented,
+                    # so only a 400 that names the stream, DCR or api-version fails the check.
+                    results.append(CheckResult(label, True, f"stream {stream} on DCR {dcr} reachable and "
+                                               f"authorised (the empty probe was refused: {_error_text(exc)})"))
+                    continue
+                results.append(CheckResult(label, False, _status_verdict(
+                    exc.status_code, dcr, stream, self._identity_hint(), _error_text(exc), audience)))
             except Exception as exc:
                 results.append(CheckResult(label, False, f"{self._opt['endpoint']} unreachable: "
                                            f"{type(exc).__name__}: {_error_text(exc)}"))
@@ -530,7 +647,25 @@ def _status_verdict(status: int | None, dcr: str, stream: str, identity: str, te
         return (f"404 not found: no DCR with immutable id {dcr} at this endpoint, or it declares no stream "
                 f"{stream} (check dcr_immutable_id and the stream_* options against the template outputs) "
                 f"({text})")
+    if status == 400:
+        return (f"400 bad request: stream {stream} on DCR {dcr} refused an empty upload; is the stream "
+                f"declared in that DCR (check the stream_* options against the template outputs)? ({text})")
     return f"HTTP {status}: {text}"
+
+
+def _status(error: BaseException) -> int | None:
+    return getattr(getattr(error, "response", None), "status_code", None)
+
+
+def _error_code(error: BaseException) -> str:
+    """The service's ``error.code`` (azure-core parses the JSON error body), or ""."""
+    return str(getattr(getattr(error, "error", None), "code", None) or "")
+
+
+def _names_target(error: BaseException) -> bool:
+    """Whether a 400 says the stream, the DCR or the api-version is wrong rather than a row."""
+    message = getattr(getattr(error, "error", None), "message", None) or _error_text(error)
+    return bool(_TARGET_CODE.search(_error_code(error)) or _TARGET_MESSAGE.search(str(message)))
 
 
 def _error_text(error: BaseException) -> str:

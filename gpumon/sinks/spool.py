@@ -20,6 +20,11 @@ Durability policy, and why:
 Bounded: when the unacknowledged bytes pass ``max_bytes`` the *oldest* whole segment is deleted
 and its unacknowledged records are counted in ``dropped``; segments are ``max_bytes / 8`` so one
 drop gives back at most an eighth of the spool.
+
+A segment read and acknowledged to its end is retired (cursor moved to the next segment, file
+deleted) as soon as a newer segment exists: on acknowledgement, when the producer starts a segment,
+on ``read()`` and on reopen. Otherwise the cursor would stay at the end of a finished segment and
+the consumer would never look at the next one.
 """
 
 from __future__ import annotations
@@ -163,8 +168,16 @@ class Spool:
         self._cursor = cursor if self._segments else (0, 0)
         if not self._segments:
             self._new_segment(1)
-        else:
-            self._open_active()
+            return
+        head = self._segments[0]
+        if self._cursor[0] == head.number and self._cursor[1] > head.size:
+            self._cursor = (head.number, head.size)  # a cut-off tail shortened the head segment
+        self._open_active()
+        consumed = self._pop_consumed()
+        try:
+            self._retire(consumed)
+        except OSError as exc:  # e.g. a full disk: the next reopen finds the same segments to retire
+            log.warning("spool: cannot retire acknowledged segments in %s: %s", self.directory, exc)
 
     def _read_cursor(self) -> tuple[int, int]:
         try:
@@ -229,11 +242,14 @@ class Spool:
             active.size += len(blob)
             active.pending += count
             self._dirty = True
-            dropped = self._enforce_cap()
-        for path in dropped:
+            gone = self._pop_consumed() + self._enforce_cap()
+        for path in gone:
             self._unlink(path)
-        if dropped:
-            self._persist_cursor()
+        if gone:
+            try:
+                self._persist_cursor()
+            except OSError as exc:  # the records are written; a reopen derives this cursor anyway
+                log.warning("spool: cannot write the cursor in %s: %s", self.directory, exc)
         return count
 
     def _enforce_cap(self) -> list[str]:
@@ -242,12 +258,39 @@ class Spool:
         while self._pending_bytes() > self.max_bytes:
             if len(self._segments) == 1:
                 self._new_segment(self._segments[-1].number + 1)
+            consumed = self._pop_consumed()  # holds no unsent record: gives nothing back, loses nothing
+            if consumed:
+                dropped += consumed
+                continue
             oldest = self._segments.pop(0)
             self._dropped += oldest.pending
             log.warning("spool full (%d bytes max): dropped %d oldest records", self.max_bytes, oldest.pending)
             dropped.append(oldest.path)
             self._cursor = (self._segments[0].number, 0)
         return dropped
+
+    def _pop_consumed(self) -> list[str]:
+        """Take off the head segments read and acknowledged to their end while a newer one exists
+        (lock held); the cursor moves to the next segment's start. Returns the paths to unlink."""
+        paths = []
+        while len(self._segments) > 1:
+            head = self._segments[0]
+            offset = self._cursor[1] if self._cursor[0] == head.number else 0
+            if offset < head.size:
+                break
+            self._segments.pop(0)
+            self._cursor = (self._segments[0].number, 0)
+            paths.append(head.path)
+        return paths
+
+    def _retire(self, paths: list[str]) -> None:
+        """Persist the cursor past retired segments, then delete them (lock not held)."""
+        if not paths:
+            return
+        self._persist_cursor()  # before the unlink: a crash in between re-reads nothing twice
+        for path in paths:
+            self._unlink(path)
+        _fsync_dir(self.directory)
 
     def _pending_bytes(self) -> int:
         total = sum(s.size for s in self._segments)
@@ -271,6 +314,9 @@ class Spool:
 
     def read(self, max_records: int = 5000, max_bytes: int = 4 << 20) -> Batch | None:
         """The next unacknowledged records (from one segment), or None when there are none."""
+        with self._lock:
+            consumed = self._pop_consumed()
+        self._retire(consumed)
         with self._lock:
             if not self._segments:
                 return None
@@ -319,14 +365,11 @@ class Spool:
                 return
             seg.pending -= len(batch.records)
             self._cursor = (seg.number, batch.end)
-            finished = batch.end >= seg.size and len(self._segments) > 1
-            if finished:
-                self._segments.pop(0)
-                self._cursor = (self._segments[0].number, 0)
-        self._persist_cursor()  # before the unlink: a crash in between re-reads nothing twice
+            finished = self._pop_consumed()
         if finished:
-            self._unlink(seg.path)
-            _fsync_dir(self.directory)
+            self._retire(finished)
+        else:
+            self._persist_cursor()
 
     def _persist_cursor(self) -> None:
         """Write the current cursor durably, outside the state lock."""
