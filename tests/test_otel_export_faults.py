@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("opentelemetry.proto")
 
 from gpumon.model import Event, Severity  # noqa: E402
+from gpumon.sinks import otel  # noqa: E402
 from tests import test_otel_receiver as receivers  # noqa: E402
 from tests.conftest import free_port, wait_for  # noqa: E402
 from tests.test_otel_export_wire import snapshot  # noqa: E402
@@ -141,3 +142,129 @@ def test_stop_flushes_queued_events(http_receiver, tmp_path):
         sink.stop(3)  # the 30 s backoff is cut short: shutdown sends what is pending once
     assert len(http_receiver.log_records()) == 1 or len(http_receiver.metrics) == 1
     assert sink.health().extra["queued_records"] == 0
+
+
+# ------------------------------------------------------------------ the log queue while a batch is out
+
+
+def split_sink(logs_receiver, metrics_receiver, tmp_path, protocol: str = "http/protobuf", **options):
+    """A sink whose logs go to one receiver and metrics to another, so that a test can hold or refuse
+    one signal without the other's requests taking its answers."""
+    suffix = ("/v1/logs", "/v1/metrics") if protocol == "http/protobuf" else ("", "")
+    environ = {"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": logs_receiver.endpoint + suffix[0],
+               "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": metrics_receiver.endpoint + suffix[1]}
+    return make_sink("", tmp_path, environ=environ, protocol=protocol, **options)
+
+
+@pytest.mark.parametrize("answer, more, delivered, dropped", [
+    (200, 2, [0, 1, 2, 3, 4], 0),  # two of the batch evicted: only the third may leave the queue
+    (200, 5, [0, 1, 2, 5, 6, 7], 2),  # the whole batch and two never sent evicted: those two dropped
+    (503, 2, [2, 3, 4], 2),  # the batch fails after two of it were evicted: those two are lost
+], ids=["partly-evicted", "evicted-and-overflowed", "evicted-then-failed"])
+def test_a_full_queue_during_a_slow_send_loses_only_what_it_counts(answer, more, delivered, dropped,
+                                                                   tmp_path):
+    """Events published while a batch is being sent push the oldest out of a full queue, the batch's
+    own included; what the send's outcome removes is that batch, by sequence number, never the newer
+    events that took its places."""
+    logs, metrics = receivers.OtlpHttpReceiver(), receivers.OtlpHttpReceiver()
+    logs.delay = 30  # each logs request waits for release
+    logs.answers = [answer]
+    sink = split_sink(logs, metrics, tmp_path, max_queued_records=3)
+    sink.start()
+    try:
+        sink.publish(snapshot(time.time(), 1.0, 1.0, events=tuple(event(i) for i in range(3)), seq=1))
+        logs.wait(lambda r: r.attempts == 1)  # events 0-2 are out, the receiver holds them
+        sink.publish(snapshot(time.time(), 2.0, 2.0, events=tuple(event(3 + i) for i in range(more)), seq=2))
+        assert sink.health().extra["queued_records"] == 3
+        logs.release.set()
+        logs.wait(lambda r: len(r.log_records()) >= len(delivered))
+        wait_for(lambda: sink.health().extra["queued_records"] == 0, timeout=10)
+        health = sink.health()
+    finally:
+        sink.stop(2)
+        logs.close()
+        metrics.close()
+    assert [record.body.string_value for record, _ in logs.log_records()] == [f"flap {i}" for i in delivered]
+    assert health.extra["exported_log_records"] == len(delivered)
+    assert health.dropped == dropped
+    assert health.extra["exported_log_records"] + health.dropped == 3 + more  # every event accounted for
+
+
+# --------------------------------------------------------------- gRPC RESOURCE_EXHAUSTED and RetryInfo
+
+
+def test_grpc_resource_exhausted_with_retry_info_waits_the_servers_delay(grpc_receiver, tmp_path):
+    pytest.importorskip("google.rpc.error_details_pb2")
+    grpc_receiver.answers = [429]  # RESOURCE_EXHAUSTED
+    grpc_receiver.retry_after = "0.6"  # as RetryInfo.retry_delay in grpc-status-details-bin
+    sink = make_sink(grpc_receiver.endpoint, tmp_path, protocol="grpc", logs=False,
+                     backoff_initial=0.01, backoff_max=5)
+    sink.start()
+    try:
+        sink.publish(snapshot(time.time(), 1.0, 1.0))
+        grpc_receiver.wait(lambda r: r.metrics)
+        wait_for(lambda: sink.health().exported == 17, timeout=10)
+        health = sink.health()
+    finally:
+        sink.stop(2)
+    assert grpc_receiver.attempt_times[1] - grpc_receiver.attempt_times[0] >= 0.55
+    assert health.failed == 1 and health.dropped == 0 and health.up
+
+
+def test_grpc_resource_exhausted_without_retry_info_drops_that_metrics_export(grpc_receiver, tmp_path):
+    """The OTLP specification: RESOURCE_EXHAUSTED is retryable only with RetryInfo. The counters are
+    cumulative, so the next snapshot carries what the dropped one had."""
+    grpc_receiver.answers = [429]
+    sink = make_sink(grpc_receiver.endpoint, tmp_path, protocol="grpc", logs=False)
+    sink.start()
+    try:
+        sink.publish(snapshot(time.time(), 1.0, 1.0, seq=1))
+        wait_for(lambda: sink.health().failed == 1, timeout=10)
+        assert sink.health().dropped == 17
+        assert "RESOURCE_EXHAUSTED" in sink.health().detail
+        sink.publish(snapshot(time.time(), 2.0, 2.0, seq=2))
+        grpc_receiver.wait(lambda r: r.metrics)
+    finally:
+        sink.stop(2)
+    assert grpc_receiver.attempts == 2  # the refused snapshot was not sent again
+    assert grpc_receiver.metric_points()["hw.energy"][0][0].sum.data_points[0].as_double == 2.0
+
+
+@pytest.mark.parametrize("refusals", [otel.THROTTLED_LOG_ATTEMPTS - 1, otel.THROTTLED_LOG_ATTEMPTS])
+def test_grpc_resource_exhausted_without_retry_info_gives_events_a_few_attempts(refusals, tmp_path):
+    """An event is not carried by the next export the way a counter is, so a log batch refused without
+    RetryInfo gets THROTTLED_LOG_ATTEMPTS tries with backoff; after that it is dropped (counted), so a
+    batch that can never pass does not hold the events behind it."""
+    pytest.importorskip("grpc")
+    logs, metrics = receivers.OtlpGrpcReceiver(), receivers.OtlpGrpcReceiver()
+    logs.answers = [429] * refusals
+    sink = split_sink(logs, metrics, tmp_path, protocol="grpc")
+    sink.start()
+    try:
+        sink.publish(snapshot(time.time(), 1.0, 1.0, events=(event(0),), seq=1))
+        wait_for(lambda: logs.attempts == refusals and sink.health().extra["queued_records"] <= 1, timeout=10)
+        sink.publish(snapshot(time.time(), 2.0, 2.0, events=(event(1),), seq=2))
+        logs.wait(lambda r: any(rec.body.string_value == "flap 1" for rec, _ in r.log_records()))
+        wait_for(lambda: sink.health().extra["queued_records"] == 0, timeout=10)
+        health = sink.health()
+    finally:
+        sink.stop(2)
+        logs.close()
+        metrics.close()
+    given_up = refusals >= otel.THROTTLED_LOG_ATTEMPTS
+    bodies = [record.body.string_value for record, _ in logs.log_records()]
+    assert bodies == (["flap 1"] if given_up else ["flap 0", "flap 1"])
+    assert health.dropped == (1 if given_up else 0)
+    assert health.extra["exported_log_records"] == (1 if given_up else 2)
+    assert health.failed == refusals
+
+
+def test_retry_info_is_read_from_the_status_details():
+    pytest.importorskip("google.rpc.error_details_pb2")
+    import grpc
+
+    details = receivers.retry_info_status(grpc.StatusCode.RESOURCE_EXHAUSTED, 2.25)
+    assert otel._grpc_retry_delay([("grpc-status-details-bin", details)]) == 2.25
+    assert otel._grpc_retry_delay([("grpc-status-details-bin", b"\xff\x00 not a status")]) is None
+    assert otel._grpc_retry_delay([("retry-after", "3")]) == 3.0
+    assert otel._grpc_retry_delay([]) is None

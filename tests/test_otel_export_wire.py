@@ -12,6 +12,7 @@ pytest.importorskip("opentelemetry.proto")
 from opentelemetry.proto.metrics.v1 import metrics_pb2  # noqa: E402
 
 from gpumon.model import CollectorStatus, Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot  # noqa: E402
+from gpumon.sinks import otel  # noqa: E402
 from tests import test_otel_receiver as receivers  # noqa: E402
 from tests.test_otel_receiver import make_sink  # noqa: E402
 
@@ -127,7 +128,7 @@ def test_metrics_arrive_in_the_hardware_conventions(receiver, protocol, tmp_path
     assert energy.unit == "J" and energy.sum.is_monotonic
     assert energy.sum.aggregation_temporality == metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
     ep = energy.sum.data_points[0]
-    assert ep.as_double == 1000.0 and 0 < ep.start_time_unix_nano < ep.time_unix_nano
+    assert ep.as_double == 1000.0 and ep.start_time_unix_nano == ep.time_unix_nano  # unknown start
 
     temp = only(receiver, "hw.temperature")
     sensors = {attrs(p)["hw.sensor_location"]: attrs(p) for p in temp.gauge.data_points}
@@ -168,20 +169,28 @@ def test_metrics_arrive_in_the_hardware_conventions(receiver, protocol, tmp_path
 
 
 def test_counter_start_time_is_stable_and_moves_on_reset(http_receiver, tmp_path):
+    """The metrics data model's unknown-start convention: the first point of a series is a reset point
+    (start == time), later points keep that start, and a counter that went down starts again at its
+    own time. Never an earlier, made-up start that would claim the whole value for a short interval."""
     sink = make_sink(http_receiver.endpoint, tmp_path, logs=False)
     sink.start()
     try:
         t0 = time.time()
-        for i, (energy, t) in enumerate([(1000.0, t0), (2000.0, t0 + 1), (5.0, t0 + 2)]):
+        for i, (energy, t) in enumerate([(1000.0, t0), (2000.0, t0 + 1), (5.0, t0 + 2), (7.0, t0 + 3)]):
             sink.publish(snapshot(t, energy=energy, rx=10.0 * (i + 1), seq=i + 1))
             http_receiver.wait(lambda r, n=i + 1: len(r.metrics) >= n)
     finally:
         sink.stop(5)
     points = [m.sum.data_points[0] for m, _ in http_receiver.metric_points()["hw.energy"]]
-    assert [p.as_double for p in points] == [1000.0, 2000.0, 5.0]
-    assert points[0].start_time_unix_nano == points[1].start_time_unix_nano
-    assert points[2].start_time_unix_nano > points[1].start_time_unix_nano  # the counter was reset
-    assert points[2].start_time_unix_nano < points[2].time_unix_nano
+    assert [p.as_double for p in points] == [1000.0, 2000.0, 5.0, 7.0]
+    times = [p.time_unix_nano for p in points]
+    assert times == [int(t * 1e9) for t in (t0, t0 + 1, t0 + 2, t0 + 3)]
+    assert [p.start_time_unix_nano for p in points] == [times[0], times[0], times[2], times[2]]
+
+    # an up-down counter (memory in use) and a rising counter (bytes received) keep their first start
+    for name in ("hw.gpu.memory.usage", "hw.network.io"):
+        starts = {m.sum.data_points[0].start_time_unix_nano for m, _ in http_receiver.metric_points()[name]}
+        assert starts == {times[0]}, name
 
 
 def test_events_become_log_records_with_severity_and_attributes(receiver, protocol, tmp_path):
@@ -198,7 +207,7 @@ def test_events_become_log_records_with_severity_and_attributes(receiver, protoc
         sink.stop(5)
     (rec_flap, rl), (rec_xid, _) = receiver.log_records()
     assert attrs(rl.resource)["service.name"] == "gpumon"
-    assert rec_flap.event_name == "gpumon.ib_link_flap"
+    assert receivers.event_name(rec_flap) == "gpumon.ib_link_flap"
     assert rec_flap.severity_number == 13 and rec_flap.severity_text == "WARNING"
     assert rec_flap.time_unix_nano == 1700000000500000000
     assert rec_flap.body.string_value == "mlx5_ib3 port 1 flapped"
@@ -208,8 +217,42 @@ def test_events_become_log_records_with_severity_and_attributes(receiver, protoc
     assert rec_xid.severity_number == 21 and rec_xid.severity_text == "CRITICAL"
     xa = attrs(rec_xid)
     assert xa["hw.id"] == UUID and xa["xid"] == 79 and xa["gpumon.event.kind"] == "gpu_xid"
+    assert xa["event.name"] == "gpumon.gpu_xid" and fa["event.name"] == "gpumon.ib_link_flap"
     health = sink.health()
     assert health.extra["exported_log_records"] == 2 and health.extra["queued_records"] == 0
+
+
+@pytest.mark.parametrize("with_event_name", [True, False], ids=["proto>=1.35", "proto<1.35"])
+def test_log_records_without_the_event_name_field_still_carry_the_name(receiver, protocol, with_event_name,
+                                                                       tmp_path):
+    """opentelemetry-proto before 1.35 has no LogRecord.event_name and refuses it as a keyword; the
+    records must still encode, arrive, and name their event (as the ``event.name`` attribute)."""
+    if with_event_name and not receivers.LOG_RECORD_HAS_EVENT_NAME:
+        pytest.skip("the installed opentelemetry-proto has no LogRecord.event_name")
+    flap = Event("ib_link_flap", Severity.WARNING, {"device": "mlx5_ib3", "port": "1"}, "flapped", time=1.5)
+    request = otel.encode_logs([flap], {"service.name": "gpumon"}, "9.9.9", with_event_name=with_event_name)
+    settings = otel.resolve_settings({"endpoint": receiver.endpoint, "protocol": protocol}, "logs", {})
+    transport = otel.make_transport(settings, "9.9.9")
+    try:
+        result = otel.send(transport, request, 5)
+    finally:
+        transport.close()
+    assert result.ok, result.detail
+    [(record, _)] = receiver.log_records()
+    if receivers.LOG_RECORD_HAS_EVENT_NAME:
+        assert record.event_name == ("gpumon.ib_link_flap" if with_event_name else "")
+    assert attrs(record)["event.name"] == "gpumon.ib_link_flap"
+    assert attrs(record)["gpumon.event.kind"] == "ib_link_flap" and attrs(record)["hw.id"] == "mlx5_ib3:1"
+    assert record.severity_number == 13 and record.body.string_value == "flapped"
+
+
+def test_the_event_name_field_is_used_when_the_installed_classes_have_it():
+    assert otel.log_record_has_event_name() is receivers.LOG_RECORD_HAS_EVENT_NAME
+    flap = Event("ib_link_flap", Severity.WARNING, {"device": "mlx5_ib3", "port": "1"}, "flapped", time=1.5)
+    record = otel.encode_logs([flap], {}, "9.9.9").resource_logs[0].scope_logs[0].log_records[0]
+    assert attrs(record)["event.name"] == "gpumon.ib_link_flap"
+    if receivers.LOG_RECORD_HAS_EVENT_NAME:
+        assert record.event_name == "gpumon.ib_link_flap"
 
 
 def test_gzip_and_headers_reach_the_collector(http_receiver, tmp_path):

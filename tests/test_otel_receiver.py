@@ -18,6 +18,7 @@ pytest.importorskip("opentelemetry.proto")
 
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2  # noqa: E402
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2  # noqa: E402
+from opentelemetry.proto.logs.v1 import logs_pb2  # noqa: E402
 
 from gpumon.sinks.base import SinkContext  # noqa: E402
 from gpumon.sinks.otel import OtelSink  # noqa: E402
@@ -40,6 +41,7 @@ class Received:
         """Status codes to answer with, in order, before answering ``default`` (200 / OK)."""
         self.delay = 0.0
         self.retry_after: str | None = None
+        """Seconds sent with a non-200 answer: HTTP Retry-After; gRPC RetryInfo in the status details."""
         self.release = threading.Event()
 
     def wait(self, predicate: Callable[[Received], object], timeout: float = 10.0) -> Any:
@@ -85,6 +87,18 @@ class Received:
         with self.cond:
             return [(record, rl) for request in self.logs for rl in request.resource_logs
                     for sl in rl.scope_logs for record in sl.log_records]
+
+
+LOG_RECORD_HAS_EVENT_NAME = "event_name" in logs_pb2.LogRecord.DESCRIPTOR.fields_by_name
+"""opentelemetry-proto 1.35 and later; with older classes the receiver cannot see the field at all."""
+
+
+def event_name(record: Any) -> str:
+    """A received record's event name: the EventName field where these classes have it, else the
+    ``event.name`` attribute that the sink also sets."""
+    if LOG_RECORD_HAS_EVENT_NAME:
+        return record.event_name
+    return next((kv.value.string_value for kv in record.attributes if kv.key == "event.name"), "")
 
 
 class OtlpHttpReceiver(Received):
@@ -144,8 +158,23 @@ class OtlpHttpReceiver(Received):
         self.server.server_close()
 
 
+def retry_info_status(code: Any, delay: float) -> bytes:
+    """A serialized google.rpc.Status carrying RetryInfo, as a throttling gRPC server sends it in the
+    ``grpc-status-details-bin`` trailer."""
+    from google.protobuf import any_pb2, duration_pb2
+    from google.rpc import error_details_pb2, status_pb2
+
+    info = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(
+        seconds=int(delay), nanos=round((delay - int(delay)) * 1e9)))
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    return status_pb2.Status(code=code.value[0], message="throttled", details=[detail]).SerializeToString()
+
+
 class OtlpGrpcReceiver(Received):
-    """The OTLP collector services (MetricsService, LogsService) on a real gRPC server."""
+    """The OTLP collector services (MetricsService, LogsService) on a real gRPC server. Answers 503
+    with UNAVAILABLE, 429 with RESOURCE_EXHAUSTED, others with INVALID_ARGUMENT; with ``retry_after``
+    set, the status carries RetryInfo with that delay."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -160,7 +189,11 @@ class OtlpGrpcReceiver(Received):
             if receiver.delay:
                 receiver.release.wait(receiver.delay)
             if status != 200:
-                code = grpc.StatusCode.UNAVAILABLE if status == 503 else grpc.StatusCode.INVALID_ARGUMENT
+                code = {503: grpc.StatusCode.UNAVAILABLE, 429: grpc.StatusCode.RESOURCE_EXHAUSTED}.get(
+                    status, grpc.StatusCode.INVALID_ARGUMENT)
+                if receiver.retry_after is not None:
+                    context.set_trailing_metadata((("grpc-status-details-bin",
+                                                    retry_info_status(code, float(receiver.retry_after))),))
                 context.abort(code, f"test receiver answers {status}")
             receiver.record(kind, request, dict(context.invocation_metadata()))
             return reply

@@ -23,7 +23,7 @@ from gpumon.sinks import otel_mapping as mapping  # noqa: E402
 from tests import test_otel_receiver as receivers  # noqa: E402
 from tests.conftest import REPO, clean_env  # noqa: E402
 from tests.test_otel_export_wire import attrs  # noqa: E402
-from tests.test_otel_receiver import OtlpHttpReceiver, make_sink  # noqa: E402
+from tests.test_otel_receiver import OtlpHttpReceiver, event_name, make_sink  # noqa: E402
 
 # The receivers' fixtures, shared with this module.
 grpc_receiver = receivers.grpc_receiver
@@ -92,7 +92,7 @@ def test_every_family_of_the_host_arrives_mapped(receiver, tmp_path):
             kinds |= {e.kind for e in later.events}
             sink.publish(later)
         receiver.wait(lambda r: {"gpumon.ib_link_flap", "gpumon.gpu_xid"}
-                      <= {rec.event_name for rec, _ in r.log_records()})
+                      <= {event_name(rec) for rec, _ in r.log_records()})
     finally:
         sink.stop(5)
         host.close()
@@ -123,7 +123,7 @@ def test_every_family_of_the_host_arrives_mapped(receiver, tmp_path):
     ports = {attrs(p)["hw.id"] for p in received["hw.network.io"].sum.data_points}
     assert {f"mlx5_ib{i}:1" for i in range(8)} <= ports
 
-    records = {rec.event_name: rec for rec, _ in receiver.log_records()}
+    records = {event_name(rec): rec for rec, _ in receiver.log_records()}
     flap, xid = records["gpumon.ib_link_flap"], records["gpumon.gpu_xid"]
     assert attrs(flap)["hw.id"] == "mlx5_ib3:1" and flap.severity_number >= 13
     assert attrs(xid)["xid"] == 79 and attrs(xid)["gpu"] == "3" and xid.severity_number >= 17
@@ -156,7 +156,7 @@ def test_gpumon_run_with_the_otel_sink_delivers_every_family(tmp_path):
         got = receiver.wait(arrived, timeout=30)
         assert "gpumon.collector.up" in got  # the daemon's self-metrics travel too
         control(str(state / "simulate" / "nd-h100-v5"), {"action": "flap", "device": "mlx5_ib2", "port": 1})
-        receiver.wait(lambda r: any(rec.event_name == "gpumon.ib_link_flap" for rec, _ in r.log_records()),
+        receiver.wait(lambda r: any(event_name(rec) == "gpumon.ib_link_flap" for rec, _ in r.log_records()),
                       timeout=30)
         resource = attrs(receiver.metrics[-1].resource_metrics[0].resource)
         assert resource["service.name"] == "gpumon" and resource["service.version"]

@@ -364,14 +364,13 @@ class MetricEncoder:
 
     def _start(self, key: tuple[str, tuple[tuple[str, str], ...]], value: float, now_ns: int,
                monotonic: bool) -> int:
-        """The series' start time: when first seen, or the previous export when a counter went down."""
+        """The series' start time. gpumon does not know when a counter began counting, so the first
+        point of a series, and the first after a counter went down, is an unknown-start reset point
+        (start == time, zero duration: no rate contribution, per the metrics data model); later points
+        keep that start. A made-up earlier start would put the whole lifetime value into one interval,
+        which a cumulative-to-delta step turns into a spike at every gpumon restart."""
         known = self._starts.get(key)
-        if known is None:
-            start = now_ns - 1
-        else:
-            start, last_value, last_ns = known
-            if monotonic and value < last_value:
-                start = last_ns if last_ns < now_ns else now_ns - 1
+        start = now_ns if known is None or (monotonic and value < known[1]) else known[0]
         self._starts[key] = (start, value, now_ns)
         return start
 
@@ -379,11 +378,17 @@ class MetricEncoder:
 SEVERITY_NUMBER = {Severity.INFO: 9, Severity.WARNING: 13, Severity.ERROR: 17, Severity.CRITICAL: 21}
 
 
+def event_name(event: Event) -> str:
+    return f"gpumon.{event.kind}"
+
+
 def event_attributes(event: Event) -> dict[str, Any]:
-    """A log record's attributes: the subject (with hw.id / hw.type where it names a GPU or a port),
-    the event kind, then the event's own attributes."""
+    """A log record's attributes: the event name and kind, the subject (with hw.id / hw.type where it
+    names a GPU or a port), then the event's own attributes. ``event.name`` repeats the record's
+    EventName for receivers built on an opentelemetry-proto that predates that field (it drops the field
+    when decoding, and a record without its name is just a log line)."""
     subject = dict(event.subject)
-    attrs: dict[str, Any] = {"gpumon.event.kind": event.kind}
+    attrs: dict[str, Any] = {"event.name": event_name(event), "gpumon.event.kind": event.kind}
     if subject.get("uuid") or ("gpu" in subject and "device" not in subject):
         attrs["hw.type"] = "gpu"
         attrs["hw.id"] = subject.get("uuid") or f"gpu{subject['gpu']}"
@@ -396,8 +401,19 @@ def event_attributes(event: Event) -> dict[str, Any]:
     return attrs
 
 
-def encode_logs(events: list[Event], resource: Mapping[str, str], version: str) -> Any:
+def log_record_has_event_name() -> bool:
+    """Whether the installed LogRecord class has ``event_name`` (opentelemetry-proto 1.35 and later;
+    the extra allows older ones, whose classes refuse the keyword)."""
+    return "event_name" in _pb().logs.LogRecord.DESCRIPTOR.fields_by_name
+
+
+def encode_logs(events: list[Event], resource: Mapping[str, str], version: str,
+                with_event_name: bool | None = None) -> Any:
+    """Events -> ExportLogsServiceRequest. ``with_event_name``: set the LogRecord's EventName field;
+    None asks the installed classes. Either way the name also travels as the ``event.name`` attribute."""
     pb = _pb()
+    if with_event_name is None:
+        with_event_name = log_record_has_event_name()
     request = pb.logs_service.ExportLogsServiceRequest()
     rl = request.resource_logs.add()
     rl.resource.attributes.extend(_kvs(pb, resource))
@@ -411,8 +427,9 @@ def encode_logs(events: list[Event], resource: Mapping[str, str], version: str) 
             observed_time_unix_nano=observed,
             severity_number=SEVERITY_NUMBER.get(event.severity, 9),
             severity_text=event.severity.value.upper(),
-            event_name=f"gpumon.{event.kind}",
         )
+        if with_event_name:
+            record.event_name = event_name(event)
         record.body.string_value = event.message
         record.attributes.extend(_kvs(pb, event_attributes(event)))
     return request
@@ -429,9 +446,18 @@ class SendResult:
     retry_after: float | None = None
     rejected: int = 0
     """Items the collector refused in a partial success."""
+    throttled: bool = False
+    """gRPC RESOURCE_EXHAUSTED without RetryInfo: not retryable by the OTLP specification (see
+    ``THROTTLED_LOG_ATTEMPTS`` for what the logs queue does with it)."""
 
 
 RETRYABLE_HTTP = (429, 502, 503, 504)
+THROTTLED_LOG_ATTEMPTS = 3
+"""Attempts a log batch gets when a gRPC collector answers RESOURCE_EXHAUSTED without RetryInfo.
+The OTLP specification says to drop it (that answer is also what a message over the server's size
+limit gets, which no retry fixes, and retrying it forever would hold every later event behind it);
+an event is not resent by the next export the way a cumulative value is, so it gets a few tries with
+backoff first. Metrics follow the specification: the next snapshot carries the same counters."""
 
 
 class HttpTransport:
@@ -500,8 +526,8 @@ def _rejected(signal: str, reply: bytes) -> int:
 class GrpcTransport:
     """OTLP/gRPC through the collector services' generated stubs."""
 
-    RETRYABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "CANCELLED",
-                 "OUT_OF_RANGE", "DATA_LOSS")
+    RETRYABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "CANCELLED", "OUT_OF_RANGE", "DATA_LOSS")
+    """The OTLP specification's retryable codes; RESOURCE_EXHAUSTED only when the server sends RetryInfo."""
 
     def __init__(self, settings: SignalSettings, version: str) -> None:
         import grpc
@@ -539,10 +565,12 @@ class GrpcTransport:
             code = exc.code() if hasattr(exc, "code") else None
             name = getattr(code, "name", str(code))
             details = exc.details() if hasattr(exc, "details") else ""
-            retry_after = None
-            for key, value in (exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else ():
-                if key == "retry-after":
-                    retry_after = _retry_after(str(value))
+            trailing = (exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else ()
+            retry_after = _grpc_retry_delay(trailing)
+            if name == "RESOURCE_EXHAUSTED":
+                if retry_after is None:  # no sign that the server will recover: the spec says drop
+                    return SendResult(False, False, f"gRPC {name}: {details}", throttled=True)
+                return SendResult(False, True, f"gRPC {name}: {details}", retry_after)
             return SendResult(False, name in self.RETRYABLE, f"gRPC {name}: {details}", retry_after)
         partial = response.partial_success
         rejected = partial.rejected_data_points if self.settings.signal == "metrics" else partial.rejected_log_records
@@ -550,6 +578,39 @@ class GrpcTransport:
 
     def close(self) -> None:
         self._channel.close()
+
+
+def _grpc_retry_delay(trailing: Any) -> float | None:
+    """Seconds the server asks the client to wait: google.rpc.RetryInfo in the status details
+    (``grpc-status-details-bin``), else a ``retry-after`` trailer in seconds; None when neither."""
+    delay = None
+    for key, value in trailing:
+        if key == "grpc-status-details-bin" and isinstance(value, bytes):
+            info = _retry_info(value)
+            if info is not None:
+                return info
+        elif key == "retry-after":
+            delay = _retry_after(str(value))
+    return delay
+
+
+def _retry_info(status_details: bytes) -> float | None:
+    """retry_delay of the RetryInfo in a serialized google.rpc.Status. The classes come with
+    googleapis-common-protos (which ``gpumon[otel]`` installs); without them, or on a body that
+    does not parse, the details are ignored."""
+    try:
+        from google.rpc import error_details_pb2, status_pb2
+    except Exception:  # noqa: BLE001 - missing, or generated for another protobuf (TypeError)
+        return None
+    try:
+        status = status_pb2.Status.FromString(status_details)
+        for detail in status.details:
+            info = error_details_pb2.RetryInfo()
+            if detail.Unpack(info):
+                return max(0.0, info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
+    except Exception:  # noqa: BLE001 - a malformed trailer is the same as none
+        return None
+    return None
 
 
 def make_transport(settings: SignalSettings, version: str) -> Any:
@@ -635,7 +696,11 @@ class OtelSink(Sink):
         self._wake_logs = threading.Condition(self._lock)
         self._stopping = False
         self._latest: Snapshot | None = None
-        self._events: collections.deque[Event] = collections.deque()
+        self._events: collections.deque[tuple[int, Event]] = collections.deque()
+        """Queued events with their sequence numbers (from 1), oldest first."""
+        self._event_seq = 0
+        self._in_flight = 0
+        """Sequence number of the last event of the batch being sent; 0 when none is."""
         self._metrics = _Counters()
         self._logs = _Counters()
         self._resource: dict[str, str] = {}
@@ -697,9 +762,11 @@ class OtelSink(Sink):
                 limit = self._opts["max_queued_records"]
                 for event in snapshot.events:
                     if len(self._events) >= limit:
-                        self._events.popleft()
-                        self._logs.dropped += 1
-                    self._events.append(event)
+                        seq, _ = self._events.popleft()
+                        if seq > self._in_flight:  # one being sent is counted by its send's outcome
+                            self._logs.dropped += 1
+                    self._event_seq += 1
+                    self._events.append((self._event_seq, event))
                 self._wake_logs.notify()
             self._wake_metrics.notify()
 
@@ -784,6 +851,7 @@ class OtelSink(Sink):
         settings = self._settings["logs"]
         transport = make_transport(settings, self.ctx.version)
         backoff = _Backoff(self._opts["backoff_initial"], self._opts["backoff_max"])
+        throttled = 0  # attempts of the head batch answered RESOURCE_EXHAUSTED without RetryInfo
         self._resource_ready.wait(self._opts["imds_timeout"] + 0.5)
         try:
             while True:
@@ -795,28 +863,41 @@ class OtelSink(Sink):
                         self._wake_logs.wait(max(0.01, backoff.not_before - now) if self._events else None)
                     stopping = self._stopping
                     batch = [self._events[i] for i in range(min(512, len(self._events)))]
+                    self._in_flight = batch[-1][0] if batch else 0
                     resource = dict(self._resource)
                 if not batch:
                     return  # stopping and nothing left
                 timeout = self._final_timeout(settings.timeout) if stopping else None
                 try:
-                    request = encode_logs(batch, resource, self.ctx.version)
+                    request = encode_logs([event for _, event in batch], resource, self.ctx.version)
                 except Exception as exc:  # noqa: BLE001 - an attribute that will not encode
                     self._warn_once("encode-logs", "otel: could not encode events: %s", exc)
                     result = SendResult(False, False, f"encode: {exc}")
                 else:
                     result = send(transport, request, timeout)
-                self._account(self._logs, result, len(batch), backoff, "logs", settings)
+                keep = not result.ok and (result.retryable
+                                          or (result.throttled and throttled + 1 < THROTTLED_LOG_ATTEMPTS))
+                throttled = throttled + 1 if keep and not result.retryable else 0
                 with self._lock:
-                    if result.ok or not result.retryable:
-                        for _ in range(min(len(batch), len(self._events))):
+                    self._in_flight = 0
+                    # publish() may have evicted part of the batch meanwhile: what is left of it is the
+                    # head of the queue up to the batch's last sequence number, not len(batch) entries
+                    last = batch[-1][0]
+                    left = 0
+                    while left < len(self._events) and self._events[left][0] <= last:
+                        left += 1
+                    if keep:
+                        self._logs.dropped += len(batch) - left  # evicted while in flight: not retried
+                    else:
+                        for _ in range(left):
                             self._events.popleft()
                         if not result.ok:
                             self._logs.dropped += len(batch)
-                    elif stopping:
+                    if stopping and not result.ok:  # one attempt at shutdown: give the rest up
                         self._logs.dropped += len(self._events)
                         self._events.clear()
-                    done = stopping and (not self._events or not result.ok)
+                    done = stopping and not self._events
+                    self._account_locked(self._logs, result, len(batch), backoff, "logs", settings)
                 if done:
                     return
         finally:
@@ -826,26 +907,32 @@ class OtelSink(Sink):
                  signal: str, settings: SignalSettings) -> None:
         """Count an export's outcome, schedule a retry, and log state changes once (not every cycle)."""
         with self._lock:
-            if result.ok:
-                counters.exported += items - result.rejected
-                counters.dropped += result.rejected
-                counters.consecutive_failures = 0
-                if not counters.last_ok:
-                    log.info("otel: %s export to %s recovered", signal, settings.endpoint)
-                counters.last_ok = True
-                backoff.succeeded()
-                if result.rejected:
-                    self._warn_once(f"rejected-{signal}", "otel: the collector rejected %d %s items",
-                                    result.rejected, signal)
-                return
-            counters.failed += 1
-            counters.consecutive_failures += 1
-            counters.last_error = result.detail
-            delay = backoff.failed(time.monotonic(), result.retry_after)
-            if counters.last_ok:
-                log.warning("otel: %s export to %s failed (%s); retrying with backoff, next in %.2f s",
-                            signal, settings.endpoint, result.detail, delay)
-            counters.last_ok = False
+            self._account_locked(counters, result, items, backoff, signal, settings)
+
+    def _account_locked(self, counters: _Counters, result: SendResult, items: int, backoff: _Backoff,
+                        signal: str, settings: SignalSettings) -> None:
+        """``_account`` for a caller that holds the lock, so that its own bookkeeping and these counters
+        change together."""
+        if result.ok:
+            counters.exported += items - result.rejected
+            counters.dropped += result.rejected
+            counters.consecutive_failures = 0
+            if not counters.last_ok:
+                log.info("otel: %s export to %s recovered", signal, settings.endpoint)
+            counters.last_ok = True
+            backoff.succeeded()
+            if result.rejected:
+                self._warn_once(f"rejected-{signal}", "otel: the collector rejected %d %s items",
+                                result.rejected, signal)
+            return
+        counters.failed += 1
+        counters.consecutive_failures += 1
+        counters.last_error = result.detail
+        delay = backoff.failed(time.monotonic(), result.retry_after)
+        if counters.last_ok:
+            log.warning("otel: %s export to %s failed (%s); retrying with backoff, next in %.2f s",
+                        signal, settings.endpoint, result.detail, delay)
+        counters.last_ok = False
 
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned:
