@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pynvml
 import pytest
 
 from gpumon.collectors import nvml_metrics as M
@@ -24,8 +25,9 @@ class Clock:
         return self.t
 
 
-def rig(profile: str = "h100-sxm5-80gb", count: int = 8, **opts: Any) -> tuple[FakeNVML, NvmlCollector, Clock]:
-    fake = FakeNVML(profile, count)
+def rig(profile: str = "h100-sxm5-80gb", count: int = 8, driver: str = "550.90.07",
+        **opts: Any) -> tuple[FakeNVML, NvmlCollector, Clock]:
+    fake = FakeNVML(profile, count, driver_version=driver)
     clock = Clock()
     ctx = Context(hostname="test", nvml=fake)
     ctx.get_shared("nvml", lambda: NvmlSession(fake, clock=clock))
@@ -55,6 +57,9 @@ def series(out: Collection, gpu_only: bool = False) -> int:
     return sum(len(f.samples) for f in out.families if not gpu_only or f.name != "gpumon_nvml_calls_total")
 
 
+R580_ONLY = {"gpumon_gpu_pcie_bytes_total", "gpumon_gpu_recovery_action"}   # fields 197/198 (R555), 230 (R565)
+
+
 def test_h100_exports_every_default_family_with_the_profiles_values() -> None:
     fake, c, _ = rig()
     out = c.collect()
@@ -74,8 +79,9 @@ def test_h100_exports_every_default_family_with_the_profiles_values() -> None:
         "gpumon_gpu_compute_processes_memory_bytes", "gpumon_gpu_activity_ratio",
         "gpumon_gpu_pcie_throughput_bytes_per_second", "gpumon_gpu_nvlink_throughput_bytes_per_second",
         "gpumon_nvml_calls_total",
-    }
+    } - R580_ONLY
     assert expected <= names(out), expected - names(out)
+    assert not names(out) & R580_ONLY      # the 550 driver does not know those fields
     # pre-Ampere page retirement and a fan do not exist on H100; per-link and per-process are opt-in
     assert not names(out) & {"gpumon_gpu_retired_pages", "gpumon_gpu_fan_speed_ratio",
                              "gpumon_gpu_nvlink_link_up", "gpumon_gpu_process_memory_bytes"}
@@ -90,6 +96,7 @@ def test_h100_exports_every_default_family_with_the_profiles_values() -> None:
     assert values(out, "gpumon_gpu_clock_max_hertz", clock="sm")["0"] == 1980e6
     assert values(out, "gpumon_gpu_nvlink_links_active")["0"] == 18
     assert values(out, "gpumon_gpu_temperature_threshold_celsius", threshold="slowdown")["0"] == 90
+    assert set(values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {str(i) for i in range(8)}
     assert values(out, "gpumon_gpu_memory_total_bytes")["0"] == 81559 * 2**20
     energy = values(out, "gpumon_gpu_energy_joules_total")["0"]
     fake.tick(10)
@@ -246,4 +253,180 @@ def test_counters_never_go_backwards_across_runs(profile: str) -> None:
                     key = (fam.name, s.labels)
                     assert s.value >= prev.get(key, 0.0), key
                     prev[key] = s.value
+    c.close()
+
+
+def reasons(out: Collection, gpu: str = "0") -> set[str]:
+    return {s.label("reason") or "" for f in out.families if f.name == "gpumon_gpu_clock_event_violation_seconds_total"
+            for s in f.samples if s.label("gpu") == gpu}
+
+
+def test_a_580_driver_adds_pcie_bytes_recovery_action_and_the_newer_violation_counters() -> None:
+    _, c, _ = rig(count=2, driver="580.65.06")
+    out = c.collect()
+    assert names(out) >= R580_ONLY
+    assert {"sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"} <= reasons(out)
+    c.close()
+
+
+@pytest.mark.parametrize("driver", ["550.90.07", "570.133.20", "575.57.08"])
+def test_fields_269_to_271_are_not_read_before_r580(driver: str) -> None:
+    """R570/R575 numbered power-smoothing fields 269-271 (the double answers them, as those drivers
+    do): read as clock-event counters they would be nonsense."""
+    _, c, _ = rig(count=1, driver=driver)
+    out = c.collect()
+    assert not reasons(out) & {"sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+    assert {"sw_power_cap", "thermal"} <= reasons(out)   # fields 74-81 are there on every driver
+    c.close()
+
+
+@pytest.mark.parametrize("driver", ["535.183.06", "550.90.07"])
+def test_gpu_temperature_before_r570_comes_from_the_older_call(driver: str) -> None:
+    fake, c, _ = rig(count=2, driver=driver)
+    out = c.collect()
+    assert set(values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {"0", "1"}   # first run too
+    assert all(20 < t < 100 for t in values(out, "gpumon_gpu_temperature_celsius", sensor="gpu").values())
+    fake.reset_calls()
+    for _ in range(3):
+        out = c.collect()
+        assert set(values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {"0", "1"}
+    assert fake.calls["nvmlDeviceGetTemperatureV"] == 0      # not asked again every run
+    assert fake.gpu_calls[("nvmlDeviceGetTemperature", 0)] == 3
+    c.close()
+
+
+def test_gpu_temperature_from_r570_uses_the_v_call() -> None:
+    fake, c, _ = rig(count=1, driver="570.133.20")
+    out = c.collect()
+    assert set(values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {"0"}
+    assert fake.calls["nvmlDeviceGetTemperature"] == 0
+    c.close()
+
+
+def test_thresholds_are_absolute_temperatures_not_tlimit_margins() -> None:
+    fake, c, clock = rig(count=2)
+    asked: list[Any] = []
+    real_get = fake.nvmlDeviceGetFieldValues
+
+    def recording(handle: Any, field_ids: list[Any]) -> Any:
+        asked.extend(f[0] if isinstance(f, tuple) else f for f in field_ids)
+        return real_get(handle, field_ids)
+
+    fake.nvmlDeviceGetFieldValues = recording  # type: ignore[method-assign]
+    out = c.collect()
+    thresholds = {s.label("threshold"): s.value for f in out.families
+                  if f.name == "gpumon_gpu_temperature_threshold_celsius" for s in f.samples if s.label("gpu") == "1"}
+    assert thresholds == {"shutdown": 92, "slowdown": 90, "memory_max": 95, "gpu_max": 87}   # the profile's
+    assert not {193, 194, 195, 196} & set(asked)        # the signed T.Limit fields are not read
+    fake.reset_calls()
+    c.collect()
+    assert fake.calls["nvmlDeviceGetTemperatureThreshold"] == 0   # static: discovery and hourly
+    clock.t += 3600
+    c.collect()
+    assert fake.calls["nvmlDeviceGetTemperatureThreshold"] == 2 * 4
+    _, a10, _ = rig("a10", 1)
+    out = a10.collect()
+    assert {s.label("threshold"): s.value for f in out.families
+            if f.name == "gpumon_gpu_temperature_threshold_celsius" for s in f.samples} == \
+        {"shutdown": 98, "slowdown": 95, "gpu_max": 93}   # no HBM: no memory_max
+    c.close()
+    a10.close()
+
+
+def nvlink_errors(out: Collection, gpu: str = "0") -> dict[str, float]:
+    return {s.label("type") or "": s.value for f in out.families if f.name == "gpumon_gpu_nvlink_errors_total"
+            for s in f.samples if s.label("gpu") == gpu}
+
+
+def test_nvlink_error_totals_sum_every_link() -> None:
+    fake, c, _ = rig(count=1)
+    fake.add_nvlink_errors(0, 0, "replay", 2)
+    fake.add_nvlink_errors(0, 7, "replay", 3)
+    fake.add_nvlink_errors(0, 17, "recovery", 1)
+    fake.add_nvlink_errors(0, 11, "crc_data", 4)
+    out = c.collect()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    flit = sum(fake.nvmlDeviceGetNvLinkErrorCounter(h, link, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT)
+               for link in range(18))
+    assert nvlink_errors(out) == {"replay": 5, "recovery": 1, "crc_flit": flit, "crc_data": 4}
+    # one link answering an error this run: no total for that type (a partial sum would look like a reset)
+    fake.fail_field(52, 999, gpu=0, scope=9)
+    out = c.collect()
+    assert "replay" not in nvlink_errors(out) and nvlink_errors(out)["crc_data"] == 4
+    # one link refusing the field for good: the total covers the links that have it
+    fake.clear_faults()
+    fake.fail_field(59, 3, gpu=0, scope=17)   # NOT_SUPPORTED
+    c.collect()
+    out = c.collect()
+    assert nvlink_errors(out)["recovery"] == 0 and nvlink_errors(out)["replay"] == 5
+    # the budget holds: still one field call per GPU
+    fake.reset_calls()
+    c.collect()
+    assert fake.gpu_calls[("nvmlDeviceGetFieldValues", 0)] == 1
+    c.close()
+
+
+def test_nvlink_error_totals_from_a_driver_that_ignores_the_link_are_not_multiplied(monkeypatch) -> None:
+    """Should a driver answer the GPU-wide total whatever the scopeId, every link reads the same value:
+    that value is the total (summing would count it 18 times)."""
+    fake, c, _ = rig(count=1)
+    real_field = FakeNVML._field
+
+    def scope_ignored(self: FakeNVML, g: Any, fid: int, scope: int) -> Any:
+        if fid in (38, 45, 52, 59):
+            gpu_total = sum(real_field(self, g, fid, link)[2] for link in range(18))
+            return pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, gpu_total
+        return real_field(self, g, fid, scope)
+
+    monkeypatch.setattr(FakeNVML, "_field", scope_ignored)
+    fake.add_nvlink_errors(0, 3, "replay", 6)
+    fake.add_nvlink_errors(0, 4, "replay", 1)
+    out = c.collect()
+    assert nvlink_errors(out)["replay"] == 7
+    c.close()
+
+
+def test_gpm_buffers_are_freed_whenever_they_are_dropped() -> None:
+    fake, c, clock = rig(count=2)
+    fake.set_mig(0, instances=3)
+    c.collect()
+    assert fake.gpm_samples_allocated() == 2 * 2 + 3 * 2          # a pair per GPU and per GPU instance
+    fake.set_mig(0, instances=2)                                   # one GPU instance destroyed
+    clock.t += 3600                                                # layout re-read at the re-probe
+    c.collect()
+    assert fake.gpm_samples_allocated() == 2 * 2 + 2 * 2
+    fake.set_mig(0, instances=0)                                   # MIG off
+    clock.t += 3600
+    c.collect()
+    assert fake.gpm_samples_allocated() == 2 * 2
+    fake.set_lost(1, xid=False)                                    # lost, then back after a reset
+    c.collect()
+    fake.restore(1)
+    clock.t += 61
+    c.collect()
+    assert fake.gpm_samples_allocated() == 2 * 2
+    fake.fail("nvmlGpmSampleGet", 3, gpu=1)                        # GPM refused: its pair goes
+    c.collect()
+    assert fake.gpm_samples_allocated() == 2
+    c.session.invalidate("driver reloaded")                        # a new session generation
+    clock.t += 1
+    c.collect()
+    assert fake.gpm_samples_allocated() == 2
+    c.close()
+    assert fake.gpm_samples_allocated() == 0
+
+
+def test_a_failed_second_gpm_allocation_frees_the_first(monkeypatch) -> None:
+    fake, c, _ = rig(count=1)
+    real_alloc = fake.nvmlGpmSampleAlloc
+    allocs = iter([False, True])
+
+    def second_fails() -> Any:
+        if next(allocs, False):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_MEMORY)
+        return real_alloc()
+
+    fake.nvmlGpmSampleAlloc = second_fails  # type: ignore[method-assign]
+    c.collect()
+    assert fake.gpm_samples_allocated() == 0
     c.close()

@@ -168,3 +168,32 @@ def test_check_says_a_not_ready_driver_is_waited_for(tmp_path, monkeypatch, caps
     lines = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("collector")}
     assert lines["nvml"].split()[2] == "wait" and "Driver Not Loaded" in lines["nvml"]
     assert lines["infiniband"].split()[2] == "skip"
+
+
+def test_invalidate_does_not_shut_nvml_down_under_the_xid_wait() -> None:
+    """The XID thread is nearly always inside nvmlEventSetWait_v2: nvmlShutdown waits until that call
+    returns, and the re-initialisation after the backoff then starts NVML over (inits stay matched)."""
+    fake, c, clock, ctx = rig()
+    x = XidCollector(ctx)
+    c.collect()
+    x.collect()
+    wait_for(lambda: x._watching.is_set(), 5)
+    hang = fake.hang("nvmlEventSetWait_v2")
+    try:
+        assert hang.entered.wait(5)
+        c.session.invalidate("driver reloaded")
+        assert fake.calls["nvmlShutdown"] == 0          # not under the call in flight
+    finally:
+        hang.release()
+    wait_for(lambda: fake.calls["nvmlShutdown"] == 1, 5)   # once it returned
+    assert fake._inits == 0
+    clock.t += 1.0
+    out = c.collect()
+    assert {s.label("gpu") for f in out.families if f.name == "gpumon_gpu_lost" for s in f.samples} == {"0", "1"}
+    assert fake._inits == 1
+    wait_for(lambda: x.collect() and x._watching.is_set(), 5)
+    fake.inject_xid(0, 13)
+    wait_for(lambda: any(f.name == "gpumon_gpu_xid_errors_total" and f.samples for f in x.collect().families), 5)
+    c.close()
+    x.close()
+    assert fake._inits == 0

@@ -190,8 +190,30 @@ def test_error_in_a_static_identity_call(code: int, outcome: str) -> None:
 def test_a_non_nvml_exception_is_contained_and_counted() -> None:
     fake, c, _ = rig()
     c.collect()
-    fake.fail("nvmlDeviceGetTemperatureV", 12345, gpu=0)   # an unknown code still maps to NVMLError
+    # the 550 driver has no GetTemperatureV: the GPU temperature comes from GetTemperature
+    fake.fail("nvmlDeviceGetTemperature", 12345, gpu=0)   # an unknown code still maps to NVMLError
     out = c.collect()
     assert gpus_with(out, "gpumon_gpu_temperature_celsius", sensor="gpu") == {"1"}
     assert out.errors
+    c.close()
+
+
+@pytest.mark.parametrize("driver", ["535.183.06", "550.90.07", "580.65.06"])
+def test_a_lost_gpu_is_found_again_on_every_driver(driver: str) -> None:
+    """The liveness probe of a lost GPU must be a call the driver has (GetTemperatureV is R570+)."""
+    fake = FakeNVML("h100-sxm5-80gb", 2, driver_version=driver)
+    clock = Clock()
+    ctx = Context(hostname="test", nvml=fake)
+    ctx.get_shared("nvml", lambda: NvmlSession(fake, clock=clock))
+    c = NvmlCollector(ctx)
+    c._clock = clock
+    c.collect()
+    fake.set_lost(1, xid=False)
+    out = c.collect()
+    assert gpus_with(out, "gpumon_gpu_lost") == {"0", "1"} and gpu_series(out, "1") == {"gpumon_gpu_lost"}
+    fake.restore(1)
+    clock.t += 61
+    out = c.collect()
+    assert any(e.kind == "gpu_recovered" for e in out.events)
+    assert "gpumon_gpu_temperature_celsius" in gpu_series(out, "1")
     c.close()

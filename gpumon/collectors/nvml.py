@@ -6,6 +6,7 @@ refuses for a GPU (not supported, no permission, function missing, deprecated, r
 dropped for that GPU and asked again only at the hourly re-probe. A GPU that is lost is reported by
 ``gpumon_gpu_lost`` and a ``gpu_lost`` event, its other series withdrawn, the other GPUs unaffected.
 When the library or driver is missing the collector is unavailable and re-initialises with backoff.
+GPM sample buffers are NVML allocations: every one dropped is freed first.
 """
 
 from __future__ import annotations
@@ -127,6 +128,10 @@ class NvmlCollector(Collector):
         self._logged: set[Any] = set()
         self._stop = threading.Event()
         self._closed = False
+        self._busy = threading.Lock()   # held by collect(); close() frees GPM buffers only when free
+        #: UUIDs of GPUs whose links answered different NVLink error totals: the driver reads those
+        #: fields per link (scopeId), so the GPU total is their sum (see _nvlink_rows).
+        self._nvlink_totals_per_link: set[str] = set()
         self._parse_ctx = M.ParseContext(per_process=bool(self._opt("per_process")))
 
     # --- plumbing ------------------------------------------------------------------------------------
@@ -156,6 +161,13 @@ class NvmlCollector(Collector):
             return
         self._closed = True
         self._stop.set()
+        # a collect() hung inside NVML still holds its buffers: leave them (the process is ending)
+        if self._busy.acquire(blocking=False):
+            try:
+                for gpu in self._gpus:
+                    self._free_gpm(gpu)
+            finally:
+                self._busy.release()
         self.session.release()
 
     def _log_once(self, key: Any, level: int, msg: str, *args: Any) -> None:
@@ -166,12 +178,20 @@ class NvmlCollector(Collector):
     # --- the run -------------------------------------------------------------------------------------
 
     def collect(self) -> Collection:
+        with self._busy:
+            return self._collect()
+
+    def _collect(self) -> Collection:
         self.session.ensure()
         out = Collection()
         if self._generation != self.session.generation:
             self._generation = self.session.generation
+            for old in self._gpus:
+                self._free_gpm(old)
             self._gpus = [_Gpu(d) for d in self.session.devices]
             self._run = 0
+        for reason, n in self.session.drain_errors().items():
+            out.count_error(reason, n)
         self._run += 1
         now = self._clock()
         rows_by_spec: dict[MetricSpec, list[Sample]] = {}
@@ -229,7 +249,12 @@ class NvmlCollector(Collector):
             calls += 1
         for item in self._active(gpu, list(M.FAST_CALLS) + self._field_fallbacks(gpu, fast=True)):
             calls += 1
-            rows.extend(self._call_item(gpu, item, out) or [])
+            result = self._call_item(gpu, item, out)
+            if result is None and self._fell_back(gpu, item):
+                # refused just now (an older driver without the call): its stand-in answers this run
+                calls += 1
+                result = self._call_item(gpu, M.FALLBACK_CALLS[item.fallback], out)
+            rows.extend(result or [])
         for mig in gpu.mig:
             rows.extend(self._mig_memory(gpu, mig, out))
         if gpu.gpm is not None:
@@ -283,6 +308,11 @@ class NvmlCollector(Collector):
                     and (fs.fallback in M.FAST_FALLBACKS) == fast):
                 keys.append(fs.fallback)
         return [M.FALLBACK_CALLS[k] for k in keys]
+
+    @staticmethod
+    def _fell_back(gpu: _Gpu, item: M.CallItem) -> bool:
+        return bool(item.fallback) and ("call", item.key) in gpu.dropped \
+            and ("call", item.fallback) not in gpu.dropped
 
     def _active(self, gpu: _Gpu, items: Any) -> list[M.CallItem]:
         """The items not dropped for this GPU, with fallbacks standing in for dropped ones."""
@@ -343,26 +373,25 @@ class NvmlCollector(Collector):
     # --- lost GPUs -----------------------------------------------------------------------------------
 
     def _retry_lost(self, gpu: _Gpu, now: float, out: Collection) -> bool:
-        """Ask a lost GPU again every minute; True when it answers (same UUID) and is collected again."""
+        """Ask a lost GPU again every minute; True when it answers (same UUID, or its first UUID when
+        discovery could not read one) and is collected again."""
         if now - max(gpu.lost_checked, gpu.dev.lost_since) < LOST_RETRY_SECONDS:
             return False
         gpu.lost_checked = now
         try:
             handle = self.session.call("nvmlDeviceGetHandleByIndex", gpu.dev.index)
             uuid = text(self.session.call("nvmlDeviceGetUUID", handle))
-            self.session.call("nvmlDeviceGetTemperatureV", handle, 0)
+            self.session.probe(handle)   # a call that reaches the GPU, on every driver
         except Exception as exc:  # noqa: BLE001 - still lost, or worse
             kind, _ = classify(exc)
             if kind == "unavailable":
                 raise _NvmlGone(f"NVML became unusable ({exc})") from None
             return False
-        if uuid != gpu.dev.uuid:
+        if gpu.dev.uuid and uuid != gpu.dev.uuid:
             return False
-        gpu.dev.handle = handle
         gpu.static_at = -1.0
-        gpu.gpm = None
-        gpu.mig_gpm = {}
-        self.session.mark_recovered(gpu.dev)
+        self._free_gpm(gpu)
+        self.session.mark_recovered(gpu.dev, handle, uuid)
         return True
 
     # --- static facts --------------------------------------------------------------------------------
@@ -390,6 +419,11 @@ class NvmlCollector(Collector):
             v = self._try(gpu, ("static", fn), fn, h, out=out)
             if v is not None:
                 rows.append((spec, (), float(v)))
+        for threshold, label in M.THRESHOLDS:
+            v = self._try(gpu, ("static", "threshold", threshold), "nvmlDeviceGetTemperatureThreshold", h,
+                          threshold, out=out)
+            if v is not None:
+                rows.append((M.TEMP_THRESHOLD, (label,), float(v)))
         ecc = self._try(gpu, ("static", "ecc"), "nvmlDeviceGetEccMode", h, out=out)
         if ecc is not None:
             rows.append((M.ECC_MODE, (), 1.0 if ecc[0] else 0.0))
@@ -423,13 +457,33 @@ class NvmlCollector(Collector):
         for _ in range(2):
             sample = self._try(gpu, ("static", "gpm_alloc"), "nvmlGpmSampleAlloc", out=out)
             if sample is None:
+                self._free_samples(samples)
                 return None
             samples.append(sample)
         return samples
 
+    def _free_samples(self, samples: list[Any]) -> None:
+        for sample in samples:
+            try:
+                self.session.call("nvmlGpmSampleFree", sample)
+            except Exception as exc:  # noqa: BLE001 - a buffer NVML will not take back is lost either way
+                log.debug("nvmlGpmSampleFree: %s", exc)
+        samples.clear()
+
+    def _free_gpm(self, gpu: _Gpu) -> None:
+        """Give back every GPM buffer of the GPU (before dropping them: NVML allocated them)."""
+        if gpu.gpm is not None:
+            self._free_samples(gpu.gpm.samples)
+            gpu.gpm = None
+        for pair in gpu.mig_gpm.values():
+            self._free_samples(pair.samples)
+        gpu.mig_gpm = {}
+
     def _setup_mig(self, gpu: _Gpu, mig_on: bool, out: Collection) -> None:
         gpu.mig = []
         if not mig_on:
+            for pair in gpu.mig_gpm.values():
+                self._free_samples(pair.samples)
             gpu.mig_gpm = {}
             return
         h = gpu.dev.handle
@@ -446,8 +500,11 @@ class NvmlCollector(Collector):
                                        exc, out)
                 continue
             gpu.mig.append(_Mig(mh, gi, ci))
+        present = {m.gpu_instance for m in gpu.mig}
+        for gi in [gi for gi in gpu.mig_gpm if gi not in present]:   # an instance destroyed since
+            self._free_samples(gpu.mig_gpm.pop(gi).samples)
         if self._opt("gpm") and gpu.gpm is not None:
-            for gi in sorted({m.gpu_instance for m in gpu.mig}):
+            for gi in sorted(present):
                 if gi not in gpu.mig_gpm:
                     samples = self._alloc_samples(gpu, out)
                     if samples is not None:
@@ -456,10 +513,11 @@ class NvmlCollector(Collector):
     # --- fields --------------------------------------------------------------------------------------
 
     def _field_plan(self, gpu: _Gpu) -> list[tuple[int, int]]:
-        ids = [(fs.field_id, 0) for fs in M.FIELDS]
+        driver = self.session.driver_major
+        ids = [(fs.field_id, 0) for fs in M.FIELDS if fs.min_driver <= driver]
         if gpu.link_count:
-            ids += [(fs.field_id, 0) for fs in M.NVLINK_TOTAL_FIELDS]
             per_link = [M.FIELD_NVLINK_STATE, M.FIELD_NVLINK_TX_KIB, M.FIELD_NVLINK_RX_KIB]
+            per_link += [fs.field_id for fs in M.NVLINK_TOTAL_FIELDS]
             if self._opt("nvlink_per_link"):
                 per_link += [fid for fid, _ in M.NVLINK_LINK_ERROR_FIELDS]
             ids += [(fid, link) for link in range(gpu.link_count) for fid in per_link]
@@ -490,12 +548,20 @@ class NvmlCollector(Collector):
                 self._handle_error(gpu, ("field", fid, scope), f"field {fid} (scope {scope})", err, out)
                 continue
             got[(fid, scope)] = _field_value(fv)
-        for fs in M.FIELDS + M.NVLINK_TOTAL_FIELDS:
+        for fs in M.FIELDS:
             if (fs.field_id, 0) in got:
                 rows.append((fs.spec, fs.extra, got[(fs.field_id, 0)] * fs.scale))
         if gpu.link_count:
             self._nvlink_rows(gpu, got, rows)
         return True
+
+    @staticmethod
+    def _all_links(gpu: _Gpu, got: dict[tuple[int, int], float], fid: int) -> list[float] | None:
+        """The per-link values of a field, or None unless every link not dropped answered: a total
+        over some links only would look like a counter reset."""
+        vals = [got[(fid, link)] for link in range(gpu.link_count) if (fid, link) in got]
+        asked = sum(1 for link in range(gpu.link_count) if ("field", fid, link) not in gpu.dropped)
+        return vals if vals and len(vals) == asked else None
 
     def _nvlink_rows(self, gpu: _Gpu, got: dict[tuple[int, int], float], rows: list[M.Row]) -> None:
         links = range(gpu.link_count)
@@ -504,10 +570,21 @@ class NvmlCollector(Collector):
         if known:
             rows.append((M.NVLINK_ACTIVE, (), float(sum(1 for s in known if s == 1))))
         for fid, direction in ((M.FIELD_NVLINK_TX_KIB, "tx"), (M.FIELD_NVLINK_RX_KIB, "rx")):
-            vals = [got[(fid, link)] for link in links if (fid, link) in got]
-            # a total over some links only would look like a counter reset: all answered, or none
-            if vals and len(vals) == sum(1 for link in links if ("field", fid, link) not in gpu.dropped):
+            vals = self._all_links(gpu, got, fid)
+            if vals is not None:
                 rows.append((M.NVLINK_BYTES, (direction,), sum(vals) * 1024.0))
+        totals = {fs: self._all_links(gpu, got, fs.field_id) for fs in M.NVLINK_TOTAL_FIELDS}
+        if any(vals and len(set(vals)) > 1 for vals in totals.values()):
+            self._nvlink_totals_per_link.add(gpu.dev.uuid)
+        per_link = gpu.dev.uuid in self._nvlink_totals_per_link
+        for fs, vals in totals.items():
+            if vals is None:
+                continue
+            # Every link answering the same count would mean a driver that ignores scopeId and gives
+            # the GPU total each time; summing would multiply it. Once two links differ the values are
+            # per link for good (the switch only ever makes the counter jump up, never back).
+            total = sum(vals) if per_link else vals[0]
+            rows.append((fs.spec, fs.extra, total * fs.scale))
         if not self._opt("nvlink_per_link"):
             return
         for link in links:
@@ -557,7 +634,8 @@ class NvmlCollector(Collector):
         except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome
             pair.taken = 0
             self._handle_error(gpu, key, pair.sampler, exc, out)
-            if key in gpu.dropped and key == ("gpm",):
+            if key in gpu.dropped and key == ("gpm",) and gpu.gpm is not None:
+                self._free_samples(gpu.gpm.samples)
                 gpu.gpm = None
             return
         pair.idx ^= 1

@@ -3,16 +3,16 @@
 Three tiers keep the NVML call count per GPU small and bounded:
 
 - **fields**: one ``nvmlDeviceGetFieldValues`` call per GPU per run fetches every value that has a
-  field id (power, energy, memory temperature, thresholds, ECC, row remapping, PCIe counters,
-  clock-event violation times, NVLink totals and per-link values), each with its own return code;
+  field id (power, energy, memory temperature, ECC, row remapping, PCIe counters, clock-event
+  violation times, NVLink per-link values and their sums), each with its own return code;
 - **fast calls**: values with no field id that move every second (utilization, memory, GPU
   temperature, SM clock), one call each per run;
 - **slow calls**: values that move slowly (memory/graphics clocks, clock-event reason bits, PCIe link
   state, BAR1, P-state, encoder/decoder, processes, fan) share the per-GPU call budget left after the
   fast tier, oldest first, weighted so the clock-event reasons refresh more often.
 
-Static facts (identity, maxima, ECC/MIG mode, GPM support, NVLink count) are read at discovery and
-at every hourly re-probe.
+Static facts (identity, maxima, temperature thresholds, ECC/MIG mode, GPM support, NVLink count) are
+read at discovery and at every hourly re-probe.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ BAR1_USED = _m("gpumon_gpu_bar1_used_bytes", GAUGE, "BAR1 aperture in use.", "by
 TEMP = _m("gpumon_gpu_temperature_celsius", GAUGE, "Temperature of the GPU die or the HBM (sensor).",
           "celsius", ("sensor",))
 TEMP_THRESHOLD = _m("gpumon_gpu_temperature_threshold_celsius", GAUGE,
-                    "Temperature at which the GPU slows down, shuts down, or the maximum operating "
-                    "temperature of the GPU or its memory.", "celsius", ("threshold",))
+                    "Temperature at which the GPU slows down or shuts down, or the maximum operating "
+                    "temperature of the GPU or its memory (absolute, like the temperature).", "celsius",
+                    ("threshold",))
 POWER = _m("gpumon_gpu_power_watts", GAUGE, "Power draw.", "watts")
 POWER_LIMIT = _m("gpumon_gpu_power_limit_watts", GAUGE, "Enforced power limit.", "watts")
 ENERGY = _m("gpumon_gpu_energy_joules_total", COUNTER, "Energy used since the driver was loaded.", "joules")
@@ -141,17 +142,17 @@ class FieldSpec:
     extra: tuple[str, ...] = ()
     scale: float = 1.0
     fallback: str = ""  # key of a slow call that stands in when this field is not supported
+    min_driver: int = 0  # asked only from this driver branch on (the id meant something else before)
 
 
+# Fields 193-196 (TEMPERATURE_*_TLIMIT) are not used: they are signed margins on the T.Limit scale
+# (nvidia-smi's "GPU Shutdown T.Limit Temp: -5 C"), not temperatures; the absolute thresholds come from
+# nvmlDeviceGetTemperatureThreshold (THRESHOLDS, static).
 FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec(82, "MEMORY_TEMP", TEMP, ("memory",)),
     FieldSpec(83, "TOTAL_ENERGY_CONSUMPTION", ENERGY, (), 1e-3, "energy"),
     FieldSpec(186, "POWER_INSTANT", POWER, (), 1e-3, "power"),
     FieldSpec(190, "POWER_CURRENT_LIMIT", POWER_LIMIT, (), 1e-3, "power_limit"),
-    FieldSpec(193, "TEMPERATURE_SHUTDOWN_TLIMIT", TEMP_THRESHOLD, ("shutdown",), 1.0, "threshold_shutdown"),
-    FieldSpec(194, "TEMPERATURE_SLOWDOWN_TLIMIT", TEMP_THRESHOLD, ("slowdown",), 1.0, "threshold_slowdown"),
-    FieldSpec(195, "TEMPERATURE_MEM_MAX_TLIMIT", TEMP_THRESHOLD, ("memory_max",)),
-    FieldSpec(196, "TEMPERATURE_GPU_MAX_TLIMIT", TEMP_THRESHOLD, ("gpu_max",)),
     FieldSpec(74, "PERF_POLICY_POWER", CLOCK_VIOLATION, ("sw_power_cap",), 1e-9),
     FieldSpec(75, "PERF_POLICY_THERMAL", CLOCK_VIOLATION, ("thermal",), 1e-9),
     FieldSpec(76, "PERF_POLICY_SYNC_BOOST", CLOCK_VIOLATION, ("sync_boost",), 1e-9),
@@ -160,10 +161,13 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec(79, "PERF_POLICY_RELIABILITY", CLOCK_VIOLATION, ("reliability",), 1e-9),
     FieldSpec(80, "PERF_POLICY_TOTAL_APP_CLOCKS", CLOCK_VIOLATION, ("total_app_clocks",), 1e-9),
     FieldSpec(81, "PERF_POLICY_TOTAL_BASE_CLOCKS", CLOCK_VIOLATION, ("total_base_clocks",), 1e-9),
-    FieldSpec(269, "CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN", CLOCK_VIOLATION, ("sw_thermal_slowdown",), 1e-9),
-    FieldSpec(270, "CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN", CLOCK_VIOLATION, ("hw_thermal_slowdown",), 1e-9),
+    # 269-271 are these counters from R580 on; R570/R575 numbered power-smoothing fields there
+    FieldSpec(269, "CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN", CLOCK_VIOLATION, ("sw_thermal_slowdown",), 1e-9,
+              min_driver=580),
+    FieldSpec(270, "CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN", CLOCK_VIOLATION, ("hw_thermal_slowdown",), 1e-9,
+              min_driver=580),
     FieldSpec(271, "CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN", CLOCK_VIOLATION,
-              ("hw_power_brake_slowdown",), 1e-9),
+              ("hw_power_brake_slowdown",), 1e-9, min_driver=580),
     FieldSpec(94, "PCIE_REPLAY_COUNTER", PCIE_REPLAY, (), 1.0, "pcie_replay"),
     FieldSpec(197, "PCIE_COUNT_TX_BYTES", PCIE_BYTES, ("tx",)),
     FieldSpec(198, "PCIE_COUNT_RX_BYTES", PCIE_BYTES, ("rx",)),
@@ -180,6 +184,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec(145, "REMAPPED_FAILURE", REMAP_FAILURE, (), 1.0, "remap"),
     FieldSpec(230, "GET_GPU_RECOVERY_ACTION", RECOVERY),
 )
+# The "_TOTAL" error fields count all lanes of the link named in scopeId: asked per link and summed.
 NVLINK_TOTAL_FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec(38, "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", NVLINK_ERRORS, ("crc_flit",)),
     FieldSpec(45, "NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", NVLINK_ERRORS, ("crc_data",)),
@@ -192,6 +197,9 @@ FIELD_NVLINK_TX_KIB = 138         # scopeId = link
 FIELD_NVLINK_RX_KIB = 139         # scopeId = link
 NVLINK_LINK_ERROR_FIELDS: tuple[tuple[int, str], ...] = ((161, "replay"), (162, "recovery"), (163, "crc_flit"))
 NVLINK_ERROR_DL_CRC_DATA = 3      # nvmlDeviceGetNvLinkErrorCounter counter id (no per-link field for 12+)
+
+# nvmlDeviceGetTemperatureThreshold(h, NVML_TEMPERATURE_THRESHOLD_*): absolute celsius, static
+THRESHOLDS: tuple[tuple[int, str], ...] = ((0, "shutdown"), (1, "slowdown"), (2, "memory_max"), (3, "gpu_max"))
 
 # --- the call tiers ----------------------------------------------------------------------------------
 
@@ -274,7 +282,9 @@ CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM = 0, 1, 2
 FAST_CALLS: tuple[CallItem, ...] = (
     CallItem("utilization", "nvmlDeviceGetUtilizationRates", (), _util),
     CallItem("memory", "nvmlDeviceGetMemoryInfo", (NVML_MEMORY_V2,), _memory, fallback="memory_v1"),
-    CallItem("temperature", "nvmlDeviceGetTemperatureV", (0,), _scalar(TEMP, ("gpu",))),
+    # nvmlDeviceGetTemperatureV exists from R570 on; older drivers answer FUNCTION_NOT_FOUND
+    CallItem("temperature", "nvmlDeviceGetTemperatureV", (0,), _scalar(TEMP, ("gpu",)),
+             fallback="temperature_legacy"),
     CallItem("clock_sm", "nvmlDeviceGetClockInfo", (CLOCK_SM,), _clock("sm")),
 )
 SLOW_CALLS: tuple[CallItem, ...] = (
@@ -293,13 +303,10 @@ SLOW_CALLS: tuple[CallItem, ...] = (
 FAST_FALLBACKS = frozenset({"power", "energy"})
 FALLBACK_CALLS: dict[str, CallItem] = {c.key: c for c in (
     CallItem("memory_v1", "nvmlDeviceGetMemoryInfo", (), _memory),
+    CallItem("temperature_legacy", "nvmlDeviceGetTemperature", (0,), _scalar(TEMP, ("gpu",))),
     CallItem("power", "nvmlDeviceGetPowerUsage", (), _scalar(POWER, (), 1e-3)),
     CallItem("energy", "nvmlDeviceGetTotalEnergyConsumption", (), _scalar(ENERGY, (), 1e-3)),
     CallItem("power_limit", "nvmlDeviceGetEnforcedPowerLimit", (), _scalar(POWER_LIMIT, (), 1e-3)),
-    CallItem("threshold_shutdown", "nvmlDeviceGetTemperatureThreshold", (0,),
-             _scalar(TEMP_THRESHOLD, ("shutdown",))),
-    CallItem("threshold_slowdown", "nvmlDeviceGetTemperatureThreshold", (1,),
-             _scalar(TEMP_THRESHOLD, ("slowdown",))),
     CallItem("pcie_replay", "nvmlDeviceGetPcieReplayCounter", (), _scalar(PCIE_REPLAY)),
     CallItem("ecc_cv", "nvmlDeviceGetTotalEccErrors", (0, 0), _scalar(ECC, ("corrected", "volatile"))),
     CallItem("ecc_uv", "nvmlDeviceGetTotalEccErrors", (1, 0), _scalar(ECC, ("uncorrected", "volatile"))),

@@ -5,6 +5,11 @@ collectors racing to init and shut down is a source of bugs), the device list is
 initialisation, every call is counted for ``gpumon_nvml_calls_total``, and a GPU found lost by either
 collector is lost for both. Initialisation failures (no library, no driver, version mismatch while the
 driver is being updated) make the session unavailable and are retried with exponential backoff.
+
+One GPU that does not answer at discovery does not take the others down: it is kept, marked lost, and
+asked again like any lost GPU; one NVML refuses to this process (no permission) is left out, said once.
+``nvmlShutdown`` is never called while another thread is inside NVML (the XID thread nearly always is):
+it is deferred until the last call in flight returns, so every ``nvmlInit`` is still matched.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.collectors.base import CollectorUnavailable, Context
-from gpumon.collectors.nvml_tables import error_kind, error_name
+from gpumon.collectors.nvml_tables import FUNCTION_NOT_FOUND, error_kind, error_name
 from gpumon.model import Event, Severity
 
 log = logging.getLogger("gpumon.nvml")
@@ -42,6 +47,14 @@ def handle_key(handle: Any) -> int:
         return id(handle)
 
 
+def driver_major(version: str) -> int:
+    """The branch of a driver version string (``"550.90.07"`` -> 550); 0 when it cannot be read."""
+    try:
+        return int(version.split(".", 1)[0])
+    except ValueError:
+        return 0
+
+
 def text(value: Any) -> str:
     """pynvml returns str from most string getters but bytes from struct char arrays."""
     if isinstance(value, bytes):
@@ -49,10 +62,15 @@ def text(value: Any) -> str:
     return str(value)
 
 
+UNKNOWN_UUID = ""
+"""The ``uuid`` label of a GPU whose UUID NVML could not read at discovery (it answered nothing): empty,
+so Prometheus shows the series without a uuid and OTel falls back to ``gpu<index>`` for ``hw.id``."""
+
+
 @dataclass
 class Device:
     index: int
-    handle: Any
+    handle: Any   # None when even nvmlDeviceGetHandleByIndex failed at discovery
     uuid: str
     lost: bool = False
     lost_reason: str = ""
@@ -62,6 +80,11 @@ class Device:
     @property
     def labels(self) -> tuple[str, str]:
         return (str(self.index), self.uuid)
+
+    @property
+    def name(self) -> str:
+        """How log lines and events name the GPU."""
+        return f"GPU {self.index} ({self.uuid})" if self.uuid else f"GPU {self.index}"
 
 
 class NvmlSession:
@@ -88,8 +111,17 @@ class NvmlSession:
         self._lost_events: list[Event] = []
         self._refs = 0
         self._in_flight = 0
+        self._pending_shutdowns = 0
         self.driver_version = ""
+        self.driver_major = 0
         self.cuda_version = ""
+        #: GPUs nvmlDeviceGetCount counts but this process may not use (index -> reason), left out.
+        self.skipped: dict[int, str] = {}
+        self._errors: Counter[str] = Counter()
+        self._said: set[tuple[int, str]] = set()
+        #: Bumped whenever a lost GPU answers again, so the XID thread re-registers it.
+        self.recoveries = 0
+        self._no_temperature_v = False
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -106,17 +138,27 @@ class NvmlSession:
             self._refs += 1
 
     def release(self) -> None:
-        """Drop one user; the last one shuts NVML down unless a call is still hung inside it."""
+        """Drop one user; the last one shuts NVML down (once no call is in flight)."""
         with self._lock:
             self._refs = max(0, self._refs - 1)
             if self._refs or not self.ready:
                 return
             self.ready = False
             self.reason = "NVML session closed"
-            busy = self._in_flight > 0
-        if busy:
-            log.warning("NVML call still in flight at shutdown; not calling nvmlShutdown")
-            return
+        self._shutdown("session closed")
+
+    def _shutdown(self, why: str) -> None:
+        """Match one ``nvmlInit``: now when no other thread is inside NVML, else when the last call in
+        flight returns (``call`` does it). A call hung for good means NVML is never shut down, which is
+        better than tearing the library down under it."""
+        with self._lock:
+            if self._in_flight > 0:
+                self._pending_shutdowns += 1
+                log.info("NVML call in flight (%s); nvmlShutdown deferred until it returns", why)
+                return
+        self._nvml_shutdown()
+
+    def _nvml_shutdown(self) -> None:
         try:
             self.lib.nvmlShutdown()
         except Exception as exc:  # noqa: BLE001 - shutdown errors change nothing
@@ -139,13 +181,16 @@ class NvmlSession:
             except ImportError:
                 self._fail("nvidia-ml-py (module pynvml) is not installed", now, retryable=False)
                 raise CollectorUnavailable(self.reason) from None
+            self._run_pending_shutdowns()
+            inited = False
             try:
                 self._count("nvmlInit")
                 lib.nvmlInit()
+                inited = True
                 self._discover(lib)
-            except CollectorUnavailable:
-                raise
             except Exception as exc:  # noqa: BLE001 - any NVML failure leaves us unavailable
+                if inited:   # discovery failed as a whole: give back what nvmlInit took
+                    self._shutdown("discovery failed")
                 code = nvml_code(exc)
                 reason = f"NVML init failed: {exc}" + (f" ({error_name(code)})" if code else "")
                 self._fail(reason, now, retryable=error_name(code) != "library_not_found")
@@ -170,6 +215,16 @@ class NvmlSession:
         self._next_try = now + self._backoff
         self._backoff = min(BACKOFF_MAX, self._backoff * 2)
 
+    def _run_pending_shutdowns(self) -> None:
+        """Before a new ``nvmlInit``: the shutdowns deferred meanwhile, if nothing is in flight now, so
+        the library really starts over (a driver reload needs that)."""
+        with self._lock:
+            if self._in_flight > 0:
+                return
+            pending, self._pending_shutdowns = self._pending_shutdowns, 0
+        for _ in range(pending):
+            self._nvml_shutdown()
+
     def invalidate(self, reason: str) -> None:
         """NVML stopped working mid-run (driver unloaded): unavailable until a re-init succeeds."""
         with self._lock:
@@ -179,22 +234,41 @@ class NvmlSession:
             self.reason = reason
             self._next_try = self._clock() + self._backoff
         log.warning("%s; re-initialising NVML with backoff", reason)
-        try:
-            self.lib.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - the library is likely gone already
-            pass
+        self._shutdown("invalidated")
 
     def _discover(self, lib: Any) -> None:
-        count = self.call("nvmlDeviceGetCount")
-        devices = []
+        """Every GPU NVML counts, each on its own: one that fails does not fail the others."""
+        count = int(self.call("nvmlDeviceGetCount"))
+        devices: list[Device] = []
+        failed: list[tuple[Device, str]] = []
+        skipped: dict[int, str] = {}
         for index in range(count):
-            handle = self.call("nvmlDeviceGetHandleByIndex", index)
-            uuid = text(self.call("nvmlDeviceGetUUID", handle))
+            handle: Any = None
+            what = "nvmlDeviceGetHandleByIndex"
+            try:
+                handle = self.call(what, index)
+                what = "nvmlDeviceGetUUID"
+                uuid = text(self.call(what, handle))
+            except Exception as exc:  # noqa: BLE001 - classified below
+                kind, code = classify(exc)
+                if kind == "unavailable":
+                    raise            # NVML itself is gone: the whole discovery fails
+                reason = f"{what}: {exc}"
+                self._count_error(code)
+                if kind == "unsupported":   # e.g. NO_PERMISSION: not ours to watch
+                    skipped[index] = reason
+                    self._say_once(index, reason, "GPU %d left out: NVML refuses it to this process (%s)")
+                    continue
+                device = Device(index, handle, UNKNOWN_UUID)
+                failed.append((device, reason))
+                devices.append(device)
+                continue
             devices.append(Device(index, handle, uuid))
         try:
             self.driver_version = text(self.call("nvmlSystemGetDriverVersion"))
         except Exception:  # noqa: BLE001 - identity detail only
             self.driver_version = ""
+        self.driver_major = driver_major(self.driver_version)
         try:
             cuda = int(self.call("nvmlSystemGetCudaDriverVersion"))
             self.cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}"
@@ -202,7 +276,26 @@ class NvmlSession:
             self.cuda_version = ""
         with self._lock:
             self.devices = devices
-            self._by_handle = {handle_key(d.handle): d for d in devices}
+            self.skipped = skipped
+            self._by_handle = {handle_key(d.handle): d for d in devices if d.handle is not None}
+        for device, reason in failed:
+            self.mark_lost(device, f"not answering at discovery ({reason})")
+
+    def _say_once(self, index: int, reason: str, msg: str) -> None:
+        key = (index, reason)
+        if key not in self._said:
+            self._said.add(key)
+            log.warning(msg, index, reason)
+
+    def _count_error(self, code: int | None) -> None:
+        with self._lock:
+            self._errors[f"nvml_{error_name(code)}" if code is not None else "nvml_error"] += 1
+
+    def drain_errors(self) -> Counter[str]:
+        """Errors met outside a collector's run (discovery), for the next run to count."""
+        with self._lock:
+            errors, self._errors = self._errors, Counter()
+        return errors
 
     # --- calls -------------------------------------------------------------------------------------
 
@@ -221,9 +314,34 @@ class NvmlSession:
         finally:
             with self._lock:
                 self._in_flight -= 1
+                pending = self._pending_shutdowns if self._in_flight == 0 else 0
+                self._pending_shutdowns -= pending
+            for _ in range(pending):   # the shutdowns deferred while this call was inside NVML
+                self._nvml_shutdown()
 
     def device_for(self, handle: Any) -> Device | None:
         return self._by_handle.get(handle_key(handle))
+
+    def probe(self, handle: Any) -> None:
+        """Raise what NVML raises for a call that reaches the GPU (GPU_IS_LOST, ...); return when it
+        answered, even "not supported". The GPU temperature: every driver has one of its two calls
+        (``nvmlDeviceGetTemperatureV`` from R570 on, the deprecated ``nvmlDeviceGetTemperature``
+        before)."""
+        names = ["nvmlDeviceGetTemperature"]
+        if not self._no_temperature_v:
+            names.insert(0, "nvmlDeviceGetTemperatureV")
+        for name in names:
+            try:
+                self.call(name, handle, 0)   # NVML_TEMPERATURE_GPU
+                return
+            except Exception as exc:  # noqa: BLE001 - classified below
+                kind, code = classify(exc)
+                if code == FUNCTION_NOT_FOUND and name == "nvmlDeviceGetTemperatureV":
+                    self._no_temperature_v = True
+                    continue
+                if kind == "unsupported":
+                    return
+                raise
 
     # --- lost GPUs ---------------------------------------------------------------------------------
 
@@ -238,20 +356,30 @@ class NvmlSession:
             attrs = {"reason": reason, **(attributes or {})}
             self._lost_events.append(Event(
                 "gpu_lost", Severity.CRITICAL, {"gpu": str(device.index), "uuid": device.uuid},
-                f"GPU {device.index} ({device.uuid}) is lost: {reason}", attrs))
-        log.error("GPU %d (%s) lost: %s", device.index, device.uuid, reason)
+                f"{device.name} is lost: {reason}", attrs))
+        log.error("%s lost: %s", device.name, reason)
         return True
 
-    def mark_recovered(self, device: Device) -> None:
+    def mark_recovered(self, device: Device, handle: Any = None, uuid: str = "") -> None:
+        """The GPU answers again, through ``handle`` (a new one after a reset) and with ``uuid`` (read
+        for the first time when discovery could not)."""
         with self._lock:
             if not device.lost:
                 return
+            if handle is not None:
+                if device.handle is not None:
+                    self._by_handle.pop(handle_key(device.handle), None)
+                device.handle = handle
+                self._by_handle[handle_key(handle)] = device
+            if uuid:
+                device.uuid = uuid
             device.lost = False
             device.lost_reason = ""
+            self.recoveries += 1
             self._lost_events.append(Event(
                 "gpu_recovered", Severity.INFO, {"gpu": str(device.index), "uuid": device.uuid},
-                f"GPU {device.index} ({device.uuid}) answers again"))
-        log.warning("GPU %d (%s) answers again", device.index, device.uuid)
+                f"{device.name} answers again"))
+        log.warning("%s answers again", device.name)
 
     def drain_lost_events(self) -> list[Event]:
         with self._lock:

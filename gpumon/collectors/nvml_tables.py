@@ -13,6 +13,9 @@ from gpumon.model import Severity
 # --- error codes (NVML_ERROR_*) and what the collector does with them -------------------------------
 
 SUCCESS = 0
+TIMEOUT = 10
+FUNCTION_NOT_FOUND = 13
+GPU_IS_LOST = 15
 ERROR_NAMES: dict[int, str] = {
     1: "uninitialized", 2: "invalid_argument", 3: "not_supported", 4: "no_permission",
     5: "already_initialized", 6: "not_found", 7: "insufficient_size", 8: "insufficient_power",
@@ -110,10 +113,14 @@ RECOVERY_ACTIONS: dict[int, tuple[str, Severity]] = {
     7: ("system_reboot", Severity.CRITICAL),
 }
 
-# Event type bits (nvmlEventType*)
+# Event type bits (nvmlEventType*); the last two exist from driver R565 on
 EVENT_XID = 0x0000000000000008
 EVENT_GPU_UNAVAILABLE = 0x0000000000004000
 EVENT_GPU_RECOVERY_ACTION = 0x0000000000008000
+
+NO_INSTANCE = 0xFFFFFFFF
+"""``gpuInstanceId`` / ``computeInstanceId`` of an event that belongs to no MIG instance (0 is a real
+instance)."""
 
 # --- clock-event reasons (nvmlClocksEventReason* bits) ------------------------------------------------
 

@@ -6,6 +6,10 @@ drains the queue into ``gpu_xid`` events (with the XID's meaning and severity) a
 ``gpumon_gpu_xid_errors_total{gpu,uuid,xid}`` counting for the life of the process, so an XID is
 never "the last value of a gauge". XID 79 and the GPU-unavailable event mark the GPU lost for the
 ``nvml`` collector too (the session is shared).
+
+A lost GPU in the event set makes every wait answer GPU_IS_LOST: the thread then finds which GPU no
+longer answers, marks it lost, and rebuilds the set without it (and again with it once it recovers), so
+the other GPUs' XIDs keep coming. After a reload the new collector takes over the old one's totals.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from gpumon.collectors.nvml_tables import (
     EVENT_GPU_RECOVERY_ACTION,
     EVENT_GPU_UNAVAILABLE,
     EVENT_XID,
+    NO_INSTANCE,
     RECOVERY_ACTIONS,
+    TIMEOUT,
     error_name,
     xid_info,
 )
@@ -85,6 +91,7 @@ class XidCollector(Collector):
         self._generation = -1
         self._closed = False
         self._errors: Counter[str] = Counter()
+        self._said_no_members = False
 
     @classmethod
     def metrics(cls) -> tuple[MetricSpec, ...]:
@@ -104,7 +111,8 @@ class XidCollector(Collector):
         self._stop_thread()
         self._stop = threading.Event()
         self._generation = self.session.generation
-        self._thread = threading.Thread(target=self._watch, args=(self._stop,), name="gpumon-xid", daemon=True)
+        self._thread = threading.Thread(target=self._watch, args=(self._stop, self._generation),
+                                        name="gpumon-xid", daemon=True)
         self._thread.start()
 
     def _stop_thread(self) -> None:
@@ -116,44 +124,93 @@ class XidCollector(Collector):
             self._thread = None
         self._watching.clear()
 
-    def _watch(self, stop: threading.Event) -> None:
+    def _watch(self, stop: threading.Event, generation: int) -> None:
+        """Build an event set of the GPUs that answer and wait on it; rebuild it when a GPU in it is
+        lost or a lost one recovers. Ends on stop, when NVML goes away, or when no GPU takes events."""
         s = self.session
-        try:
-            event_set = s.call("nvmlEventSetCreate")
-        except Exception as exc:  # noqa: BLE001 - no events at all: say so, collector keeps running
-            self._note_error(exc, "nvmlEventSetCreate")
-            return
-        try:
-            registered = self._register(event_set)
-            if not registered:
-                log.warning("no GPU accepts XID event registration; XIDs will not be reported")
-                return
-            self._watching.set()
-            while not stop.is_set():
-                try:
-                    data = s.call("nvmlEventSetWait_v2", event_set, WAIT_MS)
-                except Exception as exc:  # noqa: BLE001 - classified below
-                    kind, code = classify(exc)
-                    if code == 10:  # NVML_ERROR_TIMEOUT: nothing happened
-                        continue
-                    self._note_error(exc, "nvmlEventSetWait_v2")
-                    if kind == "unavailable":
-                        return
-                    stop.wait(ERROR_PAUSE)
-                    continue
-                self._enqueue(data)
-        finally:
-            self._watching.clear()
+        while not stop.is_set():
             try:
-                s.call("nvmlEventSetFree", event_set)
-            except Exception:  # noqa: BLE001 - the set dies with the process anyway
-                pass
+                event_set = s.call("nvmlEventSetCreate")
+            except Exception as exc:  # noqa: BLE001 - no events at all: say so, collector keeps running
+                self._note_error(exc, "nvmlEventSetCreate")
+                return
+            rebuild = False
+            try:
+                members = self._register(event_set)
+                if not members:
+                    log.log(logging.DEBUG if self._said_no_members else logging.WARNING,
+                            "no GPU accepts XID event registration; XIDs will not be reported")
+                    self._said_no_members = True
+                    return
+                self._watching.set()
+                rebuild = self._wait(stop, generation, event_set, members)
+            finally:
+                self._watching.clear()
+                try:
+                    s.call("nvmlEventSetFree", event_set)
+                except Exception:  # noqa: BLE001 - the set dies with the process anyway
+                    pass
+            if not rebuild:
+                return
+            log.info("XID event set rebuilt without the lost GPU(s) / with the recovered one(s)")
 
-    def _register(self, event_set: Any) -> int:
-        """Register every GPU for XIDs plus the newer event types where the driver has them."""
+    def _wait(self, stop: threading.Event, generation: int, event_set: Any, members: list[Device]) -> bool:
+        """Wait on one event set; True when it must be rebuilt, False to end the thread."""
+        s = self.session
+        recoveries = s.recoveries
+        while not stop.is_set():
+            if not s.ready or s.generation != generation:
+                return False          # NVML is being re-initialised: collect() starts a new thread
+            if s.recoveries != recoveries:
+                self._drain(event_set)
+                return True           # a lost GPU answers again: register it too
+            try:
+                data = s.call("nvmlEventSetWait_v2", event_set, WAIT_MS)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                kind, code = classify(exc)
+                if code == TIMEOUT:   # nothing happened
+                    continue
+                self._note_error(exc, "nvmlEventSetWait_v2")
+                if kind == "unavailable":
+                    return False
+                if kind == "lost":    # a GPU in the set is lost: every wait says so until it leaves
+                    self._mark_lost_members(members, exc)
+                    stop.wait(ERROR_PAUSE if not any(d.lost for d in members) else 0)
+                    return True
+                stop.wait(ERROR_PAUSE)
+                continue
+            self._enqueue(data)
+        return False
+
+    def _drain(self, event_set: Any) -> None:
+        """Take what the set already holds before it is freed."""
+        while True:
+            try:
+                data = self.session.call("nvmlEventSetWait_v2", event_set, 0)
+            except Exception:  # noqa: BLE001 - TIMEOUT: empty; anything else: nothing more to take
+                return
+            self._enqueue(data)
+
+    def _mark_lost_members(self, members: list[Device], exc: BaseException) -> None:
+        """The wait does not say which GPU is lost: ask each member with a call that reaches it."""
+        for dev in members:
+            if dev.lost:
+                continue
+            try:
+                self.session.probe(dev.handle)
+            except Exception as probe_exc:  # noqa: BLE001 - classified below
+                kind, _ = classify(probe_exc)
+                if kind == "lost":
+                    self.session.mark_lost(dev, f"nvmlEventSetWait_v2: {exc}; {probe_exc}")
+
+    def _register(self, event_set: Any) -> list[Device]:
+        """Register every GPU that answers for XIDs plus the newer event types where the driver has
+        them; the GPUs registered."""
         wanted = EVENT_XID | EVENT_GPU_UNAVAILABLE | EVENT_GPU_RECOVERY_ACTION
-        registered = 0
+        registered: list[Device] = []
         for dev in self.session.devices:
+            if dev.lost or dev.handle is None:
+                continue
             mask = wanted
             try:
                 mask = wanted & int(self.session.call("nvmlDeviceGetSupportedEventTypes", dev.handle))
@@ -168,7 +225,7 @@ class XidCollector(Collector):
                 continue
             try:
                 self.session.call("nvmlDeviceRegisterEvents", dev.handle, mask, event_set)
-                registered += 1
+                registered.append(dev)
             except Exception as exc:  # noqa: BLE001 - one GPU refusing must not stop the others
                 kind, _ = classify(exc)
                 if kind == "lost":
@@ -193,7 +250,8 @@ class XidCollector(Collector):
             self._note_error(Exception("event from an unknown device handle"), "event")
             return
         seen = _Seen(time.time(), dev, int(data.eventType), int(data.eventData),
-                     int(getattr(data, "gpuInstanceId", 0)), int(getattr(data, "computeInstanceId", 0)))
+                     int(getattr(data, "gpuInstanceId", NO_INSTANCE)),
+                     int(getattr(data, "computeInstanceId", NO_INSTANCE)))
         if seen.event_type & EVENT_XID and seen.data == XID_GPU_LOST:
             self.session.mark_lost(dev, "XID 79: GPU has fallen off the bus", {"xid": XID_GPU_LOST})
         elif seen.event_type & EVENT_GPU_UNAVAILABLE:
@@ -232,7 +290,7 @@ class XidCollector(Collector):
             attrs: dict[str, Any] = {"xid": seen.data, "meaning": info.meaning}
             if info.action:
                 attrs["action"] = info.action
-            if seen.gpu_instance not in (0, 0xFFFFFFFF):
+            if seen.gpu_instance != NO_INSTANCE:   # GI 0 is a real MIG instance
                 attrs["gpu_instance"] = seen.gpu_instance
                 attrs["compute_instance"] = seen.compute_instance
             return Event("gpu_xid", info.severity, subject,
@@ -246,6 +304,21 @@ class XidCollector(Collector):
         return Event("gpu_unavailable", Severity.CRITICAL, subject,
                      f"GPU {dev.index}: driver reports the GPU unavailable",
                      {"event_type": seen.event_type, "event_data": seen.data}, time=seen.time)
+
+    def inherit(self, previous: Collector) -> None:
+        """After a reload: keep counting from the old instance's totals, and publish what it had seen
+        but not yet published, so gpumon_gpu_xid_errors_total does not reset."""
+        if not isinstance(previous, XidCollector):
+            return
+        with previous._lock:
+            queue, previous._queue = previous._queue, []
+            errors, previous._errors = previous._errors, Counter()
+            counts, recovery = Counter(previous._counts), Counter(previous._recovery)
+        with self._lock:
+            self._queue[:0] = queue
+            self._errors.update(errors)
+        self._counts.update(counts)
+        self._recovery.update(recovery)
 
     def close(self) -> None:
         if self._closed:

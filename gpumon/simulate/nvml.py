@@ -9,9 +9,17 @@ as a driver lacking it would.
 
 Profiles: ``a100-sxm4-80gb`` (ND A100 v4), ``h100-sxm5-80gb`` (ND H100 v5: GPM, 18 NVLinks) and ``a10``
 (NVads A10 v5: no NVLink, no HBM temperature, a fan). Values move with :meth:`FakeNVML.tick`.
+
+The driver matters as it does on a real host: ``driver_version`` (default 550.90.07, an R550 production
+driver) decides which functions, event types and field ids exist. Before R570 there is no
+``nvmlDeviceGetTemperatureV`` (FUNCTION_NOT_FOUND); before R565 no GPU-unavailable / recovery-action
+events and no field 230; before R555 no PCIe byte counters (197/198); field ids 269-271 are the
+clock-event counters from R580 on and power-smoothing values in R570/R575.
+
 Faults for tests: :meth:`fail`, :meth:`fail_field`, :meth:`fail_gpm_metric`, :meth:`hang`,
 :meth:`fail_init`, :meth:`set_lost`, :meth:`inject_xid`, :meth:`inject_event`, :meth:`set_mig`.
-Every call is counted (:attr:`calls`, :meth:`calls_for_gpu`) so the benchmark can report calls per GPU.
+Every call is counted (:attr:`calls`, :meth:`calls_for_gpu`) so the benchmark can report calls per GPU;
+GPM sample buffers are tracked (:meth:`gpm_samples_allocated`) so a test can assert none leaks.
 """
 
 from __future__ import annotations
@@ -99,6 +107,14 @@ _IDLE, _SW_POWER, _HW_SLOW, _SW_THERM, _HW_THERM = 0x1, 0x4, 0x8, 0x20, 0x40
 # GPM metric ids the double answers
 _GPM_RATIO_IDS = (1, 2, 3, 5, 10, 11, 12, 13)
 
+# What appeared in which driver branch (NVML change log)
+_FUNCTION_SINCE: dict[str, int] = {"nvmlDeviceGetTemperatureV": 570}
+_EVENT_SINCE: dict[int, int] = {_real.nvmlEventTypeGpuUnavailableError: 565,
+                                _real.nvmlEventTypeGpuRecoveryAction: 565}
+_FIELD_SINCE: dict[int, int] = {197: 555, 198: 555, 230: 565, 269: 580, 270: 580, 271: 580}
+# In R570/R575 the ids 269-271 were power-smoothing fields (renumbered in R580)
+_R570_POWER_SMOOTHING = {269: 0, 270: 10, 271: 300000}
+
 
 @dataclass
 class _Mig:
@@ -173,15 +189,20 @@ class _EventSet:
         self.freed = False
 
 
-def _api(device_arg: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Common entry for every simulated NVML function: count, check init, faults, hangs, lost GPUs."""
+def _api(device_arg: bool = True, index_arg: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Common entry for every simulated NVML function: count, check init, faults, hangs, lost GPUs.
+    The GPU is the one of the handle in the first argument, or (``index_arg``) the index there."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         name = fn.__name__
 
         @functools.wraps(fn)
         def entry(self: FakeNVML, *args: Any, **kwargs: Any) -> Any:
-            gpu = self._gpu_of(args[0]) if device_arg and args else None
+            gpu = None
+            if index_arg and args:
+                gpu = args[0] if isinstance(args[0], int) and 0 <= args[0] < len(self._gpus) else None
+            elif device_arg and args:
+                gpu = self._gpu_of(args[0])
             self._enter(name, gpu)
             return fn(self, *args, **kwargs)
 
@@ -200,9 +221,11 @@ class FakeNVML:
         self.profile_name = profile
         self.profile = PROFILES[profile]
         self.driver_version = driver_version
+        self.driver_major = int(driver_version.split(".", 1)[0])
         self.cuda_version = cuda_version
         self._lock = threading.RLock()
         self._inits = 0
+        self._loaded = False
         self._init_faults: list[tuple[int, int | None]] = []
         self._faults: list[_Fault] = []
         self._field_faults: dict[tuple[int, int | None, int | None], int] = {}
@@ -332,11 +355,16 @@ class FakeNVML:
             h.release()
 
     def set_lost(self, gpu: int, xid: bool = True) -> None:
-        """The GPU falls off the bus: every call on it raises GPU_IS_LOST (and XID 79 is reported)."""
+        """The GPU falls off the bus: every call on it raises GPU_IS_LOST (and XID 79 is reported);
+        a wait on an event set it is registered in answers GPU_IS_LOST once the queue is empty."""
         with self._lock:
             self._gpus[gpu].lost = True
+            sets = list(self._sets.values())
         if xid:
             self._post(gpu, _real.nvmlEventTypeXidCriticalError, 79)
+        for s in sets:
+            with s.cond:
+                s.cond.notify_all()
 
     def restore(self, gpu: int) -> None:
         with self._lock:
@@ -355,13 +383,19 @@ class FakeNVML:
         self._post(gpu, _real.nvmlEventTypeGpuRecoveryAction, action)
 
     def set_mig(self, gpu: int, instances: int = 7) -> None:
-        """Enable MIG on a GPU with ``instances`` equal GPU instances (one compute instance each)."""
+        """Enable MIG on a GPU with ``instances`` equal GPU instances (one compute instance each);
+        0 disables MIG again."""
         with self._lock:
             g = self._gpus[gpu]
             if not g.profile.mig_capable:
                 raise ValueError(f"{g.profile.name} has no MIG")
             g.mig = [_Mig(7 + i, 0, g.profile.mig_instance_memory, int(g.profile.mig_instance_memory * 0.4))
-                     for i in range(instances)]
+                     for i in range(instances)] or None
+
+    def add_nvlink_errors(self, gpu: int, link: int, kind: str, count: int = 1) -> None:
+        """Count NVLink errors on one link; ``kind`` is replay, recovery, crc_flit or crc_data."""
+        with self._lock:
+            self._gpus[gpu].link_err[link][("replay", "recovery", "crc_flit", "crc_data").index(kind)] += count
 
     def set_link_down(self, gpu: int, link: int) -> None:
         with self._lock:
@@ -375,6 +409,11 @@ class FakeNVML:
     def calls_for_gpu(self, gpu: int) -> int:
         with self._lock:
             return sum(n for (_, g), n in self.gpu_calls.items() if g == gpu)
+
+    def gpm_samples_allocated(self) -> int:
+        """GPM sample buffers allocated and not yet freed."""
+        with self._lock:
+            return len(self._samples)
 
     def _post(self, gpu: int, event_type: int, data: int, gi: int = 0xFFFFFFFF, ci: int = 0xFFFFFFFF) -> None:
         with self._lock:
@@ -399,6 +438,10 @@ class FakeNVML:
             self.calls[name] += 1
             if gpu is not None:
                 self.gpu_calls[(name, gpu)] += 1
+            if self.driver_major < _FUNCTION_SINCE.get(name, 0):   # pynvml finds no such symbol
+                # ... in a library it loads at the first nvmlInit and keeps after nvmlShutdown
+                raise _err(_real.NVML_ERROR_FUNCTION_NOT_FOUND if self._loaded
+                           else _real.NVML_ERROR_UNINITIALIZED)
             hang = next((h for h in self._hangs if h.function == name and h.gpu in (None, gpu)
                          and not h.released), None)
         if hang is not None:
@@ -451,6 +494,7 @@ class FakeNVML:
                     self._init_faults = [(code, times)] if times > 0 else []
                 raise _err(code)
             self._inits += 1
+            self._loaded = True
 
     def nvmlInit(self) -> None:
         self.nvmlInitWithFlags(0)
@@ -475,12 +519,10 @@ class FakeNVML:
     def nvmlDeviceGetCount(self) -> int:
         return len(self._gpus)
 
-    @_api(False)
+    @_api(False, index_arg=True)
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
         if not 0 <= index < len(self._gpus):
             raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
-        if self._gpus[index].lost:
-            raise _err(_real.NVML_ERROR_GPU_IS_LOST)
         return _ptr(_DEVICE_BASE + 0x1000 * index, _real.c_nvmlDevice_t)
 
     # --- identity ------------------------------------------------------------------------------------
@@ -741,9 +783,17 @@ class FakeNVML:
             return ok, uint, round(g.power_mw)
         if fid in (190, 189, 188):
             return ok, uint, p.power_limit_mw
+        if self.driver_major < _FIELD_SINCE.get(fid, 0):
+            if fid in _R570_POWER_SMOOTHING and self.driver_major >= 570:
+                return ok, uint, _R570_POWER_SMOOTHING[fid]
+            return unsupported                      # a field id this driver does not know
         if fid in (193, 194, 195, 196):
+            # T.Limit scale: degrees below the GPU's T.Limit point, signed (nvidia-smi's "GPU Shutdown
+            # T.Limit Temp: -5 C"); the point is the max operating temperature
             threshold = {193: 0, 194: 1, 195: 2, 196: 3}[fid]
-            return (ok, uint, p.thresholds[threshold]) if threshold in p.thresholds else unsupported
+            if threshold not in p.thresholds or 3 not in p.thresholds:
+                return unsupported
+            return ok, _real.NVML_VALUE_TYPE_SIGNED_INT, p.thresholds[3] - p.thresholds[threshold]
         if fid in g.violation_ns:
             return ok, ull, int(g.violation_ns[fid])
         if fid == 94:
@@ -763,11 +813,12 @@ class FakeNVML:
             return ok, uint, g.recovery_action
         if fid == 91:
             return (ok, uint, p.nvlinks) if p.nvlinks else unsupported
-        if fid in (38, 45, 52, 59):
+        if fid in (38, 45, 52, 59):   # "total for all lanes" of the link in scopeId
             if not p.nvlinks:
                 return unsupported
-            col = {38: 2, 45: 3, 52: 0, 59: 1}[fid]
-            return ok, ull, sum(link[col] for link in g.link_err)
+            if not 0 <= scope < p.nvlinks:
+                return _real.NVML_ERROR_INVALID_ARGUMENT, ull, 0
+            return ok, ull, g.link_err[scope][{38: 2, 45: 3, 52: 0, 59: 1}[fid]]
         if fid in (165, 138, 139, 161, 162, 163):
             if not p.nvlinks:
                 return unsupported
@@ -868,33 +919,43 @@ class FakeNVML:
             raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
         return s
 
+    def _event_types(self) -> int:
+        types = (_real.nvmlEventTypeXidCriticalError | _real.nvmlEventTypeSingleBitEccError
+                 | _real.nvmlEventTypeDoubleBitEccError)
+        for bit, since in _EVENT_SINCE.items():
+            if self.driver_major >= since:
+                types |= bit
+        return types
+
     @_api()
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
         self._device(handle)
-        return (_real.nvmlEventTypeXidCriticalError | _real.nvmlEventTypeSingleBitEccError
-                | _real.nvmlEventTypeDoubleBitEccError | _real.nvmlEventTypeGpuUnavailableError
-                | _real.nvmlEventTypeGpuRecoveryAction)
+        return self._event_types()
 
     @_api()
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
         g = self._device(handle)
         s = self._set(eventSet)
-        allowed = (_real.nvmlEventTypeXidCriticalError | _real.nvmlEventTypeSingleBitEccError
-                   | _real.nvmlEventTypeDoubleBitEccError | _real.nvmlEventTypeGpuUnavailableError
-                   | _real.nvmlEventTypeGpuRecoveryAction)
-        if eventTypes & ~allowed:
+        if eventTypes & ~self._event_types():   # "some of the requested event types" are not supported
             raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
         with self._lock:
             s.registered[g.index] = s.registered.get(g.index, 0) | eventTypes
 
     @_api(False)
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:
+        """Queued events first; then GPU_IS_LOST while a registered GPU is lost (the real library
+        answers that on every wait until the set no longer holds it); INVALID_ARGUMENT for a set
+        freed under the wait; TIMEOUT when nothing happened."""
         s = self._set(eventSet)
         deadline = time.monotonic() + timeoutms / 1000.0
         with s.cond:
             while not s.queue:
+                if s.freed:
+                    raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+                if any(self._gpus[gpu].lost for gpu in s.registered):
+                    raise _err(_real.NVML_ERROR_GPU_IS_LOST)
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or s.freed:
+                if remaining <= 0:
                     raise _err(_real.NVML_ERROR_TIMEOUT)
                 s.cond.wait(remaining)
             gpu, event_type, data, gi, ci = s.queue.pop(0)
