@@ -118,7 +118,7 @@ class FlapDetector:
     def __init__(
         self,
         threshold: int = 5,
-        window: float = 86400.0,
+        window: float | None = 86400.0,
         state_path: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -127,7 +127,9 @@ class FlapDetector:
         max_recent: int = 4096,
     ) -> None:
         self.threshold = threshold
-        self.window = window
+        self._provisional = window is None
+        """No rule yet (the watcher configures it on its first run): keep, never announce, cut nothing."""
+        self.window = MAX_WINDOW if window is None else window
         self.state_path = state_path
         self._clock = clock
         self._wall = wall_clock
@@ -150,9 +152,9 @@ class FlapDetector:
     def configure(self, threshold: int, window: float) -> None:
         """Set the flapping rule (the watcher owns these options; the detector may predate it)."""
         with self._lock:
-            if (threshold, window) == (self.threshold, self.window):
+            if not self._provisional and (threshold, window) == (self.threshold, self.window):
                 return
-            self.threshold, self.window = threshold, window
+            self.threshold, self.window, self._provisional = threshold, window, False
             wall = self._wall()
             for key, port in self._ports.items():
                 self._update_flapping(key, port, wall, announce=False)
@@ -164,8 +166,15 @@ class FlapDetector:
         name = f"{node_guid}/{key[1]}" if node_guid else f"{key[0]}/{key[1]}"
         with self._lock:
             port = self._ports.get(key)
-            if port is not None and port.identity == name:
-                return
+            if port is not None and port.identity is not None and (port.identity == name or not node_guid):
+                return  # the same HCA, or a GUID that could not be read this time: keep what we know
+            for other_key, other in self._ports.items():
+                if other_key != key and other.identity == name:
+                    # Names swapped in a running process: that HCA's window moves with it to this name.
+                    if other.window:
+                        self._persisted[name] = sorted([*self._persisted.get(name, []), *other.window])
+                    self._ports[other_key] = _Port(total=other.total, signal_counts=other.signal_counts)
+                    break
             if port is not None and port.identity is not None:
                 if port.window:
                     self._persisted[port.identity] = list(port.window)
@@ -332,6 +341,7 @@ class FlapDetector:
             port.recent.popleft()
 
     def _update_flapping(self, key: PortKey, port: _Port, wall: float, announce: bool) -> None:
+        announce = announce and not self._provisional
         cutoff = wall - self.window
         while port.window and port.window[0] <= cutoff:
             port.window.popleft()
@@ -511,4 +521,4 @@ def state_path(state_dir: str) -> str:
 def shared_detector(ctx) -> FlapDetector:
     """The one detector of this daemon (``ctx`` is a collectors' Context): the IB collector feeds
     it ``link_downed``, the watcher feeds it states and ``carrier_changes`` and exports the result."""
-    return ctx.get_shared("flaps", lambda: FlapDetector(state_path=state_path(ctx.state_dir)))
+    return ctx.get_shared("flaps", lambda: FlapDetector(window=None, state_path=state_path(ctx.state_dir)))

@@ -265,16 +265,28 @@ def test_400_for_an_undeclared_stream_keeps_the_rows_until_the_dcr_is_fixed(serv
 
 
 def test_400_refusing_rows_alone_alike_is_a_request_fault_not_bad_rows(server, make_sink, tmp_path, caplog):
-    server.fail(400, count=6, stream=EVENTS)  # the same error for the batch and for its rows sent alone
+    server.fail(400, count=8, stream=EVENTS)  # the same error for the batch and for its rows sent alone
     sink = make_sink()
     publish_events(sink, events(5))
     assert server.wait_for(lambda s: len(s.rows(EVENTS)) == 5, timeout=10)
-    # The batch, its first row alone, its last row alone: a request fault, kept; twice; then all of it.
-    assert [r.status for r in server.requests()] == [400] * 6 + [204]
+    # The batch, its first, middle and last rows alone: a request fault, kept; twice; then all of it.
+    assert [r.status for r in server.requests()] == [400] * 8 + [204]
     health = wait_health(sink, lambda h: h.extra["rows_queued"] == 0)
     assert health.dropped == 0 and health.exported == 5 and health.up
     assert deadletter_lines(tmp_path) == []
     assert sum("refused the same way" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_bad_rows_at_both_ends_of_a_batch_do_not_hold_back_the_good_ones(server, make_sink, tmp_path):
+    """Two rejected rows around good ones look like a request fault to the first/last probe alone:
+    the middle row decides, the good rows go through and only the bad ones are dead-lettered."""
+    server.reject_rows(lambda row: row.get("Message", "").startswith("poison"))
+    sink = make_sink()
+    publish_events(sink, events(1, "poison") + events(5) + events(1, "poison"))
+    health = wait_health(sink, lambda h: h.extra["rows_queued"] == 0)
+    assert len(server.rows(EVENTS)) == 5
+    assert sorted(line["row"]["Message"] for line in deadletter_lines(tmp_path)) == ["poison 0", "poison 0"]
+    assert health.exported == 5 and health.dropped == 2
 
 
 def test_dead_lettered_row_is_not_sent_again_when_its_batch_is_retried(server, make_sink, tmp_path):

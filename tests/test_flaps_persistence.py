@@ -180,3 +180,46 @@ def test_a_state_file_keyed_by_device_name_is_still_read(tmp_path) -> None:
     assert det.status(KEY).window_flaps == 2
     det.observe(KEY, clock.mono, link_downed=0)
     assert set(json.loads(Path(path).read_text(encoding="utf-8"))["ports"]) == {"aaaa:0000:0000:0001/1"}
+
+
+def test_a_detector_without_a_rule_yet_keeps_the_whole_loaded_window(tmp_path) -> None:
+    """The collectors identify ports before the watcher's first run configures the rule: nothing may be
+    cut (or written back cut) to the default 24 h in between."""
+    clock = Clock()
+    path = state_path(str(tmp_path))
+    Path(path).write_text(json.dumps({"version": 1, "ports": {"aaaa:0000:0000:0001/1": [
+        clock.wall - 3 * 86400, clock.wall - 2.5 * 86400, clock.wall - 2 * 86400]}}), encoding="utf-8")
+    det = make(clock, path, window=None)
+    det.identify(KEY, "aaaa:0000:0000:0001")
+    det.observe(KEY, clock.mono, link_downed=0)          # a save may happen before the rule is known
+    assert len(json.loads(Path(path).read_text(encoding="utf-8"))["ports"]["aaaa:0000:0000:0001/1"]) == 3
+    det.configure(3, 7 * 86400)
+    st = det.status(KEY)
+    assert (st.window_flaps, st.flapping) == (3, True)
+    assert "ib_port_flapping" not in [e.kind for e in det.drain_events()]   # known from before, not new
+
+
+def test_names_swapping_in_a_running_process_move_each_window_with_its_hca(tmp_path) -> None:
+    clock = Clock()
+    det = make(clock, state_path(str(tmp_path)), threshold=2)
+    a, b = ("mlx5_ib0", "1"), ("mlx5_ib1", "1")
+    det.identify(a, "aaaa:0000:0000:0001")
+    det.identify(b, "bbbb:0000:0000:0002")
+    det.observe(b, clock.mono, link_downed=0)
+    clock.advance(30)
+    det.observe(b, clock.mono, link_downed=3)
+    assert det.status(b).window_flaps == 3
+    det.identify(a, "bbbb:0000:0000:0002")      # the VF of b re-plugged under a's name, and vice versa
+    det.identify(b, "aaaa:0000:0000:0001")
+    assert det.status(a).window_flaps == 3 and det.status(b).window_flaps == 0
+
+
+def test_a_guid_that_cannot_be_read_once_keeps_the_port_identity(tmp_path) -> None:
+    clock = Clock()
+    det = make(clock, state_path(str(tmp_path)))
+    det.identify(KEY, "aaaa:0000:0000:0001")
+    det.observe(KEY, clock.mono, link_downed=1)
+    det.identify(KEY, "")                          # a transient read error at rediscovery
+    clock.advance(30)
+    det.observe(KEY, clock.mono, link_downed=2)
+    assert det.status(KEY).flaps_total == 1        # the baseline was kept: one flap, not a reset

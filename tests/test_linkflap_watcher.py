@@ -262,3 +262,20 @@ def test_the_detector_and_its_totals_survive_a_reload(tmp_path) -> None:
         wait_for(lambda: flaps() == 2.0)
     finally:
         daemon.stop(timeout=3.0)
+
+
+def test_a_week_long_window_is_whole_on_the_first_run_after_a_restart(tmp_path) -> None:
+    fabric = build_tree("hbv4", str(tmp_path / "sys"))
+    with open(os.path.join(fabric.device_dir("mlx5_ib0"), "node_guid"), encoding="ascii") as fh:
+        guid = fh.read().strip()
+    os.makedirs(tmp_path / "state")
+    now = time.time()
+    with open(tmp_path / "state" / "ib_flaps.json", "w", encoding="utf-8") as fh:
+        json.dump({"version": 1, "ports": {f"{guid}/1": [now - 3 * 86400, now - 2.5 * 86400, now - 2 * 86400]}}, fh)
+    ctx = Context("host", sysfs_root=str(tmp_path / "sys"), state_dir=str(tmp_path / "state"))
+    ib = InfinibandCollector(ctx)
+    ib.collect()                                   # identifies the ports before the watcher's rule is known
+    watcher = LinkflapCollector(ctx, Section("linkflap", {"flap_window": 7 * 86400.0, "flap_threshold": 3}))
+    coll = watcher.collect()
+    assert values(coll, "gpumon_ib_port_flaps_in_window")[KEY] == 3
+    assert values(coll, "gpumon_ib_port_flapping")[KEY] == 1

@@ -197,3 +197,45 @@ def test_invalidate_does_not_shut_nvml_down_under_the_xid_wait() -> None:
     c.close()
     x.close()
     assert fake._inits == 0
+
+
+def test_no_call_enters_nvml_while_nvml_shutdown_runs() -> None:
+    """The shutdown is announced in the same critical section that finds nothing in flight: a thread
+    that wants NVML meanwhile waits for nvmlShutdown to return instead of running inside it."""
+    import threading
+    import time
+
+    fake = FakeNVML("h100-sxm5-80gb", 2)
+    session = NvmlSession(fake)
+    session.acquire()
+    session.ensure()
+    inside, overlap = threading.Event(), []
+    real_shutdown, real_count = fake.nvmlShutdown, fake.nvmlDeviceGetCount
+
+    def slow_shutdown() -> None:
+        inside.set()
+        time.sleep(0.5)                  # tearing a driver session down is not instant
+        inside.clear()
+        real_shutdown()
+
+    def count() -> int:
+        if inside.is_set():
+            overlap.append("nvmlDeviceGetCount")
+        return real_count()
+
+    fake.nvmlShutdown, fake.nvmlDeviceGetCount = slow_shutdown, count
+    shutter = threading.Thread(target=session.invalidate, args=("driver went away",))
+    shutter.start()
+    assert inside.wait(5)
+    caller = threading.Thread(target=lambda: _swallow(lambda: session.call("nvmlDeviceGetCount")))
+    caller.start()
+    caller.join(5)
+    shutter.join(5)
+    assert overlap == [] and not caller.is_alive()
+
+
+def _swallow(fn) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - after the shutdown NVML may refuse; only the timing matters
+        pass

@@ -5,6 +5,7 @@ the totals survive a reload; close() stops the thread promptly."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pynvml
@@ -253,3 +254,32 @@ def test_reload_takes_over_the_xid_and_recovery_totals() -> None:
     fake.inject_xid(1, 48)
     wait_for(lambda: xid_counts(new.collect()) == {("1", "48"): 3.0}, 5)
     new.close()
+
+
+def test_a_gpu_recovering_while_the_event_set_is_rebuilt_is_registered_again() -> None:
+    """The recovery lands between registering the new set and waiting on it (the nvml collector's
+    thread, any time): the set is rebuilt once more with that GPU, and its XIDs keep coming."""
+    fake = FakeNVML("h100-sxm5-80gb", 4)
+    clock = Clock()
+    session, c, x = both_watching(fake, clock)
+    register, armed = x._register, threading.Event()
+
+    def register_then_recover(event_set):
+        members = register(event_set)
+        if armed.is_set() and session.devices[2].lost:
+            armed.clear()
+            fake.restore(2)
+            clock.t += 61
+            c.collect()                      # finds GPU 2 again: a recovery in the gap
+            assert not session.devices[2].lost
+        return members
+
+    x._register = register_then_recover
+    armed.set()
+    fake.set_lost(2, xid=False)
+    wait_for(lambda: not armed.is_set(), 5)
+    wait_for(lambda: any(2 in s.registered for s in fake._sets.values() if not s.freed), 5)
+    fake.inject_xid(2, 31)
+    wait_for(lambda: xid_counts(x.collect()).get(("2", "31")) == 1.0, 5)
+    c.close()
+    x.close()

@@ -96,6 +96,9 @@ class NvmlSession:
         self._lib = lib
         self._clock = clock
         self._lock = threading.Lock()
+        self._no_shutdown = threading.Condition(self._lock)
+        """Signalled when an ``nvmlShutdown`` ends: ``call`` does not enter NVML while one runs."""
+        self._shutting_down = 0
         self._init_lock = threading.Lock()
         self.calls: Counter[str] = Counter()
         self.ready = False
@@ -156,7 +159,19 @@ class NvmlSession:
                 self._pending_shutdowns += 1
                 log.info("NVML call in flight (%s); nvmlShutdown deferred until it returns", why)
                 return
-        self._nvml_shutdown()
+            self._shutting_down += 1   # in the same critical section: no call can slip in between
+        self._gated_shutdown(1)
+
+    def _gated_shutdown(self, times: int) -> None:
+        """Run ``times`` shutdowns announced in ``_shutting_down`` (by the caller, under the lock), then
+        let calls waiting in ``call`` go on."""
+        try:
+            for _ in range(times):
+                self._nvml_shutdown()
+        finally:
+            with self._lock:
+                self._shutting_down -= times
+                self._no_shutdown.notify_all()
 
     def _nvml_shutdown(self) -> None:
         try:
@@ -222,8 +237,9 @@ class NvmlSession:
             if self._in_flight > 0:
                 return
             pending, self._pending_shutdowns = self._pending_shutdowns, 0
-        for _ in range(pending):
-            self._nvml_shutdown()
+            self._shutting_down += pending
+        if pending:
+            self._gated_shutdown(pending)
 
     def invalidate(self, reason: str) -> None:
         """NVML stopped working mid-run (driver unloaded): unavailable until a re-init succeeds."""
@@ -307,6 +323,8 @@ class NvmlSession:
         """Call ``pynvml.<name>(*args)``, counted. Exceptions pass through unchanged."""
         fn = getattr(self.lib, name)
         with self._lock:
+            if self._shutting_down and not self._no_shutdown.wait_for(lambda: not self._shutting_down, 10.0):
+                log.warning("nvmlShutdown has not returned in 10 s; calling %s anyway", name)
             self.calls[name] += 1
             self._in_flight += 1
         try:
@@ -316,8 +334,9 @@ class NvmlSession:
                 self._in_flight -= 1
                 pending = self._pending_shutdowns if self._in_flight == 0 else 0
                 self._pending_shutdowns -= pending
-            for _ in range(pending):   # the shutdowns deferred while this call was inside NVML
-                self._nvml_shutdown()
+                self._shutting_down += pending
+            if pending:   # the shutdowns deferred while this call was inside NVML
+                self._gated_shutdown(pending)
 
     def device_for(self, handle: Any) -> Device | None:
         return self._by_handle.get(handle_key(handle))

@@ -135,6 +135,7 @@ class XidCollector(Collector):
                 self._note_error(exc, "nvmlEventSetCreate")
                 return
             rebuild = False
+            recoveries = s.recoveries  # before registering: a GPU that recovers meanwhile is re-registered
             try:
                 members = self._register(event_set)
                 if not members:
@@ -143,7 +144,7 @@ class XidCollector(Collector):
                     self._said_no_members = True
                     return
                 self._watching.set()
-                rebuild = self._wait(stop, generation, event_set, members)
+                rebuild = self._wait(stop, generation, event_set, members, recoveries)
             finally:
                 self._watching.clear()
                 try:
@@ -154,10 +155,10 @@ class XidCollector(Collector):
                 return
             log.info("XID event set rebuilt without the lost GPU(s) / with the recovered one(s)")
 
-    def _wait(self, stop: threading.Event, generation: int, event_set: Any, members: list[Device]) -> bool:
+    def _wait(self, stop: threading.Event, generation: int, event_set: Any, members: list[Device],
+              recoveries: int) -> bool:
         """Wait on one event set; True when it must be rebuilt, False to end the thread."""
         s = self.session
-        recoveries = s.recoveries
         while not stop.is_set():
             if not s.ready or s.generation != generation:
                 return False          # NVML is being re-initialised: collect() starts a new thread
@@ -266,18 +267,16 @@ class XidCollector(Collector):
         if self._thread is None or self._generation != self.session.generation or not self._thread.is_alive():
             self._start()
         out = Collection()
-        with self._lock:
+        with self._lock:  # the totals change only under the lock: a reload's inherit() may read them
             queue, self._queue = self._queue, []
             errors, self._errors = self._errors, Counter()
+            out.events.extend(self._event(seen) for seen in queue)
+            xids, recoveries = sorted(self._counts.items()), sorted(self._recovery.items())
         for reason, n in errors.items():
             out.count_error(reason, n)
-        for seen in queue:
-            out.events.append(self._event(seen))
         out.events.extend(self.session.drain_lost_events())
-        out.add(XID_TOTAL, [XID_TOTAL.sample(n, str(i), uuid, str(x))
-                            for (i, uuid, x), n in sorted(self._counts.items())])
-        out.add(RECOVERY_TOTAL, [RECOVERY_TOTAL.sample(n, str(i), uuid, a)
-                                 for (i, uuid, a), n in sorted(self._recovery.items())])
+        out.add(XID_TOTAL, [XID_TOTAL.sample(n, str(i), uuid, str(x)) for (i, uuid, x), n in xids])
+        out.add(RECOVERY_TOTAL, [RECOVERY_TOTAL.sample(n, str(i), uuid, a) for (i, uuid, a), n in recoveries])
         out.add(THREAD_UP, [THREAD_UP.sample(1.0 if self._watching.is_set() else 0.0)])
         return out
 
@@ -317,8 +316,8 @@ class XidCollector(Collector):
         with self._lock:
             self._queue[:0] = queue
             self._errors.update(errors)
-        self._counts.update(counts)
-        self._recovery.update(recovery)
+            self._counts.update(counts)
+            self._recovery.update(recovery)
 
     def close(self) -> None:
         if self._closed:

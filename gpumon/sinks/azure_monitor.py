@@ -9,9 +9,9 @@ after the service said 204, so an outage or a kill -9 re-sends rather than loses
 about the rows (429, 5xx, timeout, 401/403/404) ends the batch: its later chunks wait for the retry.
 A 400/413 chunk is bisected until the rejected rows are isolated and written to ``deadletter.jsonl``,
 unless the 400 is about the request itself (the stream, DCR or api-version named in the service's
-error, or the first and last rows refused alone with the code the whole request got): that, like
-401/403/404, is a configuration fault, retried slowly with the rows kept and a message that says
-what to fix. An error in the uploader's own I/O (the spool) is counted and retried, never fatal.
+error, or the first, a middle and the last rows refused alone with the code the whole request got):
+that, like 401/403/404, is a configuration fault, retried slowly with the rows kept and a message
+that says what to fix. An error in the uploader's own I/O (the spool) is counted and retried, never fatal.
 
 The Azure SDK is imported only in ``start()`` and ``check()``: a host without the ``azure`` extra
 never pays for it.
@@ -453,12 +453,16 @@ class AzureMonitorSink(Sink):
         return _Outcome(True)
 
     def _probe(self, stream: str, chunk: list[dict[str, Any]], error: BaseException) -> _Outcome | None:
-        """Send the first and the last row alone. Both refused with the code the whole request got means
-        the request is at fault (stream, DCR, schema), not its rows; None means: isolate the bad rows."""
+        """Send the first, a middle and the last row alone. All three refused with the code the whole
+        request got means the request is at fault (stream, DCR, schema), not its rows; None means:
+        isolate the bad rows. Fewer than three rows are always isolated: two bad rows around good ones
+        must not hold the good ones back."""
         from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
+        if len(chunk) < 3 and not _names_target(error):
+            return None
         code = _error_code(error)
-        for row in (chunk[0], chunk[-1]):
+        for row in (chunk[0], chunk[len(chunk) // 2], chunk[-1]):
             failures = self._send(stream, [row])
             if not failures:
                 return None
