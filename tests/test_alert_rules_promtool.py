@@ -113,3 +113,23 @@ def test_scrape_configs_are_valid_prometheus_config(tmp_path) -> None:
     proc = subprocess.run([PROMTOOL, "check", "config", str(tmp_path / "ama.yml")], capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_shipped_scrape_jobs_match_the_exporter_alerts() -> None:
+    """GpumonExporterDown and GpumonExporterAbsent find gpumon by its job name: every shipped scrape
+    configuration must name its job so that they match (the PodMonitor: tests/test_deploy_kubernetes.py)."""
+    exporter = [r for r in rules("alert") if r["alert"] in ("GpumonExporterDown", "GpumonExporterAbsent")]
+    assert len(exporter) == 2
+    regexes = {m for r in exporter for m in re.findall(r'\bup\{job=~"([^"]+)"\}', r["expr"])}
+    assert len(regexes) == 1, regexes
+    (regex,) = regexes
+    assert next(r for r in exporter if r["alert"] == "GpumonExporterAbsent")["expr"].startswith("absent(")
+    with open(os.path.join(RULES, "prometheus.yml"), encoding="utf-8") as fh:
+        jobs = [job["job_name"] for job in yaml.safe_load(fh)["scrape_configs"]]
+    overlay = os.path.join(os.path.dirname(RULES), "kubernetes", "overlays", "azure-managed-prometheus")
+    with open(os.path.join(overlay, "ama-metrics-scrape.yaml"), encoding="utf-8") as fh:
+        jobs += [job["job_name"] for job in yaml.safe_load(fh)["scrape_configs"]]
+    # The Prometheus Operator's default job name for the PodMonitor (namespace/name) matches as well.
+    jobs.append("gpumon/gpumon")
+    assert [j for j in jobs if not re.fullmatch(regex, j)] == []
+    assert not re.fullmatch(regex, "node-exporter")

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
-from tests.test_alert_rules_promtool import known_metrics, metric_names
+from tests.conftest import REPO, clean_env
+from tests.test_alert_rules_promtool import known_metrics, metric_names, rules
 from tests.test_dashboards_live_prometheus import dashboards, walk_panels
 
 GRAFANA = os.path.join(REPO, "dashboards", "grafana")
@@ -128,3 +128,72 @@ def test_dashboards_are_plain_json_for_import() -> None:
         assert _json_roundtrip(dash) == dash
         assert dash["schemaVersion"] >= 39 and dash["id"] if "id" in dash else True
         assert "__inputs" in dash and dash["__inputs"] == [], name
+
+
+# --- clock-event reasons ---------------------------------------------------------------------------------------
+
+CLOCK_METRICS = ("gpumon_gpu_clock_event_violation_seconds_total", "gpumon_gpu_clock_event_reason_active")
+
+
+@pytest.fixture(scope="module")
+def r550_reasons(tmp_path_factory) -> dict[str, set[str]]:
+    """Per clock-event metric, the reasons a simulated host on the default (R550) driver exports."""
+    state = str(tmp_path_factory.mktemp("state"))
+    proc = subprocess.run([sys.executable, "-m", "gpumon", "once", "--simulate", "nd-h100-v5", "--format",
+                           "prometheus"], capture_output=True, text=True, timeout=120, check=False,
+                          env=clean_env(GPUMON_DAEMON_STATE_DIR=state), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert 'driver_version="550.' in proc.stdout, "the simulated default driver is no longer R550"
+    out: dict[str, set[str]] = {m: set() for m in CLOCK_METRICS}
+    for m in re.finditer(r'^(\w+)\{[^}]*\breason="(\w+)"', proc.stdout, re.M):
+        if m.group(1) in out:
+            out[m.group(1)].add(m.group(2))
+    return out
+
+
+def clock_event_queries() -> list[tuple[str, str]]:
+    """(where, expr) for every dashboard query and alert that reads a clock-event metric."""
+    out = [(f"{name}: {p['title']}", t["expr"]) for name, dash in dashboards().items()
+           for p in walk_panels(dash["panels"]) for t in p.get("targets", [])]
+    out += [(f"alert {r['alert']}", r["expr"]) for r in rules("alert")]
+    return [(where, expr) for where, expr in out if any(m in expr for m in CLOCK_METRICS)]
+
+
+def reason_sets(expr: str) -> list[tuple[str, set[str]]]:
+    """(metric, reasons its selector matches) for each clock-event selector of an expression."""
+    found = []
+    for m in re.finditer(r"(gpumon_gpu_clock_event_\w+)\{([^}]*)\}", expr):
+        reason = re.search(r'reason=~?"([^"]*)"', m.group(2))
+        found.append((m.group(1), set(reason.group(1).split("|")) if reason else {"*"}))
+    return found
+
+
+def test_clock_event_queries_read_reasons_every_driver_exports(r550_reasons) -> None:
+    """A throttling panel or alert that selects only R580's violation counters shows nothing on older drivers."""
+    from gpumon.collectors.nvml_tables import CLOCK_EVENT_REASONS
+
+    assert {"sw_power_cap", "thermal"} <= r550_reasons["gpumon_gpu_clock_event_violation_seconds_total"]
+    assert not {"sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"} & r550_reasons[
+        "gpumon_gpu_clock_event_violation_seconds_total"], "R580-only counters on the R550 simulation"
+    known = {"gpumon_gpu_clock_event_violation_seconds_total": {
+        "sw_power_cap", "thermal", "sync_boost", "board_limit", "low_utilization", "reliability", "total_app_clocks",
+        "total_base_clocks", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"},
+        "gpumon_gpu_clock_event_reason_active": {name for _, name in CLOCK_EVENT_REASONS}}
+    queries = clock_event_queries()
+    assert len(queries) >= 5, queries
+    for where, expr in queries:
+        for metric, reasons in reason_sets(expr):
+            assert "*" not in reasons, f"{where}: {metric} without a reason filter"
+            assert reasons <= known[metric], f"{where}: unknown reasons {reasons - known[metric]}"
+            assert reasons & r550_reasons[metric], f"{where}: no reason an R550 driver exports in {expr}"
+            if metric == "gpumon_gpu_clock_event_violation_seconds_total" and reasons & {
+                    "sw_thermal_slowdown", "hw_thermal_slowdown"}:
+                assert "thermal" in reasons, f"{where}: thermal time only from the R580 counters"
+
+
+def test_overlapping_reasons_are_never_added() -> None:
+    """NVML's reasons overlap in time: a sum over them can pass 100 % of the time."""
+    for where, expr in clock_event_queries():
+        for _metric, reasons in reason_sets(expr):
+            if len(reasons) > 1:
+                assert not re.search(r"\bsum\b", expr), f"{where}: adds overlapping reasons: {expr}"

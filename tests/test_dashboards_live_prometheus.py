@@ -224,3 +224,15 @@ def test_provoked_alerts_fire_and_nothing_else(live: Live) -> None:
     firing = live.firing()
     assert firing >= EXPECTED_ALERTS, f"not firing: {sorted(EXPECTED_ALERTS - firing)}"
     assert firing <= EXPECTED_ALERTS | MAY_FIRE, f"unexpected: {sorted(firing - EXPECTED_ALERTS - MAY_FIRE)}"
+
+
+def test_host_inventory_counts_keep_a_lost_gpu(live: Live) -> None:
+    """The count alerts' recording rules on a real exposition: 8 GPUs and 9 RDMA ports (8 NDR + the Ethernet
+    VF), and GPU 3, lost by the injected XID 79, still counted (GpumonGpuLost reports it, not a lower count)."""
+    assert ("GpumonGpuLost", str(XID_GPU)) in live.firing()
+    gpus = live.query("instance:gpumon_gpus:count")
+    ports = live.query("instance:gpumon_ib_ports:count")
+    assert [float(r["value"][1]) for r in gpus] == [8.0], gpus
+    assert [float(r["value"][1]) for r in ports] == [9.0], ports
+    assert {k: v for k, v in gpus[0]["metric"].items() if k != "__name__"} == {
+        "cluster": "sim", "job": "gpumon", "instance": gpus[0]["metric"]["instance"]}

@@ -205,6 +205,37 @@ def test_podmonitor_selects_the_pods_on_the_metrics_port(built):
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
 
 
+def exporter_job_regex() -> str:
+    """The job matcher of the exporter alerts (up{job=~"..."}), the same in each of them."""
+    with open(REPO / "deploy" / "prometheus" / "alerting-rules.yaml", encoding="utf-8") as fh:
+        alerts = [r for g in yaml.safe_load(fh)["groups"] for r in g["rules"] if "alert" in r]
+    found = {m for r in alerts for m in re.findall(r'\bup\{job=~"([^"]+)"\}', r["expr"])}
+    assert len(found) == 1, found
+    return found.pop()
+
+
+def test_podmonitor_names_the_job_and_the_instance_as_alerts_and_dashboards_expect(built):
+    """job matches the exporter alerts; instance is the node's name (as the ama-metrics job makes it), not
+    the pod's IP, so a host keeps its series and its name when its pod is replaced."""
+    path = built["overlays/prometheus-operator"]
+    pm = find(path, "PodMonitor", "gpumon")
+    labels = find(path, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    job = labels[pm["spec"]["jobLabel"]]
+    assert re.fullmatch(exporter_job_regex(), job), job
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    by_target = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+    assert by_target["instance"]["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
+    assert by_target["instance"].get("action", "replace") == "replace"
+    assert "regex" not in by_target["instance"] and "replacement" not in by_target["instance"]
+    # The same labels as the ama-metrics job.
+    cm = find(built["overlays/azure-managed-prometheus"], "ConfigMap", "ama-metrics-prometheus-config")
+    (ama,) = yaml.safe_load(cm["data"]["prometheus-config"])["scrape_configs"]
+    assert re.fullmatch(exporter_job_regex(), ama["job_name"])
+    ama_targets = {r["target_label"]: r["source_labels"] for r in ama["relabel_configs"] if "target_label" in r}
+    assert ama_targets["instance"] == by_target["instance"]["sourceLabels"]
+    assert ama_targets["node"] == by_target["node"]["sourceLabels"]
+
+
 def test_ama_metrics_scrape_config_keeps_only_gpumon_metrics_ports(built):
     # Debian's promtool is built without Kubernetes service discovery, so the job is checked here.
     cm = find(built["overlays/azure-managed-prometheus"], "ConfigMap", "ama-metrics-prometheus-config")

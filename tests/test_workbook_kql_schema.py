@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -159,3 +160,132 @@ def test_arm_template_deploys_the_workbook_content() -> None:
     assert workbook_queries(os.path.join(WORKBOOK_DIR, "azuredeploy.json")) == workbook_queries(
         os.path.join(WORKBOOK_DIR, "gpumon-workbook.json"))
     assert [i["name"] for i in standalone["items"]] == [i["name"] for i in content["items"]]
+
+
+# --- null-safe arithmetic and "sent occasionally" columns ----------------------------------------------------
+# No KQL engine runs here (the language service parses and binds, it does not evaluate), so what Log Analytics
+# would compute is pinned by the shape of the queries: the sink leaves a zero increase out of a row
+# (omit_zero_increases) and sends static columns only now and then (static_every), so both are null on most rows.
+
+
+def _tokens(kql: str) -> list[str]:
+    kql = re.sub(r'"[^"]*"', '""', kql)
+    kql = re.sub(r"//[^\n]*", "", kql)
+    return re.findall(r"\w+|\S", kql)
+
+
+def bare_increase_arithmetic(kql: str) -> list[str]:
+    """Every arithmetic operator with a bare ``...Increase`` column as an operand (null when the column is)."""
+    tokens = _tokens(kql)
+    found = []
+    for i, tok in enumerate(tokens):
+        if tok not in {"+", "-", "*", "/"}:
+            continue
+        left = tokens[i - 1] if i else ""
+        right = tokens[i + 1] if i + 1 < len(tokens) else ""
+        right_is_call = i + 2 < len(tokens) and tokens[i + 2] == "("
+        if left.endswith("Increase") or (right.endswith("Increase") and not right_is_call):
+            found.append(" ".join(tokens[max(0, i - 3):i + 4]))
+    return found
+
+
+def arg_max_columns(kql: str) -> list[str]:
+    """The columns every arg_max()/arg_min() of a query returns."""
+    out = []
+    for m in re.finditer(r"\barg_(?:max|min)\s*\(", kql):
+        depth, j = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(kql[j], 0)
+            j += 1
+        out += [c.strip() for c in kql[m.end():j - 1].split(",")[1:]]
+    return out
+
+
+def static_columns() -> set[str]:
+    from gpumon.sinks.azure_rows import INFO_COLUMNS, METRIC_COLUMNS
+
+    out = {col for info in INFO_COLUMNS for _, col in info.labels}
+    return out | {col for m in METRIC_COLUMNS if m.static for col, _ in m.column_names()}
+
+
+def test_no_query_does_arithmetic_on_a_bare_increase_column() -> None:
+    queries = workbook_queries(os.path.join(WORKBOOK_DIR, "gpumon-workbook.json"))
+    found = {name: bad for name, kql in queries.items() if (bad := bare_increase_arithmetic(kql))}
+    assert not found, ("adding ...Increase columns row by row is null when any one is missing; "
+                       f"use sum(A) + sum(B) with coalesce: {found}")
+    # The check itself catches the forms it is for, and passes the null-safe ones.
+    assert bare_increase_arithmetic("T | summarize E = sum(AIncrease + BIncrease)")
+    assert bare_increase_arithmetic("T | extend E = 2 * AIncrease")
+    assert not bare_increase_arithmetic("T | summarize E = coalesce(sum(AIncrease), 0.0) + coalesce(sum(BIncrease), 0.0)")
+
+
+def test_sums_of_increases_read_a_missing_column_as_zero() -> None:
+    queries = workbook_queries(os.path.join(WORKBOOK_DIR, "gpumon-workbook.json"))
+    for name, kql in queries.items():
+        tokens = _tokens(kql)
+        for i, tok in enumerate(tokens):
+            # sum(XIncrease) + ... : each summed term of a total is wrapped in coalesce()
+            if tok == "sum" and tokens[i + 1] == "(" and tokens[i + 2].endswith("Increase") and tokens[i + 3] == ")":
+                nearby = tokens[i + 4] if i + 4 < len(tokens) else ""
+                before = tokens[i - 1] if i else ""
+                if nearby in {"+", "-"} or before in {"+", "-"}:
+                    assert tokens[i - 2:i] == ["coalesce", "("], f"{name}: sum({tokens[i + 2]}) added without coalesce"
+
+
+def test_thermal_time_does_not_rest_on_counters_only_r580_has() -> None:
+    """R550-R575 drivers export the `thermal` violation counter but not the sw/hw thermal slowdown ones."""
+    queries = workbook_queries(os.path.join(WORKBOOK_DIR, "gpumon-workbook.json"))
+    r580 = ("ClockViolationSwThermalSlowdownIncrease", "ClockViolationHwThermalSlowdownIncrease",
+            "ClockViolationHwPowerBrakeSlowdownIncrease")
+    seen = 0
+    for name, kql in queries.items():
+        if any(c in kql for c in r580):
+            seen += 1
+            assert "ClockViolationThermalIncrease" in kql, f"{name}: thermal time only from R580 counters"
+            assert "ClockViolationSwPowerCapIncrease" in kql, f"{name}: power time only from R580 counters"
+    assert seen >= 2
+
+
+def test_static_columns_are_not_taken_from_the_latest_row() -> None:
+    """arg_max(TimeGenerated, Model) returns the newest row's Model: empty unless that row repeated the statics."""
+    static = static_columns()
+    assert {"Model", "Serial", "LinkLayer", "NvlinkLinks", "PowerLimitWatts"} <= static
+    queries = workbook_queries(os.path.join(WORKBOOK_DIR, "gpumon-workbook.json"))
+    found = {name: sorted(set(arg_max_columns(kql)) & static) for name, kql in queries.items()}
+    assert not {k: v for k, v in found.items() if v}, found
+    assert arg_max_columns("T | summarize arg_max(TimeGenerated, Model, f(a, b)), x = sum(y)") == ["Model", "f(a", "b)"]
+
+
+def test_number_formats_match_the_column_units() -> None:
+    """Workbook number-format units (as the gallery templates use them): 2 bytes, 3 kilobytes, 11 bytes/s."""
+    with open(os.path.join(WORKBOOK_DIR, "gpumon-workbook.json"), encoding="utf-8") as fh:
+        content = json.load(fh)
+    checked = 0
+    for item in walk(content["items"]):
+        for fmt in item.get("content", {}).get("gridSettings", {}).get("formatters", []):
+            unit = fmt.get("numberFormat", {}).get("unit")
+            column = fmt["columnMatch"]
+            if column.endswith("BytesPerSecond"):
+                assert unit == 11, f"{column}: unit {unit} is not bytes per second (11)"
+                checked += 1
+            elif column.endswith("Bytes"):
+                assert unit == 2, f"{column}: unit {unit} is not bytes (2)"
+                checked += 1
+    assert checked
+
+
+def test_kusto_examples_in_the_docs_parse_and_read_static_columns_where_they_are(schemas) -> None:
+    """The KQL examples of docs/azure-monitor.md and docs/dashboards.md against the same schemas."""
+    queries = {}
+    for doc in ("azure-monitor.md", "dashboards.md"):
+        with open(os.path.join(REPO, "docs", doc), encoding="utf-8") as fh:
+            blocks = re.findall(r"```kusto\n(.*?)```", fh.read(), re.S)
+        queries.update({f"{doc} example {i + 1}": block for i, block in enumerate(blocks)})
+    assert queries
+    errors = {k: v for k, v in analyse(schemas, queries).items() if v}
+    assert not errors, json.dumps(errors, indent=2)
+    static = static_columns()
+    for name, kql in queries.items():
+        assert not bare_increase_arithmetic(kql), name
+        for column in set(arg_max_columns(kql)) & static:
+            assert re.search(r"isnotempty\(\s*\w+\s*\)", kql), f"{name}: arg_max of {column} over every row"

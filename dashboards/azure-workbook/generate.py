@@ -30,6 +30,36 @@ HOSTS = "('*' in ({Computer}) or Computer in ({Computer}))"
 GRAIN = "{TimeRange:grain}"
 
 
+def total(*columns: str) -> str:
+    """The sum of ``...Increase`` columns over the group: each summed on its own and missing ones read as 0.
+
+    The sink leaves an increase of 0 out of the row (omit_zero_increases) and a counter the driver lacks
+    is never there, so `A + B` of two columns is null on most rows; sum() skips nulls, coalesce() turns a
+    column without any value in the group into 0."""
+    return " + ".join(f"coalesce(sum({c}), 0.0)" for c in columns)
+
+
+def longest(*columns: str) -> str:
+    """The largest of the summed ``...Increase`` columns: for clock-event reasons that overlap in time
+    (adding them would count the same second twice), the time at least one of them held clocks down."""
+    return "max_of(" + ", ".join(f"coalesce(sum({c}), 0.0)" for c in columns) + ")"
+
+
+POWER_SECONDS = longest("ClockViolationSwPowerCapIncrease", "ClockViolationHwPowerBrakeSlowdownIncrease")
+"""Seconds held down for power: the power-cap counter (every driver) or the power brake (R580+)."""
+THERMAL_SECONDS = longest("ClockViolationThermalIncrease", "ClockViolationSwThermalSlowdownIncrease",
+                          "ClockViolationHwThermalSlowdownIncrease")
+"""Seconds held down for temperature: the thermal policy counter (every driver) or the software and
+hardware thermal slowdown counters (R580+)."""
+NVLINK_ERRORS = total("NvlinkCrcFlitErrorsIncrease", "NvlinkCrcDataErrorsIncrease", "NvlinkReplayErrorsIncrease",
+                      "NvlinkRecoveryErrorsIncrease")
+PORT_ERRORS = ("SymbolErrorsIncrease", "LinkErrorRecoveriesIncrease", "ReceiveErrorsIncrease",
+               "ReceiveRemotePhysicalErrorsIncrease", "ReceiveSwitchRelayErrorsIncrease", "TransmitDiscardsIncrease",
+               "TransmitConstraintErrorsIncrease", "ReceiveConstraintErrorsIncrease",
+               "LocalLinkIntegrityErrorsIncrease", "ExcessiveBufferOverrunErrorsIncrease", "Vl15DroppedIncrease")
+"""The PMA error counters, as port:gpumon_ib_errors:rate5m adds them (link_downed is counted as flaps)."""
+
+
 def text(name: str, markdown: str) -> dict[str, Any]:
     return {"type": 1, "name": name, "content": {"json": markdown}}
 
@@ -107,8 +137,8 @@ GpuMonGpu_CL
 | where {HOSTS}
 | summarize MaxTemperatureC = max(TemperatureCelsiusMax), AvgPowerW = avg(PowerWattsAvg),
     PowerLimitW = max(PowerLimitWatts), AvgUtilization = avg(UtilizationAvg),
-    ThrottledSeconds = sum(ClockViolationSwPowerCapIncrease + ClockViolationThermalIncrease
-        + ClockViolationHwPowerBrakeSlowdownIncrease)
+    PowerCappedSeconds = {POWER_SECONDS},
+    ThermalSeconds = {THERMAL_SECONDS}
     by Computer, Gpu
 | top 20 by MaxTemperatureC desc
 """
@@ -116,7 +146,8 @@ GpuMonGpu_CL
 GpuMonGpu_CL
 | where {HOSTS}
 | summarize GPUs = dcount(Uuid), AvgUtilization = avg(UtilizationAvg), PowerW = sum(PowerWattsAvg) / dcount(TimeGenerated),
-    LostGPUs = dcountif(Uuid, Lost), Model = any(Model), Driver = any(DriverVersion), VmSize = any(VmSize)
+    LostGPUs = dcountif(Uuid, Lost), Model = take_anyif(Model, isnotempty(Model)),
+    Driver = take_anyif(DriverVersion, isnotempty(DriverVersion)), VmSize = take_anyif(VmSize, isnotempty(VmSize))
     by Computer
 | join kind=leftouter (
     GpuMonInfiniBand_CL
@@ -176,24 +207,31 @@ GpuMonGpu_CL
     health = f"""
 GpuMonGpu_CL
 | where {HOSTS}
-| summarize arg_max(TimeGenerated, Uuid, Model, Serial, Lost, RemappedRowsPending, RemappedRowsFailure,
-        RemappedRowsCorrectable, RemappedRowsUncorrectable, RecoveryAction, NvlinkLinks, NvlinkLinksActiveMin,
-        PcieLinkWidthMin, PcieLinkGenerationMin),
-    EccCorrected = sum(EccCorrectedErrorsIncrease), EccUncorrected = sum(EccUncorrectedErrorsIncrease),
-    NvlinkErrors = sum(NvlinkCrcFlitErrorsIncrease + NvlinkCrcDataErrorsIncrease + NvlinkReplayErrorsIncrease
-        + NvlinkRecoveryErrorsIncrease),
-    PcieReplays = sum(PcieReplaysIncrease),
-    ThermalSeconds = sum(ClockViolationSwThermalSlowdownIncrease + ClockViolationHwThermalSlowdownIncrease)
-    by Computer, Gpu
+| summarize arg_max(TimeGenerated, Lost, RemappedRowsPending, RemappedRowsFailure, RemappedRowsCorrectable,
+        RemappedRowsUncorrectable, RecoveryAction, NvlinkLinksActiveMin, PcieLinkWidthMin, PcieLinkGenerationMin),
+    Model = take_anyif(Model, isnotempty(Model)), Serial = take_anyif(Serial, isnotempty(Serial)),
+    NvlinkLinks = max(NvlinkLinks),
+    EccCorrected = {total("EccCorrectedErrorsIncrease")}, EccUncorrected = {total("EccUncorrectedErrorsIncrease")},
+    NvlinkErrors = {NVLINK_ERRORS},
+    PcieReplays = {total("PcieReplaysIncrease")},
+    PowerCappedSeconds = {POWER_SECONDS},
+    ThermalSeconds = {THERMAL_SECONDS}
+    by Computer, Gpu, Uuid
 | project Computer, Gpu, Uuid, Model, Serial, Lost, RecoveryAction, EccUncorrected, EccCorrected,
     RemapPending = RemappedRowsPending, RemapFailure = RemappedRowsFailure,
     RemappedRows = RemappedRowsCorrectable + RemappedRowsUncorrectable,
     NvlinkActive = strcat(NvlinkLinksActiveMin, "/", NvlinkLinks), NvlinkErrors, PcieReplays,
-    PcieLink = strcat("Gen", PcieLinkGenerationMin, " x", PcieLinkWidthMin), ThermalSeconds
+    PcieLink = strcat("Gen", PcieLinkGenerationMin, " x", PcieLinkWidthMin), PowerCappedSeconds, ThermalSeconds
 | order by Lost desc, EccUncorrected desc, RemapFailure desc, NvlinkErrors desc
 """
     return [
-        text("gpu-title", "## GPUs\nPer GPU, from one row per GPU per upload interval (min/avg/max and increases)."),
+        text("gpu-title", "## GPUs\nPer GPU, from one row per GPU per upload interval (min/avg/max and increases). "
+                          "*PowerCappedSeconds* and *ThermalSeconds*: time the clocks were held down for power or "
+                          "for temperature; NVML's reasons overlap, so each is the longest of its counters, not "
+                          "their sum (the thermal-slowdown and power-brake counters need driver R580; the power-cap "
+                          "and thermal counters are there on every driver). Model and serial are sent on a GPU's "
+                          "first row, on a change and at least hourly (`static_every`): pick a range of an hour "
+                          "or more to see them."),
         query("gpu-utilization", "GPU utilization (0-1)", util, "timechart", width="50"),
         query("gpu-power", "Power draw (W)", power, "timechart", width="50"),
         query("gpu-temperature", "Temperature (°C)", temp, "timechart", width="50"),
@@ -222,13 +260,12 @@ GpuMonInfiniBand_CL
     ports = f"""
 GpuMonInfiniBand_CL
 | where {HOSTS}
-| summarize arg_max(TimeGenerated, LinkLayer, State, PhysState, UpMin, RateBytesPerSecond, FlapsInWindow, Flapping,
-        CountersSaturated, LastFlapTimestampSeconds),
-    Errors = sum(SymbolErrorsIncrease + LinkErrorRecoveriesIncrease + ReceiveErrorsIncrease
-        + ReceiveRemotePhysicalErrorsIncrease + ReceiveSwitchRelayErrorsIncrease + TransmitDiscardsIncrease
-        + TransmitConstraintErrorsIncrease + ReceiveConstraintErrorsIncrease + LocalLinkIntegrityErrorsIncrease
-        + ExcessiveBufferOverrunErrorsIncrease + Vl15DroppedIncrease),
-    SymbolErrors = sum(SymbolErrorsIncrease), LinkDowned = sum(LinkDownedIncrease), Flaps = sum(FlapsIncrease),
+| summarize arg_max(TimeGenerated, State, PhysState, UpMin, RateBytesPerSecond, FlapsInWindow, Flapping,
+        CountersSaturated),
+    LinkLayer = take_anyif(LinkLayer, isnotempty(LinkLayer)), LastFlapTimestampSeconds = max(LastFlapTimestampSeconds),
+    Errors = {total(*PORT_ERRORS)},
+    SymbolErrors = {total("SymbolErrorsIncrease")}, LinkDowned = {total("LinkDownedIncrease")},
+    Flaps = {total("FlapsIncrease")},
     PeakRxBytesPerSecond = max(DataReceivedBytesPerSecond), PeakTxBytesPerSecond = max(DataTransmittedBytesPerSecond)
     by Computer, Device, Port
 | extend StateName = case(State == 1, "DOWN", State == 2, "INIT", State == 3, "ARMED", State == 4, "ACTIVE",
@@ -242,8 +279,7 @@ GpuMonInfiniBand_CL
     errors = f"""
 GpuMonInfiniBand_CL
 | where {HOSTS}
-| summarize Errors = sum(SymbolErrorsIncrease + LinkErrorRecoveriesIncrease + ReceiveErrorsIncrease
-        + TransmitDiscardsIncrease + LocalLinkIntegrityErrorsIncrease)
+| summarize Errors = {total(*PORT_ERRORS)}
     by Port = strcat(Computer, " ", Device, "/", Port), bin(TimeGenerated, {GRAIN})
 | render timechart
 """
@@ -269,7 +305,7 @@ GpuMonInfiniBand_CL
                                                                                   "palette": "blue"},
              "numberFormat": {"unit": 0, "options": {"style": "percent"}}},
             {"columnMatch": "Errors", "formatter": 8, "formatOptions": {"palette": "greenRed"}},
-            {"columnMatch": "RateBytesPerSecond", "formatter": 0, "numberFormat": {"unit": 3, "options": {
+            {"columnMatch": "RateBytesPerSecond", "formatter": 0, "numberFormat": {"unit": 11, "options": {
                 "style": "decimal"}}},
         ]}}),
         query("ib-congestion", "Congestion and retransmission counters", congestion, "table"),

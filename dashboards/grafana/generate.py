@@ -60,6 +60,12 @@ ON_OFF_MAPPINGS = [{"type": "value", "options": {
     "1": {"text": "active", "color": "orange", "index": 1},
 }}]
 THROTTLE_REASONS = "sw_power_cap|sw_thermal_slowdown|hw_thermal_slowdown|hw_slowdown|hw_power_brake_slowdown"
+"""Clock-event reason bits (gpumon_gpu_clock_event_reason_active) that mean throttling; every driver has them."""
+VIOLATION_REASONS = ("sw_power_cap|thermal|board_limit|reliability"
+                     "|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown")
+"""Violation counters (gpumon_gpu_clock_event_violation_seconds_total) that mean throttling. The first four
+are there on every driver; the last three only from R580. They overlap in time (`thermal` covers the
+thermal slowdowns), so a panel never adds them: it shows each, or the largest."""
 ERROR_COUNTERS = (
     ("symbol_errors", "symbol errors"),
     ("link_error_recoveries", "link error recoveries"),
@@ -363,11 +369,13 @@ def fleet() -> dict[str, Any]:
                    "{{instance}} GPU {{gpu}}", maximum=95, links=[NODE_LINK],
                    description="The ten hottest GPUs now (core sensor)."), 8, 9)
     b.add(bargauge("Most throttled GPUs",
-                   f"topk(10, sum by (instance, gpu) (rate(gpumon_gpu_clock_event_violation_seconds_total"
-                   f'{{{sel}, reason=~"sw_power_cap|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"}}'
+                   f"topk(10, max by (instance, gpu) (rate(gpumon_gpu_clock_event_violation_seconds_total"
+                   f'{{{sel}, reason=~"{VIOLATION_REASONS}"}}'
                    f"[$__range])))", "percentunit", "{{instance}} GPU {{gpu}}", maximum=1, links=[NODE_LINK],
-                   description="Share of the time range each GPU's clocks were held down by power or "
-                               "temperature (NVML violation counters)."), 8, 9)
+                   description="Share of the time range each GPU's clocks were held down, by the reason that held "
+                               "them longest: power cap, thermal, board limit or reliability (NVML violation "
+                               "counters; R580 drivers add thermal slowdown and power brake). The reasons overlap "
+                               "in time, so they are not added up."), 8, 9)
     b.add(bargauge("Highest power draw vs limit", f"topk(10, gpu:gpumon_power_limit:ratio{{{sel}}})", "percentunit",
                    "{{instance}} GPU {{gpu}}", maximum=1, links=[NODE_LINK],
                    description="Power draw over the enforced power limit (recording rule)."), 8, 9)
@@ -467,9 +475,12 @@ def node() -> dict[str, Any]:
     ], "none", mappings=ON_OFF_MAPPINGS, kind="state-timeline", continuous=False,
         description="Why clocks are held below maximum: power cap, thermal or hardware slowdown."), 12, 8)
     b.add(timeseries("Time throttled", [
-        target(f'rate(gpumon_gpu_clock_event_violation_seconds_total{{{sel}, reason=~"{THROTTLE_REASONS}"}}'
+        target(f'rate(gpumon_gpu_clock_event_violation_seconds_total{{{sel}, reason=~"{VIOLATION_REASONS}"}}'
                "[$__rate_interval])", "GPU {{gpu}} {{reason}}"),
-    ], "percentunit", minimum=0, description="Share of time spent throttled, from NVML's violation counters."),
+    ], "percentunit", minimum=0,
+        description="Share of time spent throttled, per reason, from NVML's violation counters: power cap, "
+                    "thermal, board limit, reliability (every driver); sw/hw thermal slowdown and power brake "
+                    "(R580+). The reasons overlap: do not add the lines."),
         12, 8)
     b.add(table("ECC and row remapping", [
         target(f'sum by (gpu) (gpumon_gpu_ecc_errors_total{{{sel}, type="corrected", counter="aggregate"}})'),
