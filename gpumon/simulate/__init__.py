@@ -129,7 +129,8 @@ class Simulation:
         - ``{"action": "port_down", "device": ..., "port": 1, "seconds": 30}``: the port goes DOWN
           and comes back after ``seconds`` (0 = stays down until ``port_up``);
         - ``{"action": "port_up", "device": ..., "port": 1}``;
-        - ``{"action": "xid", "gpu": 3, "xid": 79}``: the GPU reports an XID event;
+        - ``{"action": "xid", "gpu": 3, "xid": 48}``: the GPU reports an XID event (XID 79 also
+          makes it stop answering, as ``gpu_lost``);
         - ``{"action": "gpu_lost", "gpu": 2}``: every NVML call for that GPU raises GPU_IS_LOST.
         """
         action = command["action"]
@@ -146,9 +147,9 @@ class Simulation:
         elif action in ("xid", "gpu_lost"):
             if self.nvml is None:
                 raise ValueError(f"profile {self.profile} has no GPU")
-            if action == "xid":
+            if action == "xid" and int(command["xid"]) != 79:
                 self.nvml.inject_xid(int(command["gpu"]), int(command["xid"]))
-            else:
+            else:  # XID 79 is the GPU falling off the bus: it stops answering too, as a real one does
                 self.nvml.set_lost(int(command["gpu"]))
         else:
             raise ValueError(f"unknown action {action!r}")
