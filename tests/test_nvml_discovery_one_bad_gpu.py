@@ -17,6 +17,7 @@ from gpumon.collectors.xid import XidCollector
 from gpumon.model import Collection
 from gpumon.simulate.nvml import FakeNVML
 from tests.conftest import wait_for
+from tests.test_xid_event_thread import assert_watched_again
 
 
 class Clock:
@@ -79,9 +80,7 @@ def test_a_gpu_without_a_handle_is_reported_lost_and_the_others_are_collected(co
     assert "2" in gpus_with(out, "gpumon_gpu_power_watts")
     assert any(e.kind == "gpu_recovered" and e.subject["uuid"] == fake._gpus[2].uuid for e in out.events)
     # and the XID watcher takes it into its event set
-    wait_for(lambda: any(2 in s.registered for s in fake._sets.values() if not s.freed), 5)
-    fake.inject_xid(2, 31)
-    wait_for(lambda: xid_counts(x.collect()).get(("2", "31")) == 1.0, 5)
+    assert_watched_again(fake, x, 2)
     c.close()
     x.close()
 

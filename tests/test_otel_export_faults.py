@@ -3,6 +3,7 @@ exports are retried with backoff and counted, and stop() keeps its deadline."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -147,6 +148,19 @@ def test_stop_flushes_queued_events(http_receiver, tmp_path):
 # ------------------------------------------------------------------ the log queue while a batch is out
 
 
+@contextlib.contextmanager
+def running_split_sink(logs_receiver, metrics_receiver, tmp_path, **options):
+    """A started ``split_sink``; the sink stopped and both receivers closed however the test ends."""
+    sink = split_sink(logs_receiver, metrics_receiver, tmp_path, **options)
+    sink.start()
+    try:
+        yield sink
+    finally:
+        sink.stop(2)
+        logs_receiver.close()
+        metrics_receiver.close()
+
+
 def split_sink(logs_receiver, metrics_receiver, tmp_path, protocol: str = "http/protobuf", **options):
     """A sink whose logs go to one receiver and metrics to another, so that a test can hold or refuse
     one signal without the other's requests taking its answers."""
@@ -169,9 +183,7 @@ def test_a_full_queue_during_a_slow_send_loses_only_what_it_counts(answer, more,
     logs, metrics = receivers.OtlpHttpReceiver(), receivers.OtlpHttpReceiver()
     logs.delay = 30  # each logs request waits for release
     logs.answers = [answer]
-    sink = split_sink(logs, metrics, tmp_path, max_queued_records=3)
-    sink.start()
-    try:
+    with running_split_sink(logs, metrics, tmp_path, max_queued_records=3) as sink:
         sink.publish(snapshot(time.time(), 1.0, 1.0, events=tuple(event(i) for i in range(3)), seq=1))
         logs.wait(lambda r: r.attempts == 1)  # events 0-2 are out, the receiver holds them
         sink.publish(snapshot(time.time(), 2.0, 2.0, events=tuple(event(3 + i) for i in range(more)), seq=2))
@@ -180,10 +192,6 @@ def test_a_full_queue_during_a_slow_send_loses_only_what_it_counts(answer, more,
         logs.wait(lambda r: len(r.log_records()) >= len(delivered))
         wait_for(lambda: sink.health().extra["queued_records"] == 0, timeout=10)
         health = sink.health()
-    finally:
-        sink.stop(2)
-        logs.close()
-        metrics.close()
     assert [record.body.string_value for record, _ in logs.log_records()] == [f"flap {i}" for i in delivered]
     assert health.extra["exported_log_records"] == len(delivered)
     assert health.dropped == dropped
@@ -238,19 +246,13 @@ def test_grpc_resource_exhausted_without_retry_info_gives_events_a_few_attempts(
     pytest.importorskip("grpc")
     logs, metrics = receivers.OtlpGrpcReceiver(), receivers.OtlpGrpcReceiver()
     logs.answers = [429] * refusals
-    sink = split_sink(logs, metrics, tmp_path, protocol="grpc")
-    sink.start()
-    try:
+    with running_split_sink(logs, metrics, tmp_path, protocol="grpc") as sink:
         sink.publish(snapshot(time.time(), 1.0, 1.0, events=(event(0),), seq=1))
         wait_for(lambda: logs.attempts == refusals and sink.health().extra["queued_records"] <= 1, timeout=10)
         sink.publish(snapshot(time.time(), 2.0, 2.0, events=(event(1),), seq=2))
         logs.wait(lambda r: any(rec.body.string_value == "flap 1" for rec, _ in r.log_records()))
         wait_for(lambda: sink.health().extra["queued_records"] == 0, timeout=10)
         health = sink.health()
-    finally:
-        sink.stop(2)
-        logs.close()
-        metrics.close()
     given_up = refusals >= otel.THROTTLED_LOG_ATTEMPTS
     bodies = [record.body.string_value for record, _ in logs.log_records()]
     assert bodies == (["flap 1"] if given_up else ["flap 0", "flap 1"])

@@ -75,6 +75,13 @@ def test_unknown_xid_is_reported_with_a_generic_meaning() -> None:
     x.close()
 
 
+def assert_watched_again(fake: FakeNVML, x: XidCollector, gpu: int) -> None:
+    """The GPU is back in a live event set, and an XID it reports is counted."""
+    wait_for(lambda: any(gpu in s.registered for s in fake._sets.values() if not s.freed), 5)
+    fake.inject_xid(gpu, 31)
+    wait_for(lambda: xid_counts(x.collect()).get((str(gpu), "31")) == 1.0, 5)
+
+
 def both_watching(fake: FakeNVML, clock: Clock) -> tuple[NvmlSession, NvmlCollector, XidCollector]:
     """The nvml collector and the XID watcher on one session, after a first run, the thread waiting."""
     ctx = Context(hostname="test", nvml=fake)
@@ -215,9 +222,7 @@ def test_a_gpu_lost_from_the_event_set_does_not_deafen_the_watcher(xid79: bool) 
     fake.restore(2)
     clock.t += 61
     assert lost_gauge(c.collect())["2"] == 0.0
-    wait_for(lambda: any(2 in s.registered for s in fake._sets.values() if not s.freed), 5)
-    fake.inject_xid(2, 31)
-    wait_for(lambda: xid_counts(x.collect()).get(("2", "31")) == 1.0, 5)
+    assert_watched_again(fake, x, 2)
     c.close()
     x.close()
 
@@ -278,8 +283,6 @@ def test_a_gpu_recovering_while_the_event_set_is_rebuilt_is_registered_again() -
     armed.set()
     fake.set_lost(2, xid=False)
     wait_for(lambda: not armed.is_set(), 5)
-    wait_for(lambda: any(2 in s.registered for s in fake._sets.values() if not s.freed), 5)
-    fake.inject_xid(2, 31)
-    wait_for(lambda: xid_counts(x.collect()).get(("2", "31")) == 1.0, 5)
+    assert_watched_again(fake, x, 2)
     c.close()
     x.close()
