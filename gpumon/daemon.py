@@ -204,6 +204,10 @@ class CollectorRunner:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def _run(self) -> None:
         next_run = time.monotonic()
         while not self._stop.is_set():
@@ -407,7 +411,8 @@ class Loop:
                 runner.overran = True
                 self.mark_down(runner.name, f"run exceeded its {runner.deadline:g} s deadline", now - started,
                                "deadline")
-            elif not runner.thread.is_alive() and runner.thread.ident is not None and not runner.dead:
+            elif (not runner.thread.is_alive() and runner.thread.ident is not None and not runner.dead
+                  and not runner.stopping):  # a runner told to stop has not died: no collector_down
                 runner.dead = True
                 self.mark_down(runner.name, "collector thread died", 0.0, "exception")
 

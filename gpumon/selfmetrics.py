@@ -98,8 +98,8 @@ class SelfMetrics:
                 out.append(MetricFamily(spec, tuple(spec.sample(sinks[s].extra[key], s)
                                                     for s in sink_names if key in sinks[s].extra)))
         if reloads is not None:
-            out.append(MetricFamily(CONFIG_RELOADS, tuple(CONFIG_RELOADS.sample(n, result)
-                                                          for result, n in sorted(reloads.items()))))
+            out.append(MetricFamily(CONFIG_RELOADS, tuple(CONFIG_RELOADS.sample(reloads.get(result, 0), result)
+                                                          for result in ("failure", "success"))))
             out.append(MetricFamily(CONFIG_RELOAD_OK, (CONFIG_RELOAD_OK.sample(int(reloads.get("last_ok", 1))),)))
         out.extend(self._process_families())
         return [fam for fam in out if fam.samples]

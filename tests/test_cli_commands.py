@@ -81,10 +81,26 @@ def test_sighup_reload_keeps_old_config_when_new_is_bad(gpumon_run, tmp_path):
     config.write_text('[daemon]\nlog_level = "debug"\n')
     process.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: 'gpumon_config_reloads_total{result="success"} 1' in process.metrics())
-    assert "gpumon_config_last_reload_successful 1" in process.metrics()
+    page = process.metrics()
+    assert "gpumon_config_last_reload_successful 1" in page
+    assert sorted(line.split("}")[0] for line in page.splitlines()
+                  if line.startswith("gpumon_config_reloads_total{")) == [
+        'gpumon_config_reloads_total{result="failure"', 'gpumon_config_reloads_total{result="success"']
     code, output = process.stop()
     assert "new configuration rejected" in output and "[daemon] interval" in output
     assert output.count("SIGHUP: reloading") == 2
+
+
+def test_reload_and_stop_do_not_report_collectors_down(gpumon_run, tmp_path):
+    """Collector threads told to stop (for a reload, at SIGTERM) have not died: no collector_down
+    event reaches the log or the sinks, and the page keeps gpumon_collector_up 1 across a reload."""
+    process = gpumon_run("--simulate", "nd-h100-v5", "--interval", "1")
+    wait_for(lambda: 'gpumon_collector_up{collector="nvml"} 1' in process.metrics(), timeout=20)
+    process.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: 'gpumon_config_reloads_total{result="success"} 1' in process.metrics(), timeout=20)
+    assert 'gpumon_collector_up{collector="infiniband"} 0' not in process.metrics()
+    code, output = process.stop()
+    assert code == 0 and "collector_down" not in output, output
 
 
 def test_run_with_unavailable_explicit_collector_exits_1(tmp_path):
