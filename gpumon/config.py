@@ -156,6 +156,19 @@ class SectionSchema:
                 return opt
         return None
 
+    def values(self, cfg: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Every option: the section's values over this schema's defaults."""
+        return {**{opt.key: opt.default for opt in self.options}, **(dict(cfg) if cfg is not None else {})}
+
+    def value(self, cfg: Mapping[str, Any] | None, key: str) -> Any:
+        """``key`` from a validated section, or this schema's default where the section (or the key)
+        is absent: a plugin built without config (tests, ``gpumon once``) reads the same defaults."""
+        if cfg is not None and key in cfg:
+            return cfg[key]
+        opt = self.option(key)
+        assert opt is not None, f"[{self.name}] has no option {key!r}"
+        return opt.default
+
 
 class Section(Mapping[str, Any]):
     """The validated values of one section; read them as attributes (``cfg.interval``)."""

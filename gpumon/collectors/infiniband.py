@@ -483,14 +483,6 @@ OPTIONS = SectionSchema(
 )
 
 
-def _option(cfg: Section | None, key: str):
-    if cfg is not None and key in cfg:
-        return cfg[key]
-    opt = OPTIONS.option(key)
-    assert opt is not None
-    return opt.default
-
-
 def probe_tree(sysfs_root: str) -> Availability:
     """Whether ``<sysfs_root>/class/infiniband`` lists devices; shared with the link-flap watcher."""
     base = class_dir(sysfs_root)
@@ -513,9 +505,9 @@ class InfinibandCollector(Collector):
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
-        self._wanted = device_filter(_option(cfg, "include_devices"), _option(cfg, "exclude_devices"))
-        self._hw = bool(_option(cfg, "hw_counters"))
-        self._cached = read_mode_cached(_option(cfg, "read_mode"), ctx.sysfs_root)
+        self._wanted = device_filter(OPTIONS.value(cfg, "include_devices"), OPTIONS.value(cfg, "exclude_devices"))
+        self._hw = bool(OPTIONS.value(cfg, "hw_counters"))
+        self._cached = read_mode_cached(OPTIONS.value(cfg, "read_mode"), ctx.sysfs_root)
         self._faults = FaultLog(log)
         self._signature: Signature | None = None
         self._stale = True

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.collectors.infiniband import (
+    DEVICE_LABELS,
     PHYS_STATE_NAMES,
     STATE_NAMES,
     Attr,
@@ -38,34 +39,32 @@ from gpumon.model import Collection, MetricSpec, MetricType, Sample
 
 log = logging.getLogger("gpumon.collectors.linkflap")
 
-PORT_LABELS = ("device", "port")
-
 SPEC_FLAPS = MetricSpec(
     "gpumon_ib_link_flaps_total", MetricType.COUNTER,
     "Link flaps (down and back) since gpumon started; one flap seen by several signals counts once.",
-    labels=PORT_LABELS)
+    labels=DEVICE_LABELS)
 SPEC_SIGNALS = MetricSpec(
     "gpumon_ib_link_flap_signals_total", MetricType.COUNTER,
     "Flaps each signal saw (state, link_downed, carrier_changes), before de-duplication.",
     labels=("device", "port", "signal"))
 SPEC_WINDOW = MetricSpec(
     "gpumon_ib_port_flaps_in_window", MetricType.GAUGE,
-    "Flaps within the flap window (default 24 h), kept across restarts.", labels=PORT_LABELS)
+    "Flaps within the flap window (default 24 h), kept across restarts.", labels=DEVICE_LABELS)
 SPEC_FLAPPING = MetricSpec(
     "gpumon_ib_port_flapping", MetricType.GAUGE,
     "1 when flaps in the window reach the threshold (default 5 in 24 h, as Azure's NHC2005), else 0.",
-    labels=PORT_LABELS)
+    labels=DEVICE_LABELS)
 SPEC_LAST = MetricSpec(
     "gpumon_ib_last_flap_timestamp_seconds", MetricType.GAUGE,
     "Unix time of the port's last flap (only ports that have flapped within the window or since start).",
-    "seconds", PORT_LABELS)
+    "seconds", DEVICE_LABELS)
 SPEC_DOWN = MetricSpec(
     "gpumon_ib_port_down_seconds", MetricType.GAUGE,
-    "How long the port has been seen down (not ACTIVE/LinkUp); 0 while up.", "seconds", PORT_LABELS)
+    "How long the port has been seen down (not ACTIVE/LinkUp); 0 while up.", "seconds", DEVICE_LABELS)
 SPEC_LAST_DOWN = MetricSpec(
     "gpumon_ib_port_last_down_duration_seconds", MetricType.GAUGE,
     "How long the last completed down period lasted, to within one watch interval.", "seconds",
-    PORT_LABELS)
+    DEVICE_LABELS)
 
 OPTIONS = SectionSchema(
     "linkflap",
@@ -90,14 +89,6 @@ OPTIONS = SectionSchema(
 )
 
 
-def _option(cfg: Section | None, key: str):
-    if cfg is not None and key in cfg:
-        return cfg[key]
-    opt = OPTIONS.option(key)
-    assert opt is not None
-    return opt.default
-
-
 @dataclass
 class _Watched:
     paths: PortPaths
@@ -114,12 +105,12 @@ class LinkflapCollector(Collector):
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
-        self._watch_interval = float(_option(cfg, "watch_interval"))
-        self._carrier = bool(_option(cfg, "carrier_changes"))
-        self._wanted = device_filter(_option(cfg, "include_devices"), _option(cfg, "exclude_devices"))
-        self._cached = read_mode_cached(_option(cfg, "read_mode"), ctx.sysfs_root)
+        self._watch_interval = float(OPTIONS.value(cfg, "watch_interval"))
+        self._carrier = bool(OPTIONS.value(cfg, "carrier_changes"))
+        self._wanted = device_filter(OPTIONS.value(cfg, "include_devices"), OPTIONS.value(cfg, "exclude_devices"))
+        self._cached = read_mode_cached(OPTIONS.value(cfg, "read_mode"), ctx.sysfs_root)
         self._detector = shared_detector(ctx)
-        self._rule = (int(_option(cfg, "flap_threshold")), float(_option(cfg, "flap_window")))
+        self._rule = (int(OPTIONS.value(cfg, "flap_threshold")), float(OPTIONS.value(cfg, "flap_window")))
         self._configured = False
         self._faults = FaultLog(log)
         self._signature: Signature | None = None

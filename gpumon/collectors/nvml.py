@@ -137,11 +137,7 @@ class NvmlCollector(Collector):
     # --- plumbing ------------------------------------------------------------------------------------
 
     def _opt(self, key: str) -> Any:
-        if self.cfg is not None and key in self.cfg:
-            return self.cfg[key]
-        opt = OPTIONS.option(key)
-        assert opt is not None
-        return opt.default
+        return OPTIONS.value(self.cfg, key)
 
     @classmethod
     def metrics(cls) -> tuple[MetricSpec, ...]:
@@ -716,20 +712,12 @@ class NvmlCollector(Collector):
                 if all(s.label(k) == v for k, v in match.items()) and s.label("gpu") in gpus:
                     yield gpus[s.label("gpu")], s
 
-        for row, s in each(M.UTIL.name, engine="gpu"):
-            row["util"] = s.value
-        for row, s in each(M.MEM_USED.name):
-            row["used"] = s.value
-        for row, s in each(M.MEM_TOTAL.name):
-            row["total"] = s.value
-        for row, s in each(M.TEMP.name, sensor="gpu"):
-            row["temp"] = s.value
-        for row, s in each(M.POWER.name):
-            row["power"] = s.value
-        for row, s in each(M.POWER_LIMIT.name):
-            row["limit"] = s.value
-        for row, s in each(M.CLOCK.name, clock="sm"):
-            row["sm"] = s.value
+        columns = (("util", M.UTIL, {"engine": "gpu"}), ("used", M.MEM_USED, {}), ("total", M.MEM_TOTAL, {}),
+                   ("temp", M.TEMP, {"sensor": "gpu"}), ("power", M.POWER, {}), ("limit", M.POWER_LIMIT, {}),
+                   ("sm", M.CLOCK, {"clock": "sm"}))
+        for column, spec, match in columns:
+            for row, s in each(spec.name, **match):
+                row[column] = s.value
         short = {"sw_power_cap": "pwr", "hw_slowdown": "hw", "sync_boost": "sync",
                  "sw_thermal_slowdown": "swtherm", "hw_thermal_slowdown": "hwtherm",
                  "hw_power_brake_slowdown": "brake"}

@@ -158,17 +158,15 @@ class AzureMonitorSink(Sink):
     def __init__(self, ctx: SinkContext, cfg: Any = None, *, credential: Any = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(ctx, cfg)
-        values = {opt.key: opt.default for opt in OPTIONS.options}
-        values.update(dict(cfg or {}))
-        self._opt = values
+        self._opt = OPTIONS.values(cfg)
         self._credential = credential
         self._clock = clock
         self._client: Any = None
         self._spool: Spool | None = None
-        self._builder = RowBuilder(ctx.hostname, bool(values["omit_zero_increases"]),
-                                   float(values["static_every"]))
-        self._streams = {GPU: values["stream_gpu"], IB: values["stream_infiniband"],
-                         EVENTS: values["stream_events"]}
+        self._builder = RowBuilder(ctx.hostname, bool(self._opt["omit_zero_increases"]),
+                                   float(self._opt["static_every"]))
+        self._streams = {GPU: self._opt["stream_gpu"], IB: self._opt["stream_infiniband"],
+                         EVENTS: self._opt["stream_events"]}
         self._lock = threading.Lock()
         self._window_start: float | None = None
         self._wake = threading.Event()

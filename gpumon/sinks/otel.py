@@ -688,8 +688,7 @@ class OtelSink(Sink):
     def __init__(self, ctx: SinkContext, cfg: Section | None = None, environ: Mapping[str, str] | None = None
                  ) -> None:
         super().__init__(ctx, cfg)
-        defaults = {opt.key: opt.default for opt in OPTIONS.options}
-        self._opts: dict[str, Any] = {**defaults, **(dict(cfg) if cfg is not None else {})}
+        self._opts: dict[str, Any] = OPTIONS.values(cfg)
         self._environ = os.environ if environ is None else environ
         self._lock = threading.Lock()
         self._wake_metrics = threading.Condition(self._lock)

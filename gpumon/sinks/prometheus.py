@@ -326,7 +326,7 @@ class PrometheusSink(Sink):
 
     def __init__(self, ctx, cfg=None) -> None:
         super().__init__(ctx, cfg)
-        values = cfg if cfg is not None else {o.key: o.default for o in OPTIONS.options}
+        values = OPTIONS.values(cfg)
         self.host, self.port = parse_listen(values["listen"])
         self.request_timeout = float(values["request_timeout"])
         self.backlog = int(values["backlog"])
