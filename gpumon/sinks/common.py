@@ -1,0 +1,149 @@
+"""Plumbing every sink shares: backoff with jitter, Retry-After, log-once and delivery counters.
+
+One home for these, as the OpenTelemetry Collector has one ``exporterhelper``: a sink that needs to
+retry, honour a server's Retry-After, log a failure once and count what it sent, failed or dropped
+takes it from here rather than writing its own loop.
+"""
+
+from __future__ import annotations
+
+import datetime
+import email.utils
+import logging
+import random
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value: delta-seconds or an HTTP-date (RFC 9110 10.2.3).
+
+    None when absent or unreadable; never negative (a date in the past means "now").
+    """
+    if value is None:
+        return None
+    value = str(value).strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        return max(0.0, seconds) if seconds == seconds else None  # NaN is unreadable
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:  # an HTTP-date is always GMT; a zone-less parse means "-0000"
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def retry_after_from_headers(headers: Mapping[str, Any] | Any | None, now: float | None = None) -> float | None:
+    """Seconds from ``retry-after-ms`` / ``x-ms-retry-after-ms`` (Azure) or ``Retry-After``."""
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("x-ms-retry-after-ms", 0.001)):
+        raw = headers.get(name)
+        if raw:
+            try:
+                return max(0.0, float(raw) * scale)
+            except ValueError:
+                pass
+    return parse_retry_after(headers.get("Retry-After"), now)
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with jitter, floored by the server's Retry-After and capped at ``maximum``.
+
+    Jitter matters: a fleet of hosts that lost the same endpoint must not retry in step.
+    """
+
+    initial: float
+    maximum: float
+    failures: int = 0
+    not_before: float = 0.0
+    rng: random.Random = field(default_factory=random.Random)
+
+    def failed(self, now: float, retry_after: float | None = None, floor: float | None = None) -> float:
+        """Record a failure at monotonic ``now``; return the delay before the next try."""
+        base = self.initial if floor is None else max(self.initial, floor)
+        delay = min(self.maximum, base * (2 ** min(self.failures, 30)))
+        delay *= 0.5 + self.rng.random() / 2
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.maximum))
+        self.failures += 1
+        self.not_before = now + delay
+        return delay
+
+    def succeeded(self) -> None:
+        self.failures = 0
+        self.not_before = 0.0
+
+
+class LogOnce:
+    """Logs a failure the first time its key is seen and again only after it cleared.
+
+    A sink that fails every second for an hour writes one line, not 3,600; ``clear`` (on success)
+    re-arms it so the next outage is logged too.
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def warning(self, key: str, msg: str, *args: Any) -> bool:
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+        self._log.warning(msg, *args)
+        return True
+
+    def clear(self, key: str | None = None) -> None:
+        with self._lock:
+            if key is None:
+                self._seen.clear()
+            else:
+                self._seen.discard(key)
+
+
+@dataclass
+class DeliveryCounters:
+    """What a sink sent, failed to send (and will retry) and dropped for good, in items."""
+
+    sent: int = 0
+    failed: int = 0
+    dropped: int = 0
+    consecutive_failures: int = 0
+    last_error: str = ""
+    last_success_monotonic: float | None = None
+
+    @property
+    def up(self) -> bool:
+        """Up only after a first success and while the latest attempt succeeded."""
+        return self.last_success_monotonic is not None and self.consecutive_failures == 0
+
+    def succeeded(self, items: int, now: float | None = None) -> None:
+        self.sent += items
+        self.consecutive_failures = 0
+        self.last_error = ""
+        self.last_success_monotonic = time.monotonic() if now is None else now
+
+    def failed_attempt(self, items: int, error: str) -> None:
+        self.failed += items
+        self.consecutive_failures += 1
+        self.last_error = error
+
+    def dropped_items(self, items: int, error: str = "") -> None:
+        self.dropped += items
+        if error:
+            self.last_error = error
