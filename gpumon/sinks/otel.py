@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import collections
 import gzip
+import http.client
 import logging
 import os
-import random
+import socket
 import ssl
 import threading
 import time
@@ -25,7 +26,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpumon.config import Option, SectionSchema
@@ -33,6 +34,13 @@ from gpumon.imds import IMDS_URL, AzureInstance
 from gpumon.model import Event, Severity, Snapshot
 from gpumon.sinks import otel_mapping as mapping
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
+from gpumon.sinks.common import (
+    Backoff,
+    DeliveryCounters,
+    LogOnce,
+    parse_retry_after,
+    retry_after_from_headers,
+)
 
 if TYPE_CHECKING:
     from gpumon.config import Section
@@ -460,8 +468,96 @@ an event is not resent by the next export the way a cumulative value is, so it g
 backoff first. Metrics follow the specification: the next snapshot carries the same counters."""
 
 
+class _Deadline:
+    """Shuts one request's sockets down when its whole-request deadline passes.
+
+    A socket timeout bounds each read, not the request: a server that trickles a byte now and then
+    would hold an export (and every snapshot behind it) forever. The watchdog owns a duplicate of each
+    socket, so shutting it down never touches a descriptor that was closed and reused meanwhile.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self._done = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        """Take a duplicate of a freshly connected socket; shut it down at once if already late."""
+        dup = sock.dup()
+        with self._lock:
+            if not self._done and not self.expired:
+                self._socks.append(dup)
+                return
+        _shutdown(dup)
+        dup.close()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.expired = True
+            for sock in self._socks:
+                _shutdown(sock)
+
+    def finish(self) -> None:
+        """Stop the watchdog and release the duplicates (the request itself closes its socket)."""
+        self._timer.cancel()
+        with self._lock:
+            self._done = True
+            socks, self._socks = self._socks, []
+        for sock in socks:
+            sock.close()
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed by the peer
+        pass
+
+
+def _watched(cls: type[http.client.HTTPConnection], deadline: _Deadline | None) -> Callable[..., Any]:
+    """A connection factory for urllib whose sockets the request's deadline can shut down."""
+
+    def make(*args: Any, **kwargs: Any) -> http.client.HTTPConnection:
+        conn = cls(*args, **kwargs)
+        if deadline is not None:
+            create = conn._create_connection  # the stdlib's hook for the TCP connect
+
+            def create_and_watch(*a: Any, **kw: Any) -> socket.socket:
+                sock = create(*a, **kw)
+                deadline.watch(sock)
+                return sock
+
+            conn._create_connection = create_and_watch  # type: ignore[method-assign]
+        return conn
+
+    return make
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(_watched(http.client.HTTPConnection, getattr(req, "deadline", None)), req)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__(context=context)
+        self._tls = context
+
+    def https_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(_watched(http.client.HTTPSConnection, getattr(req, "deadline", None)), req,
+                            context=self._tls)
+
+
 class HttpTransport:
-    """OTLP/HTTP with binary protobuf bodies (stdlib only, one request per export)."""
+    """OTLP/HTTP with binary protobuf bodies (stdlib only, one request per export, each bounded as a
+    whole by the export timeout)."""
 
     def __init__(self, settings: SignalSettings, version: str) -> None:
         self.settings = settings
@@ -472,40 +568,39 @@ class HttpTransport:
         }
         if settings.compression == "gzip":
             self._headers["Content-Encoding"] = "gzip"
-        handlers: list[Any] = []
+        handlers: list[Any] = [_DeadlineHTTPHandler()]
         if settings.tls:
             context = ssl.create_default_context(cafile=settings.certificate or None)
             if settings.client_certificate:
                 context.load_cert_chain(settings.client_certificate, settings.client_key or None)
-            handlers.append(urllib.request.HTTPSHandler(context=context))
+            handlers.append(_DeadlineHTTPSHandler(context))
         self._opener = urllib.request.build_opener(*handlers)
 
     def send(self, body: bytes, timeout: float | None = None) -> SendResult:
         if self.settings.compression == "gzip":
             body = gzip.compress(body, 6)
         request = urllib.request.Request(self.settings.endpoint, data=body, headers=self._headers, method="POST")
+        seconds = timeout or self.settings.timeout
+        deadline = request.deadline = _Deadline(seconds)  # type: ignore[attr-defined]
         try:
-            with self._opener.open(request, timeout=timeout or self.settings.timeout) as response:
+            with self._opener.open(request, timeout=seconds) as response:
                 reply = response.read(1 << 20)
-                return SendResult(True, rejected=_rejected(self.settings.signal, reply))
+            if deadline.expired:  # shut down mid-body: a truncated reply is no answer
+                raise TimeoutError
+            return SendResult(True, rejected=_rejected(self.settings.signal, reply))
         except urllib.error.HTTPError as exc:
-            retry_after = _retry_after(exc.headers.get("Retry-After") if exc.headers else None)
+            retry_after = retry_after_from_headers(exc.headers)
             return SendResult(False, exc.code in RETRYABLE_HTTP, f"HTTP {exc.code} {exc.reason}", retry_after)
-        except (OSError, ValueError) as exc:  # refused, reset, timeout, TLS, bad URL
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timeout, TLS, bad URL
+            if deadline.expired:
+                return SendResult(False, True, f"timed out: no complete answer within the {seconds:g} s deadline")
             reason = getattr(exc, "reason", exc)
             return SendResult(False, True, f"{type(reason).__name__}: {reason}")
+        finally:
+            deadline.finish()
 
     def close(self) -> None:
         pass
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
 
 
 def _rejected(signal: str, reply: bytes) -> int:
@@ -590,7 +685,7 @@ def _grpc_retry_delay(trailing: Any) -> float | None:
             if info is not None:
                 return info
         elif key == "retry-after":
-            delay = _retry_after(str(value))
+            delay = parse_retry_after(str(value))
     return delay
 
 
@@ -626,38 +721,6 @@ def send(transport: Any, message: Any, timeout: float | None = None) -> SendResu
 
 
 # --------------------------------------------------------------------------------------- the sink
-
-
-@dataclass
-class _Counters:
-    exported: int = 0
-    failed: int = 0
-    dropped: int = 0
-    consecutive_failures: int = 0
-    last_error: str = ""
-    last_ok: bool = True
-
-
-@dataclass
-class _Backoff:
-    initial: float
-    maximum: float
-    failures: int = 0
-    not_before: float = 0.0
-    rng: random.Random = field(default_factory=random.Random)
-
-    def failed(self, now: float, retry_after: float | None) -> float:
-        delay = min(self.maximum, self.initial * (2 ** min(self.failures, 30)))
-        delay *= 0.5 + self.rng.random() / 2  # jitter: many hosts must not retry in step
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, self.maximum))
-        self.failures += 1
-        self.not_before = now + delay
-        return delay
-
-    def succeeded(self) -> None:
-        self.failures = 0
-        self.not_before = 0.0
 
 
 def _has_new_results(new: Snapshot, old: Snapshot | None) -> bool:
@@ -700,14 +763,14 @@ class OtelSink(Sink):
         self._event_seq = 0
         self._in_flight = 0
         """Sequence number of the last event of the batch being sent; 0 when none is."""
-        self._metrics = _Counters()
-        self._logs = _Counters()
+        self._metrics = DeliveryCounters()
+        self._logs = DeliveryCounters()
         self._resource: dict[str, str] = {}
         self._resource_ready = threading.Event()
         self._threads: list[threading.Thread] = []
         self._settings: dict[str, SignalSettings] = {}
         self._started = False
-        self._warned: set[str] = set()
+        self._log_once = LogOnce(log)
 
     # -- lifecycle
 
@@ -792,7 +855,7 @@ class OtelSink(Sink):
         settings = self._settings["metrics"]
         transport = make_transport(settings, self.ctx.version)
         encoder = MetricEncoder(self.ctx.version)
-        backoff = _Backoff(self._opts["backoff_initial"], self._opts["backoff_max"])
+        backoff = Backoff(self._opts["backoff_initial"], self._opts["backoff_max"])
         interval = float(self._opts["interval"])
         self._resource_ready.wait(self._opts["imds_timeout"] + 0.5)
         exported: Snapshot | None = None
@@ -828,7 +891,7 @@ class OtelSink(Sink):
                 try:
                     request, points = encoder.encode(snapshot, resource)
                 except Exception as exc:  # noqa: BLE001 - a bad value must not kill the export thread
-                    self._warn_once("encode", "otel: could not encode a snapshot: %s", exc)
+                    self._log_once.warning("encode", "otel: could not encode a snapshot: %s", exc)
                     exported = snapshot
                     continue
                 timeout = self._final_timeout(settings.timeout) if stopping else None
@@ -849,7 +912,7 @@ class OtelSink(Sink):
     def _logs_loop(self) -> None:
         settings = self._settings["logs"]
         transport = make_transport(settings, self.ctx.version)
-        backoff = _Backoff(self._opts["backoff_initial"], self._opts["backoff_max"])
+        backoff = Backoff(self._opts["backoff_initial"], self._opts["backoff_max"])
         throttled = 0  # attempts of the head batch answered RESOURCE_EXHAUSTED without RetryInfo
         self._resource_ready.wait(self._opts["imds_timeout"] + 0.5)
         try:
@@ -870,7 +933,7 @@ class OtelSink(Sink):
                 try:
                     request = encode_logs([event for _, event in batch], resource, self.ctx.version)
                 except Exception as exc:  # noqa: BLE001 - an attribute that will not encode
-                    self._warn_once("encode-logs", "otel: could not encode events: %s", exc)
+                    self._log_once.warning("encode-logs", "otel: could not encode events: %s", exc)
                     result = SendResult(False, False, f"encode: {exc}")
                 else:
                     result = send(transport, request, timeout)
@@ -902,60 +965,52 @@ class OtelSink(Sink):
         finally:
             transport.close()
 
-    def _account(self, counters: _Counters, result: SendResult, items: int, backoff: _Backoff,
+    def _account(self, counters: DeliveryCounters, result: SendResult, items: int, backoff: Backoff,
                  signal: str, settings: SignalSettings) -> None:
         """Count an export's outcome, schedule a retry, and log state changes once (not every cycle)."""
         with self._lock:
             self._account_locked(counters, result, items, backoff, signal, settings)
 
-    def _account_locked(self, counters: _Counters, result: SendResult, items: int, backoff: _Backoff,
+    def _account_locked(self, counters: DeliveryCounters, result: SendResult, items: int, backoff: Backoff,
                         signal: str, settings: SignalSettings) -> None:
         """``_account`` for a caller that holds the lock, so that its own bookkeeping and these counters
         change together."""
         if result.ok:
-            counters.exported += items - result.rejected
-            counters.dropped += result.rejected
-            counters.consecutive_failures = 0
-            if not counters.last_ok:
+            if counters.consecutive_failures:
                 log.info("otel: %s export to %s recovered", signal, settings.endpoint)
-            counters.last_ok = True
+            self._log_once.clear(f"failed-{signal}")
+            counters.succeeded(items - result.rejected)
+            counters.dropped += result.rejected
             backoff.succeeded()
             if result.rejected:
-                self._warn_once(f"rejected-{signal}", "otel: the collector rejected %d %s items",
-                                result.rejected, signal)
+                self._log_once.warning(f"rejected-{signal}", "otel: the collector rejected %d %s items",
+                                       result.rejected, signal)
             return
-        counters.failed += 1
-        counters.consecutive_failures += 1
-        counters.last_error = result.detail
+        counters.failed_attempt(1, result.detail)  # gpumon_sink_failed_total counts requests
         delay = backoff.failed(time.monotonic(), result.retry_after)
-        if counters.last_ok:
-            log.warning("otel: %s export to %s failed (%s); retrying with backoff, next in %.2f s",
-                        signal, settings.endpoint, result.detail, delay)
-        counters.last_ok = False
-
-    def _warn_once(self, key: str, message: str, *args: Any) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message, *args)
+        self._log_once.warning(f"failed-{signal}", "otel: %s export to %s failed (%s); retrying with backoff, "
+                               "next in %.2f s", signal, settings.endpoint, result.detail, delay)
 
     # -- reporting
 
     def health(self) -> SinkHealth:
         with self._lock:
             m, lg = self._metrics, self._logs
-            up = self._started and m.last_ok and lg.last_ok
-            detail = m.last_error if not m.last_ok else (lg.last_error if not lg.last_ok else "")
+            # metrics: up only after a first accepted export; logs are sent only when events happen,
+            # so they only hold the sink down while their latest attempt failed
+            up = self._started and m.up and not lg.consecutive_failures
+            detail = m.last_error or lg.last_error
             return SinkHealth(
                 up=up,
-                exported=m.exported + lg.exported,
+                exported=m.sent + lg.sent,
                 failed=m.failed + lg.failed,
                 dropped=m.dropped + lg.dropped,
                 detail=detail,
                 extra={
                     "queued_records": float(len(self._events)),
                     "consecutive_failures": float(max(m.consecutive_failures, lg.consecutive_failures)),
-                    "exported_data_points": float(m.exported),
-                    "exported_log_records": float(lg.exported),
+                    "exported_data_points": float(m.sent),
+                    "exported_log_records": float(lg.sent),
                 },
             )
 
