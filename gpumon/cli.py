@@ -78,7 +78,7 @@ def load_config(args: argparse.Namespace) -> Config:
 
 
 def _check_names(config: Config, key: str, known: list[str]) -> None:
-    where = config.origins.get(f"daemon.{key}", config.source)
+    where = config.origin("daemon", key)
     for name in config.daemon[key]:
         if name not in known:
             raise ConfigError(where, f"[daemon] {key}", f"unknown name {name!r} (known: {', '.join(known)})")
@@ -144,6 +144,11 @@ def _reload(args: argparse.Namespace, runner: daemon.Daemon) -> None:
         log.error("new configuration rejected, keeping the running one: %s", exc)
         runner.reload_rejected()
         return
+    except Exception as exc:  # noqa: BLE001 - a plugin's schema bug must not take the running daemon down
+        log.error("new configuration rejected, keeping the running one: %s: %s", type(exc).__name__, exc,
+                  exc_info=log.isEnabledFor(logging.DEBUG))
+        runner.reload_rejected()
+        return
     runner.reload(new)
     logs.setup(runner.config.daemon.log_level, runner.config.daemon.log_format)
 
@@ -153,7 +158,11 @@ def _once_context(config: Config):
     if not config.daemon.simulate:
         return daemon.make_context(config), None
     tmp = tempfile.mkdtemp(prefix="gpumon-once-")
-    return daemon.make_context(config.replace("daemon", state_dir=tmp)), tmp
+    try:
+        return daemon.make_context(config.replace("daemon", state_dir=tmp)), tmp
+    except BaseException:  # an unknown profile: nothing of it may stay behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def cmd_once(args: argparse.Namespace, config: Config) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import reprlib
+import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +23,13 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 DEFAULT_CONFIG_PATH = "/etc/gpumon/gpumon.toml"
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file is a few kilobytes; anything this large is a mistake (or /dev/zero)."""
+INT_LIMIT = 1 << 63
+"""Integers outside a signed 64-bit range are rejected before anything compares or stores them."""
+
+_shown = reprlib.Repr()
+_shown.maxstring, _shown.maxother, _shown.maxlong, _shown.maxlevel = 60, 60, 40, 3
 
 
 class ConfigError(Exception):
@@ -52,7 +61,7 @@ class Option:
             items = value if isinstance(value, list) else [value]
             for item in items:
                 if item not in self.choices:
-                    raise ValueError(f"{item!r} is not one of {', '.join(self.choices)}")
+                    raise ValueError(f"{shown(item)} is not one of {', '.join(self.choices)}")
         if self.min is not None and value < self.min:
             raise ValueError(f"must be >= {self.min} (got {value})")
         if self.max is not None and value > self.max:
@@ -64,24 +73,34 @@ class Option:
         return value
 
 
+def shown(value: Any) -> str:
+    """A bounded repr for error messages: a 400-digit integer or a list nested 500 deep must not
+    turn one error line into a page (or into a RecursionError)."""
+    return _shown.repr(value)
+
+
 def _coerce(kind: type, value: Any) -> Any:
     if kind is bool:
         if isinstance(value, bool):
             return value
-        raise ValueError(f"must be true or false (got {value!r})")
+        raise ValueError(f"must be true or false (got {shown(value)})")
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"must be an integer (got {value!r})")
+            raise ValueError(f"must be an integer (got {shown(value)})")
+        if not -INT_LIMIT <= value < INT_LIMIT:
+            raise ValueError(f"is out of range (got {shown(value)})")
         return value
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"must be a number (got {value!r})")
+            raise ValueError(f"must be a number (got {shown(value)})")
+        if isinstance(value, int) and not -INT_LIMIT <= value < INT_LIMIT:
+            raise ValueError(f"is out of range (got {shown(value)})")  # float() of it may overflow
         if not math.isfinite(value):
-            raise ValueError(f"must be a finite number (got {value!r})")
+            raise ValueError(f"must be a finite number (got {shown(value)})")
         return float(value)
     if kind is str:
         if not isinstance(value, str):
-            raise ValueError(f"must be a string (got {value!r})")
+            raise ValueError(f"must be a string (got {shown(value)})")
         if "\x00" in value:
             raise ValueError("must not contain NUL characters")
         return value
@@ -89,7 +108,7 @@ def _coerce(kind: type, value: Any) -> Any:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"must be a list of strings (got {value!r})")
+            raise ValueError(f"must be a list of strings (got {shown(value)})")
         return list(value)
     raise TypeError(f"unsupported option type {kind}")  # pragma: no cover - schema bug
 
@@ -117,11 +136,35 @@ def _from_text(kind: type, text: str) -> Any:
 
 
 def regex_check(value: str) -> str | None:
+    """``re.compile`` raises more than ``re.error``: nesting too deep, a repeat count too large."""
     try:
         re.compile(value)
-    except re.error as exc:
+    except (re.error, RecursionError, OverflowError, ValueError) as exc:
         return f"not a valid regular expression: {exc}"
     return None
+
+
+def readable_file_check(value: str) -> str | None:
+    """For options naming a file gpumon reads (web config, certificates): empty means unset; else it
+    must be a readable regular file. A FIFO or a device would block the read forever, a directory
+    fails later with a less clear message."""
+    if not value:
+        return None
+    try:
+        st = os.stat(value)
+    except OSError as exc:
+        return f"cannot use {value}: {exc.strerror or exc}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{value} is {_file_kind(st.st_mode)}, not a regular file"
+    if not os.access(value, os.R_OK):
+        return f"cannot read {value}: permission denied"
+    return None
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def listen_check(value: str) -> str | None:
@@ -209,6 +252,10 @@ class Config:
     def daemon(self) -> Section:
         return self.sections["daemon"]
 
+    def origin(self, section: str, key: str) -> str:
+        """Where ``[section] key`` came from (a file, a variable, a flag), for error messages."""
+        return self.origins.get(f"{section}.{key}", self.source)
+
     def replace(self, section: str, **values: Any) -> Config:
         """A copy with some values of one section replaced (already-validated values only)."""
         sections = dict(self.sections)
@@ -237,7 +284,7 @@ DAEMON = SectionSchema(
         Option("state_dir", str, "/var/lib/gpumon",
                "Where state that must survive a restart is kept (flap window, spools)."),
         Option("hostname", str, "", "Host name reported to sinks; empty means the system's host name."),
-        Option("simulate", str, "", check=lambda v: _simulate_check(v), help=
+        Option("simulate", str, "",
                "Serve a simulated host instead of the real one (for demos, dashboards and tests): "
                "a profile such as `nd-h100-v5`; empty for the real host."),
         Option("log_level", str, "info", "Log level.",
@@ -245,14 +292,6 @@ DAEMON = SectionSchema(
         Option("log_format", str, "text", "Log line format.", choices=("text", "json")),
     ),
 )
-
-def _simulate_check(value: str) -> str | None:
-    from gpumon.simulate import HOSTS
-
-    if value and value not in HOSTS:
-        return f"unknown simulation profile {value!r} (known: {', '.join(sorted(HOSTS))})"
-    return None
-
 
 # Command-line flags and the (section, key) each one sets.
 FLAG_KEYS: dict[str, tuple[str, str]] = {
@@ -341,21 +380,44 @@ def _copy(value: Any) -> Any:
 
 
 def _read_toml(path: str) -> dict[str, Any]:
+    data = _read_regular(path)
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(path, "(file)", "not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, "(syntax)", f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(path, "(syntax)", "not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # tomllib lets int() errors through: more than 4300 digits
+        raise ConfigError(path, "(syntax)", f"not valid TOML: {exc}") from None
+
+
+def _read_regular(path: str) -> bytes:
+    """The file's bytes, refusing anything but a regular file before reading: opening with
+    O_NONBLOCK does not wait for a FIFO's writer, and fstat of the open descriptor leaves no window
+    for the path to be swapped between the check and the read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ConfigError(path, "(file)", "no such file") from None
     except PermissionError:
         raise ConfigError(path, "(file)", "permission denied") from None
-    except IsADirectoryError:
-        raise ConfigError(path, "(file)", "is a directory") from None
-    except OSError as exc:  # ENOTDIR, ELOOP, ENAMETOOLONG, EIO...
+    except OSError as exc:  # ENOTDIR, ELOOP, ENAMETOOLONG, ENXIO (a FIFO-less socket), EIO...
         raise ConfigError(path, "(file)", exc.strerror or str(exc)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path, "(syntax)", f"not valid TOML: {exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(path, "(file)", "not UTF-8 text") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(path, "(file)", f"is {_file_kind(mode)}, not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(path, "(file)", exc.strerror or str(exc)) from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(path, "(file)", f"larger than {MAX_CONFIG_BYTES} bytes")
+    return data
 
 
 def _option(schema: SectionSchema, key: str, where: str) -> Option:
@@ -369,8 +431,8 @@ def _option(schema: SectionSchema, key: str, where: str) -> Option:
 def _validated(opt: Option, raw: Any, where: str, section: str) -> Any:
     try:
         return opt.validate(raw)
-    except ValueError as exc:
-        raise ConfigError(where, f"[{section}] {opt.key}", str(exc)) from None
+    except (ValueError, OverflowError, RecursionError) as exc:  # a plugin's check may raise those too
+        raise ConfigError(where, f"[{section}] {opt.key}", str(exc) or type(exc).__name__) from None
 
 
 def _split_env(var: str, schemas: Mapping[str, SectionSchema]) -> tuple[str | None, str]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from gpumon import __version__, registry
 from gpumon.collectors.base import Collector, CollectorUnavailable, Context
-from gpumon.config import Config
+from gpumon.config import Config, ConfigError
 from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot
 from gpumon.selfmetrics import CollectorBook, SelfMetrics
 from gpumon.sinks.base import Sink, SinkContext, SinkHealth
@@ -29,7 +29,7 @@ log = logging.getLogger("gpumon.daemon")
 event_log = logging.getLogger("gpumon.event")
 
 
-CARRIED_ACROSS_RELOAD = ("flaps",)
+CARRIED_ACROSS_RELOAD = ("flaps", "xid_ledger")
 """Shared collector state a reload keeps when the host view (sysfs root, state dir) is unchanged."""
 
 
@@ -69,23 +69,39 @@ def hostname(config: Config) -> str:
 
 
 def make_context(config: Config) -> Context:
-    """The collectors' view of the host; with ``simulate`` set, a simulated host under state_dir."""
+    """The collectors' view of the host; with ``simulate`` set, a simulated host under state_dir.
+    Raises ConfigError for a sysfs root that was given and does not exist, or an unknown profile."""
     d = config.daemon
     ctx = Context(hostname=hostname(config), sysfs_root=d.sysfs_root, state_dir=d.state_dir)
     if d.simulate:
-        from gpumon.simulate import Simulation
+        from gpumon.simulate import Simulation, UnknownProfile, host_profile
 
+        try:
+            host_profile(d.simulate)
+        except UnknownProfile as exc:
+            raise ConfigError(config.origin("daemon", "simulate"), "[daemon] simulate", str(exc)) from None
         base = d.state_dir
         if not _writable(base):
             base = tempfile.mkdtemp(prefix="gpumon-simulate-")
-        workdir = os.path.join(base, "simulate", d.simulate)
-        simulation = Simulation(d.simulate, workdir)
+        simulation = Simulation(d.simulate, os.path.join(base, "simulate", d.simulate))
         ctx.simulation = simulation
         ctx.sysfs_root = simulation.sysfs_root
-        ctx.state_dir = os.path.join(workdir, "state")
+        ctx.state_dir = os.path.join(simulation.workdir, "state")
         ctx.nvml = simulation.nvml
         os.makedirs(ctx.state_dir, exist_ok=True)
+    else:
+        _check_sysfs_root(config)
     return ctx
+
+
+def _check_sysfs_root(config: Config) -> None:
+    """A root that was asked for and is not there is a mistake (a missing ``/host/sys`` mount), not
+    a host without InfiniBand; the default ``/sys`` is always accepted."""
+    where = config.origins.get("daemon.sysfs_root")
+    root = config.daemon.sysfs_root
+    if where is not None and not os.path.isdir(root):
+        problem = "no such directory" if not os.path.exists(root) else "not a directory"
+        raise ConfigError(where, "[daemon] sysfs_root", f"{root}: {problem}")
 
 
 def _writable(path: str) -> bool:

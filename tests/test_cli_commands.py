@@ -27,8 +27,8 @@ def test_no_command_is_usage_error():
     assert gpumon().returncode == 2
 
 
-def test_once_json_has_the_contract_shape():
-    result = gpumon("once", "--format", "json", "--sysfs-root", "/nonexistent")
+def test_once_json_has_the_contract_shape(tmp_path):
+    result = gpumon("once", "--format", "json", "--sysfs-root", str(tmp_path))
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert set(doc) == {"host", "time", "metrics", "events", "collectors"}
@@ -116,8 +116,8 @@ def test_run_with_port_in_use_exits_1(gpumon_run):
     assert result.returncode == 1 and "sink 'prometheus' failed to start" in result.stderr
 
 
-def test_check_reports_each_item():
-    result = gpumon("check", "--listen", "127.0.0.1:0", "--sysfs-root", "/nonexistent")
+def test_check_reports_each_item(tmp_path):
+    result = gpumon("check", "--listen", "127.0.0.1:0", "--sysfs-root", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"^sink +prometheus +ok ", result.stdout, re.M)
 

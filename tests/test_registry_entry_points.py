@@ -53,7 +53,7 @@ def test_a_broken_plugin_is_reported_and_the_rest_keeps_working(tmp_path):
     (dist / "entry_points.txt").write_text("[gpumon.collectors]\nbroken = broken_probe:Probe\n"
                                            "[gpumon.sinks]\nghost = notinstalled.sub:Sink\n")
     env = clean_env(PYTHONPATH=str(tmp_path))
-    result = subprocess.run([sys.executable, "-m", "gpumon", "once", "--format", "json", "--sysfs-root", "/nonexistent"],
+    result = subprocess.run([sys.executable, "-m", "gpumon", "once", "--format", "json", "--sysfs-root", str(tmp_path)],
                             env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "plugin 'broken' cannot be loaded" in result.stderr

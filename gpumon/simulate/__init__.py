@@ -46,14 +46,20 @@ class UnknownProfile(ValueError):
     pass
 
 
+def host_profile(name: str) -> HostProfile:
+    """The profile named ``name``; the one place an unknown name is refused (the daemon turns it into
+    an exit 2 naming ``[daemon] simulate``, before anything is created on disk)."""
+    if name not in HOSTS:
+        raise UnknownProfile(f"unknown simulation profile {name!r} (known: {', '.join(sorted(HOSTS))})")
+    return HOSTS[name]
+
+
 class Simulation:
     """The live state of one simulated host. ``start()`` begins growing counters every ``tick``."""
 
     def __init__(self, profile: str, workdir: str, tick: float = 1.0) -> None:
-        if profile not in HOSTS:
-            raise UnknownProfile(f"unknown simulation profile {profile!r} (known: {', '.join(sorted(HOSTS))})")
+        self.host = host_profile(profile)
         self.profile = profile
-        self.host = HOSTS[profile]
         self.workdir = workdir
         self.sysfs_root = os.path.join(workdir, "sys")
         self.control_dir = os.path.join(workdir, "control")
