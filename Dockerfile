@@ -18,7 +18,7 @@ COPY . /src
 RUN set -eu; \
     python3 -m venv /opt/gpumon; \
     if ls /src/wheels/*.whl >/dev/null 2>&1; then \
-        /opt/gpumon/bin/pip install --no-index --only-binary=:all: --find-links /src/wheels "gpumon[${EXTRAS}]"; \
+        /opt/gpumon/bin/pip install --no-index --only-binary=:all: --find-links /src/wheels "gpumon-exporter[${EXTRAS}]"; \
     else \
         /opt/gpumon/bin/pip install "/src[${EXTRAS}]"; \
     fi; \

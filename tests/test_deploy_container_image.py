@@ -72,7 +72,7 @@ def build_context(dest: Path) -> Path:
     pip = [sys.executable, "-m", "pip"]
     subprocess.run([*pip, "wheel", "--no-deps", "--quiet", "-w", str(wheels), str(REPO)],
                    check=True, capture_output=True, timeout=240)
-    (own,) = wheels.glob("gpumon-*.whl")
+    (own,) = wheels.glob("gpumon_exporter-*.whl")
     # Binary wheels for the base's interpreter (bookworm: CPython 3.11), whatever runs the tests.
     platform_args = [arg for p in PLATFORMS for arg in ("--platform", p)]
     subprocess.run(

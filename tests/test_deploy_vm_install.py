@@ -1,8 +1,10 @@
 """deploy/vm/install.sh in a throwaway prefix: installs from a locally built wheel, writes a unit that
 verifies, re-runs idempotently (keeping the operator's config), and uninstalls.
 
-Offline: the wheel is built here and installed with --no-index into a venv that sees this
-interpreter's site-packages (where gpumon's dependencies already are).
+The wheel is built here; its dependencies are fetched once into a wheelhouse (the package index
+through pip's own configuration), and the installer then runs with --no-index --find-links on it:
+its venv depends on nothing of the interpreter running the tests, which may itself be a venv, a
+pyenv build or the system Python. The installer's pip sees no pip configuration of this machine.
 """
 
 from __future__ import annotations
@@ -23,34 +25,61 @@ UNIT = REPO / "systemd" / "gpumon.service"
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+def build_wheel(out: Path) -> Path:
+    """gpumon's own wheel, built from this checkout."""
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(REPO)],
         check=True, timeout=240, capture_output=True,
     )
-    (found,) = out.glob("gpumon-*.whl")
+    (found,) = out.glob("gpumon_exporter-*.whl")
     return found
 
 
-def run_install(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def download_dependencies(wheel: Path, out: Path, extras: str = "") -> Path:
+    """Binary wheels of everything ``wheel[extras]`` needs, for this interpreter, without the wheel."""
+    requirement = f"{wheel}[{extras}]" if extras else str(wheel)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(out), requirement],
+        check=True, timeout=280, capture_output=True,
+    )
+    (out / wheel.name).unlink(missing_ok=True)
+    return out
+
+
+def installer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment minus this machine's pip configuration: the installer's pip sees only --pip-arg."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, **(extra or {})}
+
+
+def run_install(*args: str, env: dict[str, str] | None = None, script: Path = SCRIPT,
+                timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["sh", str(SCRIPT), *args],
-        capture_output=True, text=True, timeout=240, check=False,
-        env={**os.environ, **(env or {})},
+        ["sh", str(script), *args],
+        capture_output=True, text=True, timeout=timeout, check=False, env=installer_env(env),
     )
 
 
-def offline_args(wheel: Path) -> list[str]:
-    return ["--wheel", str(wheel), "--python", sys.executable, "--system-site-packages",
-            "--pip-arg=--no-index", "--no-os-deps"]
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")
-def installed(wheel, tmp_path_factory) -> Path:
+def wheelhouse(wheel, tmp_path_factory) -> Path:
+    return download_dependencies(wheel, tmp_path_factory.mktemp("wheelhouse"))
+
+
+@pytest.fixture(scope="module")
+def offline_args(wheel, wheelhouse) -> list[str]:
+    return ["--wheel", str(wheel), "--python", sys.executable, "--pip-arg=--no-index",
+            f"--pip-arg=--find-links={wheelhouse}", "--no-os-deps"]
+
+
+@pytest.fixture(scope="module")
+def installed(offline_args, tmp_path_factory) -> Path:
     prefix = tmp_path_factory.mktemp("root")
-    out = run_install("--prefix", str(prefix), *offline_args(wheel))
+    out = run_install("--prefix", str(prefix), *offline_args)
     assert out.returncode == 0, out.stdout + out.stderr
     return prefix
 
@@ -97,15 +126,15 @@ def test_default_config_is_valid_for_the_daemon(installed):
     assert cfg["prometheus"].listen == "0.0.0.0:9470"
 
 
-def test_rerun_is_idempotent_and_keeps_the_operators_config(wheel, tmp_path):
-    first = run_install("--prefix", str(tmp_path), *offline_args(wheel))
+def test_rerun_is_idempotent_and_keeps_the_operators_config(offline_args, tmp_path):
+    first = run_install("--prefix", str(tmp_path), *offline_args)
     assert first.returncode == 0, first.stderr
     config = tmp_path / "etc/gpumon/gpumon.toml"
     config.write_text(config.read_text().replace("interval = 10.0", "interval = 5.0"))
     unit = tmp_path / "etc/systemd/system/gpumon.service"
     before = unit.read_text()
 
-    again = run_install("--prefix", str(tmp_path), *offline_args(wheel))
+    again = run_install("--prefix", str(tmp_path), *offline_args)
     assert again.returncode == 0, again.stderr
     assert "interval = 5.0" in config.read_text()
     assert "kept the config" in again.stdout
@@ -113,8 +142,8 @@ def test_rerun_is_idempotent_and_keeps_the_operators_config(wheel, tmp_path):
     assert unit.read_text() == before
 
 
-def test_uninstall_removes_venv_and_unit_keeps_config_then_purge(wheel, tmp_path):
-    assert run_install("--prefix", str(tmp_path), *offline_args(wheel)).returncode == 0
+def test_uninstall_removes_venv_and_unit_keeps_config_then_purge(offline_args, tmp_path):
+    assert run_install("--prefix", str(tmp_path), *offline_args).returncode == 0
     out = run_install("--prefix", str(tmp_path), "--uninstall")
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "opt/gpumon").exists()
@@ -125,9 +154,9 @@ def test_uninstall_removes_venv_and_unit_keeps_config_then_purge(wheel, tmp_path
     assert not (tmp_path / "etc/gpumon").exists()
 
 
-def test_destdir_stages_with_final_paths_in_the_unit(wheel, tmp_path):
+def test_destdir_stages_with_final_paths_in_the_unit(offline_args, tmp_path):
     # A packager's staging root: files under DESTDIR, the unit still naming /opt/gpumon.
-    out = run_install(*offline_args(wheel), env={"DESTDIR": str(tmp_path)})
+    out = run_install(*offline_args, env={"DESTDIR": str(tmp_path)})
     assert out.returncode == 0, out.stdout + out.stderr
     assert (tmp_path / "opt/gpumon/bin/gpumon").exists()
     assert (tmp_path / "etc/systemd/system/gpumon.service").read_text() == UNIT.read_text()
@@ -148,6 +177,8 @@ def test_embedded_unit_is_the_shipped_unit():
         (["--bogus"], "unknown option: --bogus"),
         (["--extras", "gpu"], "--extras must be otel, azure or all"),
         (["--wheel", "a.whl", "--version", "1.0"], "exclude each other"),
+        (["--version", "0.1.0"], "--version needs --sha256"),
+        (["--version", "0.1.0", "--sha256", "abc"], "--sha256 must be 64 hex digits"),
     ],
 )
 def test_bad_arguments_fail_with_a_reason(args, message, tmp_path):

@@ -6,9 +6,12 @@
 # rewritten, the config is never overwritten (the shipped default lands next to it as
 # gpumon.toml.default), and the service is restarted.
 #
-#   install.sh                                 latest gpumon from PyPI, enable and start
-#   install.sh --wheel ./gpumon-0.1.0-py3-none-any.whl --extras azure
-#   install.sh --version 0.1.0 --extras all
+# gpumon is installed from gpumon's own artefact only, never by a name another project owns (the name
+# "gpumon" on PyPI belongs to an unrelated project; gpumon's distribution is "gpumon-exporter"):
+#
+#   install.sh                                 the one gpumon_exporter-*.whl next to this script
+#   install.sh --wheel ./gpumon_exporter-0.1.0-py3-none-any.whl [--sha256 HEX] --extras azure
+#   install.sh --version 0.1.0 --sha256 HEX    gpumon-exporter==0.1.0 from the index, hash-checked
 #   install.sh --uninstall [--purge]           stop, disable, remove (--purge: config and state too)
 #   install.sh --prefix /tmp/root --no-start   relocated install (paths in the unit point into it)
 #   DESTDIR=/tmp/stage install.sh              staged install for packaging (unit keeps /opt/gpumon)
@@ -23,6 +26,7 @@ DESTDIR=${DESTDIR:-}
 PREFIX=""
 WHEEL=""
 VERSION=""
+SHA256=""
 EXTRAS=""
 PYTHON=""
 SYSTEM_SITE=0
@@ -39,9 +43,14 @@ usage() {
     cat <<'USAGE'
 Usage: install.sh [options]
 
-Source of gpumon (default: the latest release from PyPI):
-  --wheel FILE          install this wheel (built with `pip wheel .`)
-  --version X.Y.Z       install this release from PyPI
+Source of gpumon (one of them; nothing is ever installed by the bare name "gpumon", which on
+PyPI is another project):
+  (none)                the one gpumon_exporter-*.whl in the directory holding install.sh
+  --wheel FILE          this wheel, built from gpumon's repository (`pip wheel --no-deps -w dist .`)
+  --version X.Y.Z       the release gpumon-exporter==X.Y.Z from the package index (PyPI, or the
+                        feed named with --pip-arg=--index-url=URL); needs --sha256
+  --sha256 HEX          the wheel's SHA-256: checked before anything is installed (pip's
+                        --require-hashes mode with --version)
   --extras LIST         optional extras: otel, azure or all (comma-separated)
   --pip-arg ARG         extra argument for pip, repeatable (e.g. --pip-arg=--no-index
                         --pip-arg=--find-links=/srv/wheels for an offline mirror)
@@ -72,6 +81,8 @@ while [ $# -gt 0 ]; do
         --wheel=*) WHEEL=${1#*=}; shift ;;
         --version) VERSION=${2:?--version needs a version}; shift 2 ;;
         --version=*) VERSION=${1#*=}; shift ;;
+        --sha256) SHA256=${2:?--sha256 needs a hex digest}; shift 2 ;;
+        --sha256=*) SHA256=${1#*=}; shift ;;
         --extras) EXTRAS=${2:?--extras needs a list}; shift 2 ;;
         --extras=*) EXTRAS=${1#*=}; shift ;;
         --pip-arg) PIP_ARGS="$PIP_ARGS ${2:?--pip-arg needs an argument}"; shift 2 ;;
@@ -91,6 +102,16 @@ while [ $# -gt 0 ]; do
 done
 
 [ -z "$WHEEL" ] || [ -z "$VERSION" ] || die "--wheel and --version exclude each other"
+if [ -n "$VERSION" ] && [ -z "$SHA256" ]; then
+    die "--version needs --sha256 (the digest published with the release): without it any file the index serves would do"
+fi
+case "$VERSION" in *[!0-9A-Za-z.+!-]*) die "not a version: $VERSION" ;; esac
+case "$SHA256" in
+    "") ;;
+    *[!0-9a-fA-F]*) die "--sha256 must be 64 hex digits (got $SHA256)" ;;
+    *) [ ${#SHA256} -eq 64 ] || die "--sha256 must be 64 hex digits (got $SHA256)"
+       SHA256=$(printf '%s' "$SHA256" | tr 'A-F' 'a-f') ;;
+esac
 if [ -n "$PREFIX" ] && [ -n "$DESTDIR" ]; then die "--prefix and DESTDIR exclude each other"; fi
 case "$EXTRAS" in ""|otel|azure|all|otel,azure|azure,otel) ;; *) die "--extras must be otel, azure or all (got $EXTRAS)" ;; esac
 
@@ -108,6 +129,14 @@ fi
 # What the files are called on disk now (ROOT_*) and what the unit calls them at run time.
 ROOT_VENV=$DESTDIR$VENV ROOT_ETC=$DESTDIR$ETC ROOT_UNIT_DIR=$DESTDIR$UNIT_DIR
 STATE_DIRS="/var/lib/gpumon /var/lib/private/gpumon"
+# gpumon's distribution name, its wheels' file-name prefix, and the old name, now another project's.
+DIST=gpumon-exporter
+WHEEL_PREFIX=gpumon_exporter-
+FOREIGN_DIST=gpumon
+HERE=$(cd "$(dirname "$0")" && pwd)
+WORK=""
+cleanup() { if [ -n "$WORK" ]; then rm -rf "$WORK"; fi; }
+trap cleanup EXIT
 
 have() { command -v "$1" >/dev/null 2>&1; }
 
@@ -191,9 +220,13 @@ install() {
         }
     fi
     python_ok "$PYTHON" || die "$PYTHON is not python >= 3.10 with the venv module (python3-venv)"
+    if [ -z "$WHEEL" ] && [ -z "$VERSION" ]; then
+        WHEEL=$(wheel_next_to_script)
+    fi
     if [ -n "$WHEEL" ]; then
         [ -f "$WHEEL" ] || die "no such wheel: $WHEEL"
         WHEEL=$(cd "$(dirname "$WHEEL")" && pwd)/$(basename "$WHEEL")
+        check_wheel "$WHEEL"
     fi
 
     # A venv whose interpreter vanished (distribution upgrade) or changed is rebuilt from scratch.
@@ -210,27 +243,30 @@ install() {
         fi
     fi
 
+    if [ -n "$VERSION" ]; then
+        fetch_release
+    fi
+    # A venv from an older guide may hold a distribution called "gpumon": gpumon under its old name,
+    # or the unrelated PyPI project. Both own the files of the import package gpumon: remove it first.
+    if "$ROOT_VENV/bin/python" -m pip --disable-pip-version-check show --quiet "$FOREIGN_DIST" >/dev/null 2>&1; then
+        say "removing the distribution '$FOREIGN_DIST' from $ROOT_VENV (gpumon's is '$DIST')"
+        "$ROOT_VENV/bin/python" -m pip --disable-pip-version-check uninstall --quiet --yes "$FOREIGN_DIST"
+    fi
+
     suffix=""
     [ -z "$EXTRAS" ] || suffix="[$EXTRAS]"
-    if [ -n "$WHEEL" ]; then
-        spec="$WHEEL$suffix"
-    elif [ -n "$VERSION" ]; then
-        spec="gpumon$suffix==$VERSION"
-    else
-        spec="gpumon$suffix"
-    fi
-    say "installing $spec"
-    # shellcheck disable=SC2086  # PIP_ARGS is a word list on purpose
-    "$ROOT_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade $PIP_ARGS "$spec"
-    if [ -n "$WHEEL" ]; then
-        # pip keeps an installed gpumon of the same version; the wheel asked for must win.
-        # shellcheck disable=SC2086
-        "$ROOT_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
-            --no-deps $PIP_ARGS "$WHEEL"
-    fi
-    version=$("$ROOT_VENV/bin/gpumon" --version 2>/dev/null || "$ROOT_VENV/bin/python" -c \
-        'import gpumon; print(gpumon.__version__)')
-    say "installed $version in $ROOT_VENV"
+    say "installing $WHEEL$suffix"
+    # The dependencies come from the index under their own projects' names (--pip-arg to change it).
+    pip_in_venv install --quiet --upgrade "$WHEEL$suffix"
+    # pip keeps an installed gpumon of the same version; the wheel asked for must win.
+    pip_in_venv install --quiet --force-reinstall --no-deps "$WHEEL"
+    version=$("$ROOT_VENV/bin/python" -I -c 'import sys
+from importlib.metadata import version
+import gpumon
+if gpumon.__version__ != version(sys.argv[1]):
+    sys.exit(1)
+print(gpumon.__version__)' "$DIST") || die "the venv's gpumon is not the distribution $DIST just installed"
+    say "installed $DIST $version in $ROOT_VENV"
 
     mkdir -p "$ROOT_ETC" "$ROOT_UNIT_DIR"
     chmod 0755 "$ROOT_ETC"
@@ -269,6 +305,48 @@ install() {
     else
         say "not starting the service (--no-start)"
     fi
+}
+
+pip_in_venv() {  # pip_in_venv COMMAND ARGS...: pip of the venv, with the operator's --pip-arg list
+    # shellcheck disable=SC2086  # PIP_ARGS is a word list on purpose
+    "$ROOT_VENV/bin/python" -m pip --disable-pip-version-check "$@" $PIP_ARGS
+}
+
+wheel_next_to_script() {
+    found=""
+    for candidate in "$HERE/$WHEEL_PREFIX"*.whl; do
+        [ -f "$candidate" ] || continue
+        [ -z "$found" ] || die "several $WHEEL_PREFIX*.whl in $HERE: pick one with --wheel"
+        found=$candidate
+    done
+    [ -n "$found" ] || die "no gpumon wheel given and none next to install.sh ($HERE/$WHEEL_PREFIX*.whl): pass --wheel FILE, or --version X.Y.Z --sha256 HEX"
+    printf '%s\n' "$found"
+}
+
+check_wheel() {  # check_wheel FILE: gpumon's own wheel, and the one the operator's digest names
+    case "$(basename "$1")" in
+        "$WHEEL_PREFIX"*.whl) ;;
+        *) die "$1 is not a gpumon wheel ($WHEEL_PREFIX*.whl, built from gpumon's repository)" ;;
+    esac
+    if [ -n "$SHA256" ]; then
+        actual=$("$PYTHON" -c 'import hashlib, sys
+print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1")
+        [ "$actual" = "$SHA256" ] || die "$1 has SHA-256 $actual, not the expected $SHA256: refusing it"
+        say "verified the SHA-256 of $(basename "$1")"
+    fi
+}
+
+fetch_release() {  # WHEEL=gpumon-exporter==VERSION from the index, fetched in pip's hash-checking mode
+    WORK=$(mktemp -d)
+    printf '%s==%s --hash=sha256:%s\n' "$DIST" "$VERSION" "$SHA256" > "$WORK/requirements.txt"
+    say "fetching $DIST==$VERSION (sha256 $SHA256)"
+    # --only-binary: an sdist would run its build code before anything is installed.
+    pip_in_venv download --quiet --no-deps --only-binary=:all: --require-hashes --dest "$WORK" \
+        -r "$WORK/requirements.txt" || die "could not fetch $DIST==$VERSION with SHA-256 $SHA256 (see pip's message above)"
+    for fetched in "$WORK/$WHEEL_PREFIX$VERSION"-*.whl; do
+        [ -f "$fetched" ] || die "pip fetched no $WHEEL_PREFIX$VERSION-*.whl"
+        WHEEL=$fetched
+    done
 }
 
 unit_text() {
