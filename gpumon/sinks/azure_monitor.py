@@ -580,8 +580,10 @@ class AzureMonitorSink(Sink):
             "last_success_timestamp_seconds": c.last_success,
         }
         dropped = (stats.dropped if stats else 0) + c.rejected + self._append_failures
-        up = self._thread is not None and self._thread.is_alive() and not c.detail
-        return SinkHealth(up=up, exported=c.sent, failed=c.failed, dropped=dropped, detail=c.detail, extra=extra)
+        spool_error = stats.error if stats else ""
+        up = self._thread is not None and self._thread.is_alive() and not c.detail and not spool_error
+        return SinkHealth(up=up, exported=c.sent, failed=c.failed, dropped=dropped,
+                          detail=spool_error or c.detail, extra=extra)
 
     # -- gpumon check ---------------------------------------------------------------------------
 

@@ -21,6 +21,14 @@ Bounded: when the unacknowledged bytes pass ``max_bytes`` the *oldest* whole seg
 and its unacknowledged records are counted in ``dropped``; segments are ``max_bytes / 8`` so one
 drop gives back at most an eighth of the spool.
 
+A full disk (ENOSPC, EDQUOT) is the spool's own problem, solved in place: the torn bytes are cut off,
+a fully acknowledged active segment is replaced by a fresh one so it can be deleted, otherwise the
+*oldest* segment holding unsent records is dropped (counted in ``dropped``), and the write is tried
+again; from then on segments are an eighth of what the disk held, so the next drop gives back less.
+Only when the spool holds nothing more to give are the new records dropped (counted) and ``stats()``
+carries the error until a write succeeds. The cursor is replaced atomically when the disk has room and
+rewritten in place (one sector, never a new block) when it has none.
+
 A segment read and acknowledged to its end is retired (cursor moved to the next segment, file
 deleted) as soon as a newer segment exists: on acknowledgement, when the producer starts a segment,
 on ``read()`` and on reopen. Otherwise the cursor would stay at the end of a finished segment and
@@ -29,6 +37,7 @@ the consumer would never look at the next one.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -39,12 +48,18 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpumon.sinks.common import LogOnce
+
 log = logging.getLogger("gpumon.sinks.spool")
 
 _HEADER = struct.Struct(">II")
 _SEGMENT_RE = re.compile(r"^seg-(\d{16})\.log$")
 MAX_RECORD_BYTES = 16 << 20
 """A record larger than this is refused: a length field beyond it means corruption on read."""
+MIN_SEGMENT_BYTES = 4096
+_CURSOR_BYTES = 64
+"""The cursor JSON is padded to this size, so rewriting it in place on a full disk needs no new block."""
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class SpoolError(Exception):
@@ -76,6 +91,8 @@ class SpoolStats:
     records: int
     dropped: int
     corrupt: int
+    error: str = ""
+    """Why the spool cannot write right now (disk full with nothing left to drop); empty when it can."""
 
 
 def _scan(data: bytes, offset: int = 0) -> tuple[list[tuple[int, int]], int, bool]:
@@ -92,6 +109,19 @@ def _scan(data: bytes, offset: int = 0) -> tuple[list[tuple[int, int]], int, boo
         spans.append((pos, end))
         pos = end
     return spans, pos, pos != len(data)
+
+
+def _encode(payloads: Iterable[bytes]) -> tuple[bytes, int]:
+    """Records framed for disk (length, CRC-32, payload) and how many there are."""
+    parts = []
+    count = 0
+    for payload in payloads:
+        if len(payload) > MAX_RECORD_BYTES:
+            raise ValueError(f"spool record of {len(payload)} bytes is over the limit")
+        parts.append(_HEADER.pack(len(payload), zlib.crc32(payload)))
+        parts.append(payload)
+        count += 1
+    return b"".join(parts), count
 
 
 def _fsync_dir(path: str) -> None:
@@ -118,7 +148,9 @@ class Spool:
             raise ValueError("spool max_bytes must be at least 4096")
         self.directory = directory
         self.max_bytes = max_bytes
-        self.segment_bytes = segment_bytes or max(4096, max_bytes // 8)
+        self.segment_bytes = segment_bytes or max(MIN_SEGMENT_BYTES, max_bytes // 8)
+        self._segment_limit = self.segment_bytes
+        """Roll-over size; lowered after a full disk so that one drop gives back an eighth of it."""
         self._lock = threading.Lock()
         self._cursor_lock = threading.Lock()  # orders cursor-file writes; taken before _lock
         self._segments: list[_Segment] = []
@@ -127,6 +159,9 @@ class Spool:
         self._dirty = False
         self._dropped = 0
         self._corrupt = 0
+        self._error = ""
+        self._cursor_error = ""
+        self._full_log = LogOnce(log)
         try:
             os.makedirs(directory, mode=0o750, exist_ok=True)
         except OSError as exc:
@@ -203,8 +238,11 @@ class Spool:
             os.fsync(self._fd)
             self._dirty = False
         seg = _Segment(number, self._path(number))
+        fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = fd
         self._segments.append(seg)
-        self._open_active()
         _fsync_dir(self.directory)
         if len(self._segments) == 1 and self._cursor[0] < number:
             self._cursor = (number, 0)
@@ -219,38 +257,98 @@ class Spool:
 
     def append(self, payloads: Iterable[bytes]) -> int:
         """Write records; return how many. Survives the process dying once this returns."""
-        parts = []
-        count = 0
-        for payload in payloads:
-            if len(payload) > MAX_RECORD_BYTES:
-                raise ValueError(f"spool record of {len(payload)} bytes is over the limit")
-            parts.append(_HEADER.pack(len(payload), zlib.crc32(payload)))
-            parts.append(payload)
-            count += 1
+        blob, count = _encode(payloads)
         if not count:
             return 0
-        blob = b"".join(parts)
         with self._lock:
             active = self._segments[-1]
-            if active.size and active.size + len(blob) > self.segment_bytes:
+            if active.size and active.size + len(blob) > self._segment_limit:
                 self._new_segment(active.number + 1)
-                active = self._segments[-1]
-            assert self._fd is not None
-            written = 0
-            while written < len(blob):
-                written += os.write(self._fd, blob[written:])
-            active.size += len(blob)
-            active.pending += count
-            self._dirty = True
+            made_room = self._ensure_room(blob, count)
             gone = self._pop_consumed() + self._enforce_cap()
+            written = count if not self._error else 0
         for path in gone:
             self._unlink(path)
-        if gone:
+        if gone or made_room:
             try:
                 self._persist_cursor()
             except OSError as exc:  # the records are written; a reopen derives this cursor anyway
                 log.warning("spool: cannot write the cursor in %s: %s", self.directory, exc)
-        return count
+        return written
+
+    def _write(self, fd: int, data: bytes) -> int:
+        """The spool's one write to a segment (a seam: tests give it a disk that fills up)."""
+        return os.write(fd, data)
+
+    def _write_active(self, blob: bytes, count: int) -> None:
+        """Append ``blob`` to the active segment (lock held); a failed write leaves no torn bytes."""
+        active = self._segments[-1]
+        assert self._fd is not None
+        written = 0
+        try:
+            while written < len(blob):
+                written += self._write(self._fd, blob[written:])
+        except OSError:
+            if written:
+                os.ftruncate(self._fd, active.size)
+            raise
+        active.size += len(blob)
+        active.pending += count
+        self._dirty = True
+
+    def _ensure_room(self, blob: bytes, count: int) -> bool:
+        """Write the records, giving back the oldest of the spool while the disk is full (lock held).
+
+        Returns whether segments were deleted (the cursor moved). When nothing is left to give back,
+        the new records are dropped and counted, and ``_error`` says why until a write succeeds."""
+        made_room = False
+        while True:
+            try:
+                self._write_active(blob, count)
+            except OSError as exc:
+                if exc.errno not in _DISK_FULL:
+                    raise
+                if self._make_room(exc):
+                    made_room = True
+                    continue
+                self._dropped += count
+                self._error = f"cannot write to {self.directory}: {exc.strerror}; new rows are dropped"
+                self._full_log.warning("drop", "spool: %s (%d so far)", self._error, self._dropped)
+                return made_room
+            if self._error:
+                log.info("spool: %s is writable again", self.directory)
+            self._error = ""
+            self._full_log.clear("drop")
+            return made_room
+
+    def _make_room(self, exc: OSError) -> bool:
+        """Free disk space after ENOSPC (lock held): retire what was acknowledged, else drop the oldest
+        unsent segment. False when the spool holds nothing more to give back."""
+        held = sum(s.size for s in self._segments)
+        self._segment_limit = min(self._segment_limit, max(MIN_SEGMENT_BYTES, held // 8))
+        active = self._segments[-1]
+        if len(self._segments) == 1:
+            if not active.size:
+                return False
+            try:
+                self._new_segment(active.number + 1)
+            except OSError:
+                return False
+        paths = self._pop_consumed()
+        if not paths:
+            paths = [self._drop_oldest()]
+            self._full_log.warning("full", "spool: disk full in %s (%s): dropping the oldest records "
+                                   "first, counted in dropped", self.directory, exc.strerror)
+        for path in paths:
+            self._unlink(path)
+        return True
+
+    def _drop_oldest(self) -> str:
+        """Give up on the oldest segment (lock held, a newer one exists); returns its path to unlink."""
+        oldest = self._segments.pop(0)
+        self._dropped += oldest.pending
+        self._cursor = (self._segments[0].number, 0)
+        return oldest.path
 
     def _enforce_cap(self) -> list[str]:
         """Drop the oldest segments over the cap (lock held); returns their paths to unlink."""
@@ -262,11 +360,9 @@ class Spool:
             if consumed:
                 dropped += consumed
                 continue
-            oldest = self._segments.pop(0)
-            self._dropped += oldest.pending
-            log.warning("spool full (%d bytes max): dropped %d oldest records", self.max_bytes, oldest.pending)
-            dropped.append(oldest.path)
-            self._cursor = (self._segments[0].number, 0)
+            pending = self._segments[0].pending
+            dropped.append(self._drop_oldest())
+            log.warning("spool full (%d bytes max): dropped %d oldest records", self.max_bytes, pending)
         return dropped
 
     def _pop_consumed(self) -> list[str]:
@@ -287,7 +383,16 @@ class Spool:
         """Persist the cursor past retired segments, then delete them (lock not held)."""
         if not paths:
             return
-        self._persist_cursor()  # before the unlink: a crash in between re-reads nothing twice
+        try:
+            self._persist_cursor()  # before the unlink: a crash in between re-reads nothing twice
+        except OSError as exc:
+            if exc.errno not in _DISK_FULL:
+                raise
+            # Deleting first is safe too: on reopen a cursor naming a deleted segment means "the start
+            # of the next one", which is where this one points. And it gives the disk room back.
+            for path in paths:
+                self._unlink(path)
+            self._persist_cursor()
         for path in paths:
             self._unlink(path)
         _fsync_dir(self.directory)
@@ -366,30 +471,67 @@ class Spool:
             seg.pending -= len(batch.records)
             self._cursor = (seg.number, batch.end)
             finished = self._pop_consumed()
+            if not any(s.pending for s in self._segments):
+                self._full_log.clear("full")  # the backlog is gone: a later full disk is logged again
         if finished:
             self._retire(finished)
         else:
             self._persist_cursor()
 
     def _persist_cursor(self) -> None:
-        """Write the current cursor durably, outside the state lock."""
+        """Write the current cursor durably, outside the state lock; in place when the disk is full."""
         with self._cursor_lock:
             with self._lock:
                 segment, offset = self._cursor
+            text = json.dumps({"segment": segment, "offset": offset}).ljust(_CURSOR_BYTES).encode()
             final = os.path.join(self.directory, "cursor")
-            tmp = final + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump({"segment": segment, "offset": offset}, fh)
+            try:
+                self._replace_cursor(final, text)
+            except OSError as exc:
+                if exc.errno not in _DISK_FULL:
+                    self._cursor_error = f"cannot write the cursor in {self.directory}: {exc.strerror}"
+                    raise
+                self._overwrite_cursor(final, text, exc)
+            self._cursor_error = ""
+
+    @staticmethod
+    def _replace_cursor(final: str, text: bytes) -> None:
+        tmp = final + ".tmp"
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, final)
+        except OSError:
+            try:
+                os.unlink(tmp)  # a half-written temporary file would only hold disk space
+            except OSError:
+                pass
+            raise
+        os.replace(tmp, final)
+
+    def _overwrite_cursor(self, final: str, text: bytes, full: OSError) -> None:
+        """Rewrite the existing cursor file in place: one 64-byte write inside a block it already owns."""
+        try:
+            fd = os.open(final, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            self._cursor_error = f"cannot write the cursor in {self.directory}: {full.strerror}"
+            raise full from None
+        try:
+            os.pwrite(fd, text, 0)
+            os.fsync(fd)
+        except OSError as exc:
+            self._cursor_error = f"cannot write the cursor in {self.directory}: {exc.strerror}"
+            raise
+        finally:
+            os.close(fd)
 
     # -- state ----------------------------------------------------------------------------------
 
     def stats(self) -> SpoolStats:
         with self._lock:
             return SpoolStats(self._pending_bytes(), sum(s.pending for s in self._segments),
-                              self._dropped, self._corrupt)
+                              self._dropped, self._corrupt, self._error or self._cursor_error)
 
     def close(self) -> None:
         with self._lock:
