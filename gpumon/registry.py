@@ -20,6 +20,8 @@ BUILTIN_COLLECTORS: dict[str, str] = {
     "xid": "gpumon.collectors.xid:XidCollector",
     "infiniband": "gpumon.collectors.infiniband:InfinibandCollector",
     "linkflap": "gpumon.collectors.linkflap:LinkflapCollector",
+    "kmsg": "gpumon.collectors.kmsg:KmsgCollector",
+    "aer": "gpumon.collectors.aer:AerCollector",
 }
 
 BUILTIN_SINKS: dict[str, str] = {

@@ -35,6 +35,7 @@ from gpumon.collectors.nvml_tables import (
 )
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity
+from gpumon.xid_ledger import bus_id_of, shared_ledger
 
 log = logging.getLogger("gpumon.xid")
 
@@ -92,6 +93,7 @@ class XidCollector(Collector):
         self._closed = False
         self._errors: Counter[str] = Counter()
         self._said_no_members = False
+        self._ledger = shared_ledger(ctx)  # so the kmsg collector counts an XID NVML reported only once
 
     @classmethod
     def metrics(cls) -> tuple[MetricSpec, ...]:
@@ -227,6 +229,7 @@ class XidCollector(Collector):
             try:
                 self.session.call("nvmlDeviceRegisterEvents", dev.handle, mask, event_set)
                 registered.append(dev)
+                bus_id_of(self.session, dev)  # asked while the GPU answers: after XID 79 it will not
             except Exception as exc:  # noqa: BLE001 - one GPU refusing must not stop the others
                 kind, _ = classify(exc)
                 if kind == "lost":
@@ -253,6 +256,8 @@ class XidCollector(Collector):
         seen = _Seen(time.time(), dev, int(data.eventType), int(data.eventData),
                      int(getattr(data, "gpuInstanceId", NO_INSTANCE)),
                      int(getattr(data, "computeInstanceId", NO_INSTANCE)))
+        if seen.event_type & EVENT_XID:
+            self._ledger.note_nvml(bus_id_of(self.session, dev), seen.data, seen.time)
         if seen.event_type & EVENT_XID and seen.data == XID_GPU_LOST:
             self.session.mark_lost(dev, "XID 79: GPU has fallen off the bus", {"xid": XID_GPU_LOST})
         elif seen.event_type & EVENT_GPU_UNAVAILABLE:

@@ -1,0 +1,132 @@
+"""The kmsg collector end to end on records in the dev-kmsg format: driver lines become events carrying
+the raw line and counters by kind; an XID that NVML's event API also reported (the real xid collector on
+the simulated NVML) counts once; mlx5 lines name the IB device of the simulated ND H100 v5 tree; lost
+and garbled records are counted; the position survives a restart; a missing log is unavailable."""
+
+from __future__ import annotations
+
+import time
+
+from gpumon.collectors.base import Context
+from gpumon.collectors.kmsg import KmsgCollector
+from gpumon.collectors.xid import XidCollector
+from gpumon.model import Collection
+from gpumon.simulate.nvml import FakeNVML
+from gpumon.simulate.sysfs import build_tree
+from tests.conftest import wait_for
+from tests.test_kmsg_reader import OVERRUN, KernelLog
+
+
+def usec_ago(seconds: float) -> int:
+    """A log timestamp ``seconds`` ago (the kernel's log clock runs like CLOCK_MONOTONIC)."""
+    return int((time.monotonic() - seconds) * 1e6)
+
+
+def rig(tmp_path, ctx: Context | None = None) -> tuple[KernelLog, KmsgCollector]:
+    ctx = ctx or Context(hostname="test", state_dir=str(tmp_path), sysfs_root=str(tmp_path / "sys"))
+    log = KernelLog(tmp_path)
+    c = KmsgCollector(ctx)
+    c.reader = log.reader(c.reader.state_file)
+    return log, c
+
+
+def values(out: Collection, name: str) -> dict[tuple[str, ...], float]:
+    return {tuple(v for _, v in s.labels): s.value for f in out.families if f.name == name for s in f.samples}
+
+
+def test_xid_line_without_nvml_is_an_event_and_a_counter(tmp_path):
+    log, c = rig(tmp_path)
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+    log.record(1, line, prio=4, usec=usec_ago(10))
+    log.record(2, "EXT4-fs (nvme0n1p1): mounted filesystem", usec=usec_ago(10))
+    out = c.collect()
+    [event] = out.events
+    assert event.kind == "gpu_xid" and event.subject == {"pci_bus_id": "00000000:3B:00.0"}
+    assert event.attributes["line"] == line and event.attributes["process"] == "python3"
+    assert event.attributes["pid"] == 1234 and abs(event.time - (time.time() - 10)) < 2
+    assert values(out, "gpumon_kmsg_xid_errors_total") == {("00000000:3B:00.0", "79"): 1}
+    records = values(out, "gpumon_kmsg_records_total")
+    assert records[("xid",)] == 1 and records[("other",)] == 1 and records[("sxid",)] == 0
+
+
+def test_fresh_xid_waits_for_nvml_then_counts_as_the_logs_own(tmp_path):
+    log, c = rig(tmp_path)
+    log.record(1, "NVRM: Xid (PCI:0000:3b:00): 13, pid=7, name=a.out, Graphics Exception", usec=usec_ago(0))
+    assert [e for e in c.collect().events if e.kind == "gpu_xid"] == []     # held for the grace period
+    out = wait_for(lambda: (lambda o: o if o.events else None)(c.collect()), timeout=5)
+    assert out.events[0].attributes["xid"] == 13
+
+
+def test_an_xid_nvml_reported_counts_once(tmp_path):
+    fake = FakeNVML("h100-sxm5-80gb", 4)
+    ctx = Context(hostname="test", state_dir=str(tmp_path), nvml=fake)
+    x = XidCollector(ctx)
+    try:
+        x.collect()
+        wait_for(lambda: x._watching.is_set(), 5)
+        fake.inject_xid(2, 48)
+        wait_for(lambda: any(e.kind == "gpu_xid" for e in x.collect().events), 5)
+        log, c = rig(tmp_path, ctx)
+        bus = fake.nvmlDeviceGetPciInfo_v3(fake.nvmlDeviceGetHandleByIndex(2)).busId
+        nvrm = bus[4:].lower()[:-2]             # NVRM prints 0000:bb:dd, no function
+        log.record(1, f"NVRM: Xid (PCI:{nvrm}): 48, pid=1, name=x, An uncorrectable double bit error",
+                   usec=usec_ago(3))
+        log.record(2, f"NVRM: Xid (PCI:{nvrm}): 48, pid=1, name=x, a second one NVML did not see",
+                   usec=usec_ago(3))
+        out = c.collect()
+        assert len([e for e in out.events if e.kind == "gpu_xid"]) == 1
+        assert values(out, "gpumon_kmsg_xid_errors_total") == {(bus, "48"): 1}
+        assert values(out, "gpumon_kmsg_records_total")[("xid",)] == 2
+    finally:
+        x.close()
+
+
+def test_mlx5_sxid_and_ipoib_lines_name_their_devices(tmp_path):
+    build_tree("nd-h100-v5", str(tmp_path / "sys"))
+    log, c = rig(tmp_path)
+    log.record(1, "mlx5_core 0101:00:00.0: poll_health:174:(pid 0): device's health compromised - reached "
+                  "miss count", prio=3, usec=usec_ago(5), fields={"SUBSYSTEM": "pci", "DEVICE": "+pci:0101:00:00.0"})
+    log.record(2, "IPv6: ADDRCONF(NETDEV_CHANGE): ib0: link becomes ready", usec=usec_ago(5))
+    log.record(3, "IPv6: ADDRCONF(NETDEV_CHANGE): veth12ab: link becomes ready", usec=usec_ago(5))
+    log.record(4, "nvidia-nvswitch0: SXid (PCI:0000:c6:00.0): 20034, Fatal, Link 30 LTSSM Fault Up",
+               usec=usec_ago(5))
+    out = c.collect()
+    kinds = {e.kind: e for e in out.events}
+    assert set(kinds) == {"mlx5_health", "netdev_link_ready", "nvswitch_sxid"}
+    assert kinds["mlx5_health"].subject == {"pci_bus_id": "00000101:00:00.0", "device": "mlx5_ib0"}
+    assert kinds["netdev_link_ready"].subject == {"netdev": "ib0"}
+    assert values(out, "gpumon_nvswitch_sxid_errors_total") == {("nvidia-nvswitch0", "00000000:C6:00.0", "20034"): 1}
+    assert values(out, "gpumon_kmsg_records_total")[("other",)] == 1      # the veth is not IPoIB
+
+
+def test_lost_garbled_and_unknown_format_driver_lines_are_counted(tmp_path, caplog):
+    log, c = rig(tmp_path)
+    log.record(1, "first")
+    log.raw(OVERRUN)
+    log.record(11, "NVRM: Xid (somewhere odd): 13")
+    log.raw(b"garbage without header\n")
+    log.raw(b"more garbage\n")
+    out = c.collect()
+    assert values(out, "gpumon_kmsg_lost_records_total") == {(): 9}
+    assert out.errors == {"garbled": 2, "unrecognised_driver_line": 1}
+    assert sum("not in the dev-kmsg format" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_position_survives_a_restart(tmp_path):
+    log, c = rig(tmp_path)
+    log.record(1, "NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, MMU Fault", usec=usec_ago(10))
+    assert len(c.collect().events) == 1
+    c.close()
+    log.record(1, "NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, MMU Fault", usec=usec_ago(10))
+    log.record(2, "NVRM: Xid (PCI:0000:3b:00): 43, pid=1, name=x, Reset channel", usec=usec_ago(10))
+    again = KmsgCollector(c.ctx)
+    again.reader = log.reader(again.reader.state_file)
+    assert [e.attributes["xid"] for e in again.collect().events] == [43]
+
+
+def test_missing_or_simulated_kernel_log_is_unavailable(tmp_path):
+    c = KmsgCollector(Context(hostname="t", state_dir=str(tmp_path)), {"path": str(tmp_path / "no-kmsg")})
+    verdict = c.probe()
+    assert not verdict.available and "no kernel log" in verdict.reason
+    sim = KmsgCollector(Context(hostname="t", state_dir=str(tmp_path), simulation=object()))
+    assert "simulated" in sim.probe().reason
