@@ -263,6 +263,10 @@ class Config:
         return Config(sections, self.source, self.origins)
 
 
+def _not_empty(value: str) -> str | None:
+    return "must not be empty" if not value.strip() else None
+
+
 DAEMON = SectionSchema(
     "daemon",
     "The loop: which collectors and sinks run, how often, and where state is kept.",
@@ -282,7 +286,8 @@ DAEMON = SectionSchema(
         Option("sysfs_root", str, "/sys",
                "Directory holding `class/infiniband` and `class/net` (/host/sys in a container)."),
         Option("state_dir", str, "/var/lib/gpumon",
-               "Where state that must survive a restart is kept (flap window, spools)."),
+               "Where state that must survive a restart is kept (flap window, spools). One `gpumon run` "
+               "per directory: it holds `gpumon.lock` there while it runs.", check=_not_empty),
         Option("hostname", str, "", "Host name reported to sinks; empty means the system's host name."),
         Option("simulate", str, "",
                "Serve a simulated host instead of the real one (for demos, dashboards and tests): "

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from gpumon import __version__, registry
+from gpumon import __version__, registry, statelock
 from gpumon.collectors.base import Collector, CollectorUnavailable, Context
 from gpumon.config import Config, ConfigError
 from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot
@@ -550,6 +550,7 @@ class Daemon:
         self.ctx: Context | None = None
         self.reloads = {"success": 0, "failure": 0, "last_ok": 1}
         self._fingerprints: dict[str, dict | None] = {}
+        self._state_lock: statelock.StateLock | None = None
 
     def _build(self, config: Config, kept: dict[str, Sink]) -> _Build:
         ctx = make_context(config)
@@ -593,7 +594,8 @@ class Daemon:
                 for done in started:
                     done.stop(1.0)
                 _close_plan(build.plan)
-                raise StartupError(f"sink '{sink.name}' failed to start: {exc}") from exc
+                reason = _start_failure(build.config, sink, exc)
+                raise StartupError(f"sink '{sink.name}' failed to start: {reason}") from exc
             started.append(sink)
         loop = Loop(build.config, build.plan, build.ctx, build.sinks, self.reloads)
         if previous is not None:
@@ -610,12 +612,24 @@ class Daemon:
                  ", ".join(s.name for s in build.sinks))
 
     def start(self) -> Plan:
-        """Probe, start sinks, start collectors. Raises StartupError for exit 1, ConfigError for 2."""
-        build = self._build(self.config, {})
-        self._launch(build)
+        """Lock the state directory, probe, start sinks, start collectors. Raises StartupError for
+        exit 1, ConfigError for 2 (a bad config, or a state directory another gpumon holds)."""
+        self._state_lock = statelock.acquire(self.config)
+        try:
+            build = self._build(self.config, {})
+            self._launch(build)
+        except BaseException:
+            self._state_lock.release()
+            raise
         return build.plan
 
-    def stop(self, timeout: float = 5.0, keep: frozenset[str] = frozenset()) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop everything and give the state directory up for the next instance."""
+        self._halt(timeout)
+        if self._state_lock is not None:
+            self._state_lock.release()
+
+    def _halt(self, timeout: float = 5.0, keep: frozenset[str] = frozenset()) -> None:
         end = time.monotonic() + timeout
         if self.ctx is not None and self.ctx.simulation is not None:
             self.ctx.simulation.stop()
@@ -631,14 +645,18 @@ class Daemon:
         running = {sink.name: sink for sink in self.loop.sinks} if self.loop is not None else {}
         kept = {name: sink for name, sink in running.items()
                 if name in new_config.daemon.sinks and self._fingerprints.get(name) == _fingerprint(new_config, name)}
+        new_lock = None
         try:
+            new_lock = self._lock_for(new_config)
             build = self._build(new_config, kept)
         except Exception as exc:
             log.error("new configuration rejected, keeping the running one: %s", exc)
+            if new_lock is not None:
+                new_lock.release()
             self.reload_rejected()
             return
         previous = self.loop
-        self.stop(timeout=3.0, keep=frozenset(running))
+        self._halt(timeout=3.0, keep=frozenset(running))
         for name, sink in running.items():
             if name not in kept:
                 sink.stop(1.0)
@@ -646,11 +664,23 @@ class Daemon:
             self._launch(build, previous)
         except StartupError as exc:
             log.error("reload failed (%s); going back to the previous configuration", exc)
+            if new_lock is not None:
+                new_lock.release()
             self.reload_rejected()
             self._launch(self._build(old, kept), previous)  # it worked before; if not, exit 1
             return
+        if new_lock is not None and self._state_lock is not None:
+            self._state_lock.release()  # the state directory moved: the old one is free now
+            self._state_lock = new_lock
         self.reloads["success"] += 1
         self.reloads["last_ok"] = 1
+
+    def _lock_for(self, config: Config) -> statelock.StateLock | None:
+        """A lock on the new state directory when a reload moves it; None when it stays (or when
+        the daemon was started without one, as tests that drive a Daemon directly do)."""
+        if self._state_lock is None or config.daemon.state_dir == self._state_lock.state_dir:
+            return None
+        return statelock.acquire(config)
 
     def reload_rejected(self) -> None:
         self.reloads["failure"] += 1
@@ -686,6 +716,16 @@ def _fingerprint(config: Config, name: str) -> dict | None:
             st = os.stat(value)
             values[f"{key}@file"] = (st.st_mtime_ns, st.st_size, st.st_ino)
     return values
+
+
+def _start_failure(config: Config, sink: Sink, exc: Exception) -> str:
+    """Why a sink did not start. A bind error says nothing of the address (``Address already in
+    use``), so the sink's ``listen`` value and where it came from are added."""
+    section = config.sections.get(sink.name)
+    listen = section.get("listen") if section is not None else None
+    if isinstance(exc, OSError) and listen:
+        return f"cannot listen on {listen} ({config.origin(sink.name, 'listen')}): {exc.strerror or exc}"
+    return str(exc)
 
 
 def _close_plan(plan: Plan) -> None:

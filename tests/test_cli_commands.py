@@ -110,10 +110,12 @@ def test_run_with_unavailable_explicit_collector_exits_1(tmp_path):
     assert "collector 'infiniband' is unavailable" in result.stderr
 
 
-def test_run_with_port_in_use_exits_1(gpumon_run):
+def test_run_with_port_in_use_exits_1(gpumon_run, tmp_path):
     process = gpumon_run()
-    result = gpumon("run", "--listen", f"127.0.0.1:{process.port}")
+    result = gpumon("run", "--listen", f"127.0.0.1:{process.port}", GPUMON_DAEMON_STATE_DIR=str(tmp_path / "2"))
     assert result.returncode == 1 and "sink 'prometheus' failed to start" in result.stderr
+    assert (f"cannot listen on 127.0.0.1:{process.port} (flag --listen): Address already in use"
+            in result.stderr), result.stderr
 
 
 def test_check_reports_each_item(tmp_path):

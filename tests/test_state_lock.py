@@ -1,0 +1,91 @@
+"""One `gpumon run` per state directory: the second exits 2 naming the holder's PID and the directory;
+a lock left by a killed process never blocks; `once` and `check` run beside a daemon."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+
+from gpumon.statelock import LOCK_FILE
+from tests.conftest import GpumonProcess, clean_env, free_port, wait_for
+
+
+def gpumon(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpumon", *args], env=clean_env(**env),
+                          capture_output=True, text=True, timeout=15)
+
+
+def test_second_instance_on_the_same_state_dir_exits_2_naming_the_holder(gpumon_run, tmp_path):
+    first = gpumon_run()
+    state = tmp_path / "state"
+    assert (state / LOCK_FILE).read_text() == f"{first.proc.pid}\n"
+    second = gpumon("run", "--listen", "127.0.0.1:0", GPUMON_DAEMON_STATE_DIR=str(state))
+    assert second.returncode == 2
+    assert second.stderr.strip() == (
+        f"gpumon: error: environment variable GPUMON_DAEMON_STATE_DIR: [daemon] state_dir: {state} is in use "
+        f"by another gpumon (pid {first.proc.pid}; lock {state / LOCK_FILE})")
+    assert first.proc.poll() is None and "gpumon_build_info" in first.metrics()
+
+
+def test_once_and_check_run_beside_a_daemon(gpumon_run, tmp_path):
+    gpumon_run()
+    env = {"GPUMON_DAEMON_STATE_DIR": str(tmp_path / "state")}
+    assert gpumon("once", "--format", "json", "--sysfs-root", str(tmp_path), **env).returncode == 0
+    assert gpumon("check", "--listen", "127.0.0.1:0", "--sysfs-root", str(tmp_path), **env).returncode == 0
+
+
+def test_a_killed_holder_does_not_block_the_next_start(gpumon_run, tmp_path):
+    first = gpumon_run()
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.communicate(timeout=10)
+    lock = tmp_path / "state" / LOCK_FILE
+    assert lock.read_text() == f"{first.proc.pid}\n"  # the file stays, with the dead PID in it
+    second = gpumon_run()
+    assert lock.read_text() == f"{second.proc.pid}\n"
+    code, output = second.stop()
+    assert code == 0, output
+    assert lock.read_text() == ""  # released at exit: no PID of a process that is gone
+
+
+def test_lock_is_released_at_exit(gpumon_run, tmp_path):
+    first = gpumon_run()
+    assert first.stop()[0] == 0
+    with open(tmp_path / "state" / LOCK_FILE, "rb+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if gpumon still held it
+
+
+def test_reload_onto_a_busy_state_dir_is_rejected_and_the_old_lock_kept(tmp_path):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    config = tmp_path / "gpumon.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path}/state"\n')
+    process = GpumonProcess(["--config", str(config)], clean_env(), free_port())  # state_dir from the file
+    try:
+        process.wait_ready()
+        _reload_between_directories(process, tmp_path, busy, config)
+    finally:
+        if process.proc.poll() is None:
+            process.proc.kill()
+            process.proc.communicate()
+
+
+def _reload_between_directories(process: GpumonProcess, tmp_path, busy, config) -> None:
+    with open(busy / LOCK_FILE, "w") as holder:  # another instance, as far as gpumon can tell
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.write(f"{os.getpid()}\n")
+        holder.flush()
+        config.write_text(f'[daemon]\nstate_dir = "{busy}"\n')
+        process.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: 'gpumon_config_reloads_total{result="failure"} 1' in process.metrics())
+    assert (tmp_path / "state" / LOCK_FILE).read_text() == f"{process.proc.pid}\n"
+    # a free new directory: the lock moves with the reload
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path}/moved"\n')
+    process.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: 'gpumon_config_reloads_total{result="success"} 1' in process.metrics())
+    assert (tmp_path / "moved" / LOCK_FILE).read_text() == f"{process.proc.pid}\n"
+    assert (tmp_path / "state" / LOCK_FILE).read_text() == ""
+    code, output = process.stop()
+    assert code == 0 and f"{busy} is in use by another gpumon (pid {os.getpid()}" in output, output
