@@ -284,7 +284,9 @@ DAEMON = SectionSchema(
                "Seconds a collector run may take before the collector is reported down; 0 means the "
                "collector's interval (at least 1 s).", min=0.0, max=3600.0),
         Option("sysfs_root", str, "/sys",
-               "Directory holding `class/infiniband` and `class/net` (/host/sys in a container)."),
+               "Directory holding `class/infiniband` and `class/net` (/host/sys in a container). One "
+               "given explicitly (file, environment or flag) must exist: a missing one (an unmounted "
+               "/host/sys) stops gpumon with exit 2 rather than looking like a host without InfiniBand."),
         Option("state_dir", str, "/var/lib/gpumon",
                "Where state that must survive a restart is kept (flap window, spools). One `gpumon run` "
                "per directory: it holds `gpumon.lock` there while it runs.", check=_not_empty),
