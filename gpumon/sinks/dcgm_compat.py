@@ -1,0 +1,214 @@
+"""dcgm-exporter's names, served beside gpumon's own (``[prometheus] compat = "dcgm-exporter"``).
+
+People moving from dcgm-exporter have dashboards and alert rules written against ``DCGM_FI_*``.
+This module turns a Snapshot's gpumon families into dcgm-exporter's default counter set
+(``etc/default-counters.csv`` of NVIDIA/dcgm-exporter, read at commit d5e5f51, 2026-05-12) with its
+units (MHz, C, W, mJ, %, MiB), its labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device`` =
+``nvidia<N>``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``; ``GPU_I_PROFILE`` and
+``GPU_I_ID`` for MIG; ``namespace``/``pod``/``container`` or ``hpc_job`` when attributed), and its
+semantics where they differ from gpumon's (``DCGM_FI_DEV_XID_ERRORS`` is the last XID seen, with
+``err_code``). The table is data: one row per DCGM field, naming the gpumon family it comes from.
+
+Rendered as text on its own (dcgm-exporter's counters do not end in ``_total``, which gpumon's
+model requires), appended to the Prometheus page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpumon.model import MetricFamily, Sample, Snapshot
+from gpumon.render import escape_help, format_value, series_prefix
+
+MIB = 1024.0 * 1024.0
+
+
+@dataclass(frozen=True)
+class Field:
+    """One dcgm-exporter field: where its value comes from in gpumon and how it is scaled."""
+
+    name: str
+    type: str  # "gauge" or "counter", as dcgm-exporter declares it
+    help: str
+    source: str  # the gpumon family
+    match: tuple[tuple[str, str], ...] = ()  # labels a gpumon sample must have
+    scale: float = 1.0
+    sum_over: str = ""  # a label summed away (per GPU totals)
+
+
+# dcgm-exporter's default counter set, in its file's order. DCGM_FI_DEV_VGPU_LICENSE_STATUS is left
+# out: Azure's ND/NC GPUs are passed through, not vGPU, so the field has no value there (as DCGM
+# itself reports it blank and dcgm-exporter then skips the series).
+FIELDS: tuple[Field, ...] = (
+    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
+          "gpumon_gpu_clock_hertz", (("clock", "sm"),), 1e-6),
+    Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).",
+          "gpumon_gpu_clock_hertz", (("clock", "memory"),), 1e-6),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).",
+          "gpumon_gpu_temperature_celsius", (("sensor", "memory"),)),
+    Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).",
+          "gpumon_gpu_temperature_celsius", (("sensor", "gpu"),)),
+    Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", "gpumon_gpu_power_watts"),
+    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
+          "Total energy consumption since boot (in mJ).", "gpumon_gpu_energy_joules_total", (), 1000.0),
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
+          "gpumon_gpu_pcie_replay_total"),
+    Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).",
+          "gpumon_gpu_utilization_ratio", (("engine", "gpu"),), 100.0),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).",
+          "gpumon_gpu_utilization_ratio", (("engine", "memory"),), 100.0),
+    Field("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).",
+          "gpumon_gpu_utilization_ratio", (("engine", "encoder"),), 100.0),
+    Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).",
+          "gpumon_gpu_utilization_ratio", (("engine", "decoder"),), 100.0),
+    Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).",
+          "gpumon_gpu_memory_free_bytes", (), 1 / MIB),
+    Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).",
+          "gpumon_gpu_memory_used_bytes", (), 1 / MIB),
+    Field("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
+          "gpumon_gpu_memory_reserved_bytes", (), 1 / MIB),
+    Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
+          "Total number of NVLink bandwidth counters for all lanes.",
+          "gpumon_gpu_nvlink_bytes_total", (), 1.0, "direction"),
+    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
+          "Number of remapped rows for uncorrectable errors",
+          "gpumon_gpu_remapped_rows", (("cause", "uncorrectable"),)),
+    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors",
+          "gpumon_gpu_remapped_rows", (("cause", "correctable"),)),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
+          "gpumon_gpu_remapped_rows_failure"),
+    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
+          "gpumon_gpu_activity_ratio", (("activity", "graphics"),)),
+    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
+          "gpumon_gpu_activity_ratio", (("activity", "tensor"),)),
+    Field("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
+          "Ratio of cycles the device memory interface is active sending or receiving data.",
+          "gpumon_gpu_activity_ratio", (("activity", "dram_bandwidth"),)),
+    Field("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus - including "
+          "both protocol headers and data payloads - in bytes per second.",
+          "gpumon_gpu_pcie_throughput_bytes_per_second", (("direction", "tx"),)),
+    Field("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus - including "
+          "both protocol headers and data payloads - in bytes per second.",
+          "gpumon_gpu_pcie_throughput_bytes_per_second", (("direction", "rx"),)),
+)
+XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
+XID_HELP = "Value of the last XID error encountered."
+ALLOCATION_FAMILY = "gpumon_gpu_allocation_info"
+
+
+@dataclass(frozen=True)
+class _Gpu:
+    """The identity labels dcgm-exporter puts on every series of one GPU, in its order."""
+
+    labels: tuple[tuple[str, str], ...]
+    owners: tuple[tuple[tuple[str, str], ...], ...]  # one label set per pod or job holding it
+
+
+class DcgmCompat:
+    """Renders the dcgm-exporter families of a snapshot; keeps the last XID per GPU between calls."""
+
+    def __init__(self, hostname: str) -> None:
+        self.hostname = hostname
+        self._xid_totals: dict[tuple[str, str], float] = {}
+        self._last_xid: dict[str, int] = {}
+
+    def render(self, snapshot: Snapshot) -> str:
+        by_name = {fam.name: fam for fam in snapshot.families}
+        gpus = self._gpus(by_name)
+        if not gpus:
+            return ""
+        self._track_xids(by_name.get("gpumon_gpu_xid_errors_total"))
+        parts: list[str] = []
+        for spec in FIELDS:
+            values = _values(by_name.get(spec.source), spec)
+            if values:
+                parts.append(self._family(spec.name, spec.type, spec.help, values, gpus))
+        xids = {gpu: (float(code), (("err_code", str(code)),)) for gpu, code in self._last_xid.items()}
+        for gpu in gpus:
+            xids.setdefault(gpu, (0.0, (("err_code", "0"),)))
+        parts.append(self._family(XID_FIELD, "gauge", XID_HELP, xids, gpus))
+        return "".join(parts)
+
+    def _family(self, name: str, kind: str, help_text: str,
+                values: Mapping[str, tuple[float, tuple[tuple[str, str], ...]]], gpus: Mapping[str, _Gpu]) -> str:
+        lines = [f"# HELP {name} {escape_help(help_text)}\n# TYPE {name} {kind}\n"]
+        for gpu, (value, extra) in values.items():
+            ident = gpus.get(gpu)
+            if ident is None:
+                continue
+            for owner in ident.owners or ((),):
+                lines.append(series_prefix(name, ident.labels + extra + owner) + format_value(value) + "\n")
+        return "".join(lines) if len(lines) > 1 else ""
+
+    def _gpus(self, by_name: Mapping[str, MetricFamily]) -> dict[str, _Gpu]:
+        info = by_name.get("gpumon_gpu_info")
+        if info is None:
+            return {}
+        owners = _owners(by_name.get(ALLOCATION_FAMILY))
+        out: dict[str, _Gpu] = {}
+        for sample in info.samples:
+            lab = dict(sample.labels)
+            gpu = lab.get("gpu", "")
+            labels = (("gpu", gpu), ("UUID", lab.get("uuid", "")), ("pci_bus_id", lab.get("pci_bus_id", "")),
+                      ("device", f"nvidia{gpu}"), ("modelName", lab.get("model", "")),
+                      ("Hostname", self.hostname), ("DCGM_FI_DRIVER_VERSION", lab.get("driver_version", "")))
+            out[gpu] = _Gpu(labels, tuple(owners.get(gpu, ())))
+        return out
+
+    def _track_xids(self, fam: MetricFamily | None) -> None:
+        """The last XID per GPU: the one whose count went up (the highest code when several did,
+        or at the first look, when the order is unknown)."""
+        if fam is None:
+            return
+        risen: dict[str, int] = {}
+        for sample in fam.samples:
+            gpu, xid = sample.label("gpu") or "", sample.label("xid") or ""
+            key = (gpu, xid)
+            if sample.value > self._xid_totals.get(key, 0.0) and xid.isdigit():
+                risen[gpu] = max(risen.get(gpu, -1), int(xid))
+            self._xid_totals[key] = sample.value
+        self._last_xid.update(risen)
+
+
+def _values(fam: MetricFamily | None, spec: Field) -> dict[str, tuple[float, tuple[tuple[str, str], ...]]]:
+    """Per GPU index: the field's value (scaled, summed over ``sum_over``) and no extra labels."""
+    if fam is None:
+        return {}
+    out: dict[str, float] = {}
+    for sample in fam.samples:
+        if not _matches(sample, spec.match):
+            continue
+        gpu = sample.label("gpu")
+        if gpu is None:
+            continue
+        if spec.sum_over:
+            out[gpu] = out.get(gpu, 0.0) + sample.value * spec.scale
+        else:
+            out.setdefault(gpu, sample.value * spec.scale)
+    return {gpu: (value, ()) for gpu, value in out.items()}
+
+
+def _matches(sample: Sample, match: Iterable[tuple[str, str]]) -> bool:
+    return all(sample.label(k) == v for k, v in match)
+
+
+def _owners(fam: MetricFamily | None) -> dict[str, list[tuple[tuple[str, str], ...]]]:
+    """Who holds each GPU, as dcgm-exporter labels it: ``pod``/``namespace``/``container`` for
+    Kubernetes, ``hpc_job`` for a job (one series per holder, as dcgm-exporter copies them)."""
+    out: dict[str, list[tuple[tuple[str, str], ...]]] = {}
+    if fam is None:
+        return out
+    for sample in fam.samples:
+        lab = dict(sample.labels)
+        gpu = lab.get("gpu", "")
+        if lab.get("pod"):
+            owner = (("pod", lab["pod"]), ("namespace", lab.get("namespace", "")),
+                     ("container", lab.get("container", "")))
+        elif lab.get("job_id"):
+            owner = (("hpc_job", lab["job_id"]),)
+        else:
+            continue
+        if owner not in out.setdefault(gpu, []):
+            out[gpu].append(owner)
+    return out
