@@ -1,0 +1,127 @@
+"""PCIe AER error counters of every GPU and RDMA HCA PCI function and of the bridges above them.
+
+Reads ``aer_dev_{correctable,nonfatal,fatal}`` (and a root port's ``aer_rootport_total_err_*``) through
+:mod:`gpumon.sources.pci_aer`. Series are few by default: the three totals per function, and a per-type
+series only once that type has counted (``per_type``). Functions are labelled with ``pci_bus_id`` in
+NVML's form (``00000000:3B:00.0``, as ``gpumon_gpu_info`` has it) so the GPU's series join on it, and an
+HCA also with ``device`` as the InfiniBand series have it. A host without AER (no files) is
+unavailable, not failing; one bad file costs its own values, counted and logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from gpumon.collectors.base import Availability, Collector, Context
+from gpumon.config import Option, Section, SectionSchema
+from gpumon.model import Collection, MetricSpec, MetricType, Sample
+from gpumon.sources import pci_aer
+from gpumon.sources.pci import nvml_bus_id
+
+log = logging.getLogger("gpumon.collectors.aer")
+
+LABELS = ("pci_bus_id", "role", "device")
+REDISCOVER = 3600.0
+"""Seconds between walks of the PCI tree (a hot-plugged VF shows up within this)."""
+
+TOTAL = MetricSpec("gpumon_pcie_aer_errors_total", MetricType.COUNTER,
+                   "PCIe AER errors the function reported since boot, by severity (correctable, nonfatal, "
+                   "fatal): the TOTAL_ERR_* lines of aer_dev_*.", labels=LABELS + ("severity",))
+BY_TYPE = MetricSpec("gpumon_pcie_aer_error_types_total", MetricType.COUNTER,
+                     "PCIe AER errors by type (the aer_dev_* line name, e.g. RxErr, BadTLP, CmpltTO); by "
+                     "default only types that have counted.", labels=LABELS + ("severity", "type"))
+ROOT = MetricSpec("gpumon_pcie_aer_rootport_errors_total", MetricType.COUNTER,
+                  "Errors reported to a root port by the devices below it (aer_rootport_total_err_*).",
+                  labels=("pci_bus_id", "severity"))
+INFO = MetricSpec("gpumon_pcie_function_info", MetricType.INFO,
+                  "A watched PCI function; value 1. parent is the bridge above it (pci_bus_id form), "
+                  "sysfs_name the directory under /sys/bus/pci/devices.",
+                  labels=LABELS + ("parent", "sysfs_name"))
+
+OPTIONS = SectionSchema(
+    "aer",
+    "PCIe AER counters of the GPUs, HCAs and the PCIe switch ports above them.",
+    (
+        Option("interval", float, 0.0, "Seconds between reads; 0 uses [daemon] interval.", min=0.0, max=3600.0),
+        Option("per_type", str, "nonzero",
+               "Per-type series: nonzero (only types that have counted), all, or none.",
+               choices=("nonzero", "all", "none")),
+    ),
+)
+
+
+class AerCollector(Collector):
+    name = "aer"
+    description = "PCIe AER error counters of GPUs, HCAs and the bridges above them."
+    options = OPTIONS
+
+    def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
+        super().__init__(ctx, cfg)
+        self.per_type = str(OPTIONS.value(cfg, "per_type"))
+        self._functions: list[pci_aer.Function] = []
+        self._discovered = -REDISCOVER
+        self._logged: set[tuple[str, str]] = set()
+
+    @classmethod
+    def metrics(cls) -> tuple[MetricSpec, ...]:
+        return (TOTAL, BY_TYPE, ROOT, INFO)
+
+    def probe(self) -> Availability:
+        functions = pci_aer.discover(self.ctx.sysfs_root)
+        if not functions:
+            return Availability(False, "no NVIDIA GPU or RDMA HCA PCI function under "
+                                f"{os.path.join(self.ctx.sysfs_root, 'bus', 'pci', 'devices')}")
+        if not any(pci_aer.has_aer(f) for f in functions):
+            return Availability(False, "no AER statistics (kernel without CONFIG_PCIEAER, or functions "
+                                "without the AER capability)")
+        return Availability(True)
+
+    def _watched(self) -> list[pci_aer.Function]:
+        now = time.monotonic()
+        if now - self._discovered >= REDISCOVER:
+            self._functions = [f for f in pci_aer.discover(self.ctx.sysfs_root) if pci_aer.has_aer(f)]
+            self._discovered = now
+        return self._functions
+
+    def collect(self) -> Collection:
+        out = Collection()
+        totals: list[Sample] = []
+        types: list[Sample] = []
+        roots: list[Sample] = []
+        info: list[Sample] = []
+        vanished = False
+        for fn in self._watched():
+            labels = (nvml_bus_id(fn.name), fn.role, fn.device)
+            try:
+                stats, root = pci_aer.read_function(fn)
+            except (OSError, pci_aer.BadStats) as exc:
+                vanished = vanished or isinstance(exc, FileNotFoundError)
+                self._fault(out, fn, exc)
+                continue
+            info.append(INFO.sample(1, *labels, nvml_bus_id(fn.parent) if fn.parent else "", fn.name))
+            for severity, counts in stats.items():
+                total = counts.get(pci_aer.TOTALS[severity])
+                if total is not None:
+                    totals.append(TOTAL.sample(total, *labels, severity))
+                types.extend(BY_TYPE.sample(n, *labels, severity, name) for name, n in counts.items()
+                             if name != pci_aer.TOTALS[severity] and self._keep(n))
+            roots.extend(ROOT.sample(n, labels[0], severity) for severity, n in root.items())
+        if vanished:
+            self._discovered = -REDISCOVER  # a function went away: walk the tree again next run
+        out.add(TOTAL, totals)
+        out.add(BY_TYPE, types)
+        out.add(ROOT, roots)
+        out.add(INFO, info)
+        return out
+
+    def _keep(self, count: int) -> bool:
+        return self.per_type == "all" or (self.per_type == "nonzero" and count > 0)
+
+    def _fault(self, out: Collection, fn: pci_aer.Function, exc: Exception) -> None:
+        reason = "parse" if isinstance(exc, pci_aer.BadStats) else "read"
+        out.count_error(reason)
+        if (fn.name, reason) not in self._logged:
+            self._logged.add((fn.name, reason))
+            log.warning("AER of %s: %s (logged once, counted every time)", fn.name, exc)
