@@ -187,6 +187,7 @@ def make_sinks(config: Config, ctx: SinkContext) -> list[Sink]:
             raise StartupError(f"sink '{name}' cannot be loaded: {exc}") from None
         if cls.missing_dependencies():
             raise StartupError(f"sink '{name}' needs: pip install 'gpumon[{cls.extra}]'")
+        cls.validate(config)
         sinks.append(cls(ctx, config.sections.get(name)))
     return sinks
 

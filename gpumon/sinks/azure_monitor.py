@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.config import ConfigError, Option, SectionSchema
+from gpumon.config import Config, ConfigError, Option, SectionSchema
 from gpumon.imds import IMDS_URL, fetch_instance
 from gpumon.model import Snapshot
 from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, TABLES, RowBuilder
@@ -183,14 +183,30 @@ class AzureMonitorSink(Sink):
     def spool_dir(self) -> str:
         return self._opt["spool_dir"] or os.path.join(self.ctx.state_dir, "spool", "azure_monitor")
 
+    @classmethod
+    def validate(cls, config: Config) -> None:
+        """Missing or malformed target settings and an unusable spool directory are config mistakes:
+        exit 2 naming the key and the file (or variable) it came from, before anything starts."""
+        opt = OPTIONS.values(config.sections.get(cls.name))
+
+        def where(key: str) -> str:
+            return config.origins.get(f"{cls.name}.{key}", config.source)
+
+        problem = _target_problem(opt)
+        if problem is not None:
+            raise ConfigError(where(problem[0]), f"[{cls.name}] {problem[0]}", problem[1])
+        spool_dir = opt["spool_dir"] or os.path.join(config.daemon.state_dir, "spool", cls.name)
+        reason = _directory_problem(spool_dir)
+        if reason is not None:
+            source = where("spool_dir") if opt["spool_dir"] else config.origins.get("daemon.state_dir",
+                                                                                     config.source)
+            suffix = "" if opt["spool_dir"] else " (the default, under [daemon] state_dir)"
+            raise ConfigError(source, f"[{cls.name}] spool_dir", f"{spool_dir}: {reason}{suffix}")
+
     def _require_target(self) -> None:
-        for key in ("endpoint", "dcr_immutable_id"):
-            if not self._opt[key]:
-                raise ConfigError("[azure_monitor]", key, "is required (see the outputs of deploy/azure/)")
-        if not self._opt["endpoint"].startswith("https://"):
-            raise ConfigError("[azure_monitor]", "endpoint", "must be an https:// URL")
-        if self._opt["ca_bundle"] and not os.path.isfile(self._opt["ca_bundle"]):
-            raise ConfigError("[azure_monitor]", "ca_bundle", f"no such file: {self._opt['ca_bundle']}")
+        problem = _target_problem(self._opt)
+        if problem is not None:
+            raise ConfigError("[azure_monitor]", problem[0], problem[1])
 
     def make_credential(self) -> Any:
         """The azure-identity credential named in config (or the one given to the constructor)."""
@@ -636,6 +652,38 @@ class AzureMonitorSink(Sink):
         except Exception:
             pass
         return results
+
+
+def _target_problem(opt: dict[str, Any]) -> tuple[str, str] | None:
+    """(key, what is wrong) for the first target setting that cannot work, or None."""
+    for key in ("endpoint", "dcr_immutable_id"):
+        if not opt[key]:
+            return key, "is required (see the outputs of deploy/azure/)"
+    if not opt["endpoint"].startswith("https://"):
+        return "endpoint", f"must be an https:// URL (got {opt['endpoint']!r})"
+    if opt["ca_bundle"] and not os.path.isfile(opt["ca_bundle"]):
+        return "ca_bundle", f"no such file: {opt['ca_bundle']}"
+    if opt["credential"] == "service_principal":
+        for key in ("tenant_id", "client_id", "client_secret"):
+            if not opt[key]:
+                return key, "is required with credential = service_principal"
+    return None
+
+
+def _directory_problem(path: str) -> str | None:
+    """Why the spool cannot live at ``path`` (checked on its nearest existing ancestor, creating
+    nothing: a rejected reload must leave no trace), or None."""
+    probe = os.path.abspath(path)
+    while not os.path.lexists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
 
 
 def _status_verdict(status: int | None, dcr: str, stream: str, identity: str, text: str,

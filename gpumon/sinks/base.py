@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from gpumon.config import Section, SectionSchema
+from gpumon.config import Config, Section, SectionSchema
 from gpumon.model import Snapshot
 
 
@@ -82,6 +82,11 @@ class Sink:
     def ensure_dependencies(cls) -> None:
         if cls.missing_dependencies():
             raise SinkDependencyMissing(f"sink '{cls.name}' needs: pip install 'gpumon[{cls.extra}]'")
+
+    @classmethod
+    def validate(cls, config: Config) -> None:
+        """Raise ConfigError (exit 2, naming the key and its file) for settings that cannot work: called
+        before the sink is built for ``run``, a reload or ``check``, so a mistake never reads as a failure."""
 
     def start(self) -> None:
         """Open sockets, start threads. Raise to fail start-up (exit 1)."""
