@@ -1,0 +1,234 @@
+"""Which pod, container or Slurm job holds each GPU: the join series ``gpumon_gpu_allocation_info``.
+
+Every source the host has is used, each optional:
+
+- **Kubernetes**: the kubelet's PodResources API (:mod:`gpumon.sources.kubelet`): whole GPUs,
+  time-sliced replicas, MIG devices and DRA claims, by device id.
+- **Slurm**: a job-mapping directory in dcgm-exporter's format (:mod:`gpumon.sources.jobmap`),
+  kept by the prolog and epilog under ``deploy/slurm/``.
+- **Processes**: with no mapping directory, the compute processes NVML reported on each GPU, by
+  cgroup (:mod:`gpumon.sources.cgroup`): the Slurm job, or the container as a fallback.
+
+GPU identities and processes come from the NVML collector's last run through the shared
+:class:`~gpumon.collectors.gpu_directory.GpuDirectory`: no NVML call is made here. A kubelet that
+fails keeps its last good answer for at most three intervals, then its allocations are withdrawn:
+never stale for long.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from gpumon.collectors.base import Availability, Collector, Context
+from gpumon.collectors.gpu_directory import KEY as DIRECTORY_KEY
+from gpumon.collectors.gpu_directory import GpuDirectory, GpuEntry
+from gpumon.config import Option, Section, SectionSchema
+from gpumon.model import Collection, MetricSpec, MetricType
+from gpumon.sources import cgroup, jobmap, kubelet
+
+log = logging.getLogger(__name__)
+
+ALLOCATION = MetricSpec(
+    "gpumon_gpu_allocation_info", MetricType.INFO,
+    "Who holds a GPU: one series per pod container or job (labels that do not apply are empty). "
+    "Join with: ... * on(instance, gpu) group_left(namespace, pod) gpumon_gpu_allocation_info.",
+    labels=("gpu", "uuid", "gpu_instance", "namespace", "pod", "container", "job_id"))
+SOURCE_UP = MetricSpec(
+    "gpumon_attribution_source_up", MetricType.GAUGE,
+    "1 while an attribution source answers (kubelet, job_mapping, processes); 0 while it fails.",
+    labels=("source",))
+
+KEEP_STALE_INTERVALS = 3
+_GPU_N = re.compile(r"^gpu-(\d+)$")
+_UUID_IN = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One allocation row: a GPU (or MIG instance) and who holds it."""
+
+    gpu: str
+    uuid: str
+    gpu_instance: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    job_id: str = ""
+
+
+class AttributionCollector(Collector):
+    name: ClassVar[str] = "attribution"
+    description: ClassVar[str] = "Pods, containers and Slurm jobs holding each GPU (kubelet, job mapping, cgroups)"
+    options: ClassVar[SectionSchema | None] = SectionSchema("attribution", "Workload attribution.", (
+        Option("interval", float, 10.0, "Seconds between attribution runs.", min=0.5, max=3600.0),
+        Option("kubelet_socket", str, kubelet.DEFAULT_SOCKET,
+               "The kubelet's PodResources socket; absent means no Kubernetes attribution."),
+        Option("job_mapping_dir", str, "",
+               "A dcgm-exporter style job-mapping directory (one file per GPU index, job ids as lines); "
+               "empty: Slurm jobs are found through the GPUs' processes instead."),
+        Option("processes", bool, True,
+               "Attribute GPUs through their compute processes' cgroups (Slurm jobs, containers)."),
+        Option("proc_root", str, "/proc", "Where /proc is (/host/proc in a container)."),
+        Option("timeout", float, 2.0, "Seconds one kubelet call may take.", min=0.05, max=60.0),
+        Option("labels", bool, False,
+               "Also put namespace, pod, container and job_id on every per-GPU series, as dcgm-exporter "
+               "does. Multiplies those series by the holders per GPU: see docs/collectors/attribution.md."),
+    ))
+
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+    """The monotonic clock the stale-answer limit is measured on (a test can step it)."""
+
+    def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
+        super().__init__(ctx, cfg)
+        assert self.options is not None
+        self._o = self.options.values(cfg)
+        self._directory = ctx.get_shared(DIRECTORY_KEY, GpuDirectory)
+        self._client: kubelet.PodResourcesClient | None = None
+        self._kube_last: list[kubelet.Allocation] = []
+        self._kube_ok_at: float | None = None
+        self._logged: set[str] = set()
+
+    # -- availability ---------------------------------------------------------------------------
+    def _socket(self) -> str:
+        return str(self._o["kubelet_socket"])
+
+    def probe(self) -> Availability:
+        if self._socket() and os.path.exists(self._socket()):
+            return Availability(True)
+        mapping = str(self._o["job_mapping_dir"])
+        if mapping and os.path.isdir(mapping):
+            return Availability(True)
+        if self._o["processes"] and (self.ctx.simulation is not None or os.path.exists("/dev/nvidiactl")):
+            return Availability(True)
+        return Availability(False, "no kubelet socket, no job mapping directory and no NVIDIA driver "
+                                   "whose processes could be attributed")
+
+    # -- a run ----------------------------------------------------------------------------------
+    def collect(self) -> Collection:
+        out = Collection()
+        gpus, _ = self._directory.latest()
+        holders: list[Holder] = []
+        up: list[tuple[str, float]] = []
+        if self._socket() and os.path.exists(self._socket()):
+            ok = self._kubernetes(gpus, holders, out)
+            up.append(("kubelet", 1.0 if ok else 0.0))
+        mapping = str(self._o["job_mapping_dir"])
+        if mapping:
+            up.append(("job_mapping", 1.0 if self._job_mapping(mapping, gpus, holders, out) else 0.0))
+        elif self._o["processes"]:
+            self._processes(gpus, holders, pods_known=any(s == "kubelet" and v for s, v in up))
+            up.append(("processes", 1.0))
+        rows = list(dict.fromkeys(holders))
+        out.add(ALLOCATION, (ALLOCATION.sample(1.0, h.gpu, h.uuid, h.gpu_instance, h.namespace, h.pod,
+                                               h.container, h.job_id) for h in rows))
+        out.add(SOURCE_UP, (SOURCE_UP.sample(v, s) for s, v in up))
+        return out
+
+    def _kubernetes(self, gpus: tuple[GpuEntry, ...], holders: list[Holder], out: Collection) -> bool:
+        """Ask the kubelet; on failure keep its last answer for a few intervals, then none."""
+        ok = True
+        try:
+            if self._client is None:
+                self._client = kubelet.PodResourcesClient(self._socket())
+            timeout = min(float(self._o["timeout"]), max(0.05, float(self._o["interval"]) / 2))
+            self._kube_last = self._client.list(timeout)
+            self._kube_ok_at = self.clock()
+            self._logged.discard("kubelet")
+        except kubelet.PodResourcesError as exc:
+            ok = False
+            out.count_error("kubelet")
+            self._log_once("kubelet", "attribution: kubelet PodResources failed: %s", exc)
+            too_old = float(self._o["interval"]) * KEEP_STALE_INTERVALS
+            if self._kube_ok_at is None or self.clock() - self._kube_ok_at > too_old:
+                self._kube_last = []
+        holders.extend(kubernetes_holders(self._kube_last, gpus))
+        return ok
+
+    def _job_mapping(self, directory: str, gpus: tuple[GpuEntry, ...], holders: list[Holder],
+                     out: Collection) -> bool:
+        found = jobmap.read_job_map(directory)
+        if found.malformed:
+            out.count_error("job_mapping_malformed", len(found.malformed))
+            self._log_once("mapping:" + ",".join(found.malformed),
+                           "attribution: skipped malformed job-mapping files in %s: %s",
+                           directory, ", ".join(found.malformed))
+        by_index = {g.index: g for g in gpus}
+        for (index, gi), jobs in sorted(found.jobs.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1)):
+            entry = by_index.get(str(index))
+            uuid = entry.uuid if entry else ""
+            for job in jobs:
+                holders.append(Holder(str(index), uuid, "" if gi is None else str(gi), job_id=job))
+        return os.path.isdir(directory)
+
+    def _processes(self, gpus: tuple[GpuEntry, ...], holders: list[Holder], pods_known: bool) -> None:
+        """Jobs (and, with no kubelet, containers) from the cgroups of each GPU's processes."""
+        root = str(self._o["proc_root"])
+        for gpu in gpus:
+            for proc in gpu.processes:
+                owner = cgroup.owner_of_pid(proc.pid, root)
+                if not owner:
+                    continue  # exited mid-read, or a process nobody owns
+                gi = "" if proc.gpu_instance is None else str(proc.gpu_instance)
+                if owner.job_id:
+                    holders.append(Holder(gpu.index, gpu.uuid, gi, job_id=owner.job_id))
+                elif owner.container_id and not pods_known:
+                    holders.append(Holder(gpu.index, gpu.uuid, gi, container=owner.container_id[:12]))
+
+    def _log_once(self, key: str, msg: str, *args: object) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(msg, *args)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    @classmethod
+    def metrics(cls) -> tuple[MetricSpec, ...]:
+        return (ALLOCATION, SOURCE_UP)
+
+
+def kubernetes_holders(allocations: list[kubelet.Allocation], gpus: tuple[GpuEntry, ...]) -> list[Holder]:
+    """Kubelet allocations of NVIDIA devices, mapped to GPU indexes (and MIG GPU instances)."""
+    by_uuid = {g.uuid: g for g in gpus}
+    by_mig = {mig_uuid: (g, gi) for g in gpus for gi, mig_uuid in g.mig}
+    by_index = {g.index: g for g in gpus}
+    out: list[Holder] = []
+    for a in allocations:
+        target: tuple[GpuEntry, str] | None = None
+        if a.claim is not None:
+            target = _claim_target(a.claim, by_uuid, by_index)
+        elif kubelet.is_nvidia_resource(a.resource):
+            dev = kubelet.parse_nvidia_device_id(a.device_id)
+            if dev is not None and dev.mig_uuid and dev.mig_uuid in by_mig:
+                g, gi = by_mig[dev.mig_uuid]
+                target = (g, str(gi))
+            elif dev is not None and dev.gpu_uuid in by_uuid:
+                gi_text = "" if dev.gpu_instance is None else str(dev.gpu_instance)
+                target = (by_uuid[dev.gpu_uuid], gi_text)
+        if target is not None:
+            g, gi_label = target
+            out.append(Holder(g.index, g.uuid, gi_label, a.namespace, a.pod, a.container))
+    return out
+
+
+def _claim_target(claim: kubelet.ClaimDevice, by_uuid: dict[str, GpuEntry],
+                  by_index: dict[str, GpuEntry]) -> tuple[GpuEntry, str] | None:
+    """A DRA device: a GPU UUID in its device or CDI names, else NVIDIA's ``gpu-<index>`` name."""
+    if not claim.driver.endswith("nvidia.com"):
+        return None
+    for name in (claim.device, *claim.cdi_devices):
+        for uuid in _UUID_IN.findall(name):
+            if uuid in by_uuid:
+                return by_uuid[uuid], ""
+    match = _GPU_N.match(claim.device)
+    if match and match[1] in by_index:
+        return by_index[match[1]], ""
+    return None
