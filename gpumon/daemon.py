@@ -22,7 +22,7 @@ from gpumon import __version__, registry, statelock
 from gpumon.collectors.base import Collector, CollectorUnavailable, Context
 from gpumon.config import Config, ConfigError
 from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot
-from gpumon.selfmetrics import CollectorBook, SelfMetrics
+from gpumon.selfmetrics import CollectorBook, SelfMetrics, reason_code
 from gpumon.sinks.base import Sink, SinkContext, SinkHealth
 
 log = logging.getLogger("gpumon.daemon")
@@ -381,23 +381,27 @@ class Loop:
                 if not book.up and slot.down_reported:
                     log.info("collector %s is up again", runner.name)
                 book.up, slot.down_reported = True, False
+                book.set_state("ok")
             elif result is not None:
                 to_log += self._mark_down(runner.name, slot, f"run took {duration:.3g} s, over its "
-                                          f"{runner.deadline:g} s deadline", duration)
+                                          f"{runner.deadline:g} s deadline", duration, cause="deadline_exceeded")
             else:
                 book.count("unavailable" if unavailable else "exception")
-                to_log += self._mark_down(runner.name, slot, failure, duration, available=not unavailable)
+                to_log += self._mark_down(runner.name, slot, failure, duration, available=not unavailable,
+                                          cause=reason_code(failure) if unavailable else "error")
         for event in to_log:
             log_event(event)
         self._wake.set()
 
     def _mark_down(self, name: str, slot: _Slot, error: str, duration: float,
-                   available: bool = True) -> list[Event]:
+                   available: bool = True, cause: str = "error") -> list[Event]:
         """Withdraw the collector's series and report it down once (called with the lock held).
-        Returns the event to log once the lock is released."""
+        ``cause`` is the gpumon_collector_state reason. Returns the event to log once the lock is
+        released."""
         slot.families = ()
         slot.status = CollectorStatus(name, False, duration, error, available)
         slot.book.up = False
+        slot.book.set_state("down" if available else "unavailable", cause)
         if slot.down_reported:
             return []
         slot.down_reported = True
@@ -410,7 +414,8 @@ class Loop:
         with self._lock:
             slot = self._slots[name]
             slot.book.count(reason)
-            events = self._mark_down(name, slot, error, duration)
+            events = self._mark_down(name, slot, error, duration,
+                                     cause="deadline_exceeded" if reason == "deadline" else "error")
         for event in events:
             log_event(event)
         self._wake.set()
@@ -477,7 +482,8 @@ class Loop:
             if self.reloads is not None:
                 reloads = {k: v for k, v in self.reloads.items() if k != "last_ok"}
                 reloads["last_ok"] = self.reloads["last_ok"]
-            families.extend(self.self_metrics.families(books, self._sink_health, reloads))
+            not_running = {p.name: p.reason for p in self.plan.collectors if p.name not in self._slots}
+            families.extend(self.self_metrics.families(books, self._sink_health, reloads, not_running))
             events, self._events = tuple(self._events), []
             self._seq += 1
             snapshot = Snapshot(self.host, time.time(), _merged(families), events, tuple(statuses), self._seq)

@@ -39,13 +39,33 @@ SINK_FAILED = MetricSpec("gpumon_sink_failed_total", MetricType.COUNTER,
 SINK_DROPPED = MetricSpec("gpumon_sink_dropped_total", MetricType.COUNTER,
                           "Items the sink gave up on (spool full, rejected by the service).", labels=("sink",))
 
+COLLECTOR_STATE = MetricSpec("gpumon_collector_state", MetricType.GAUGE,
+                             "1 for each collector, labelled with its state (ok, down, unavailable) and "
+                             "why (a fixed vocabulary), so an unmounted /host/sys and a host without an "
+                             "HCA can be told apart.", labels=("collector", "state", "reason"))
+STATES = ("ok", "down", "unavailable")
+REASONS = ("none", "no_source", "library_not_found", "driver_not_loaded", "no_permission", "init_failed",
+           "deadline_exceeded", "error")
+"""The ``reason`` values of gpumon_collector_state; ``none`` goes with ``ok``."""
+
+_REASON_WORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("deadline_exceeded", ("deadline", "did not answer within")),
+    ("library_not_found", ("library_not_found", "library not found", "not installed")),
+    ("driver_not_loaded", ("driver_not_loaded", "driver not loaded", "no infiniband driver")),
+    ("no_permission", ("no_permission", "permission denied", "insufficient permissions",
+                       "operation not permitted")),
+    ("no_source", ("has no ", "reports no gpus", "no infiniband devices", "no such file", "no nvidia gpu",
+                   "no aer ")),
+    ("init_failed", ("init failed", "initialisation", "initialization")),
+)
+
 CONFIG_RELOADS = MetricSpec("gpumon_config_reloads_total", MetricType.COUNTER,
                             "SIGHUP reloads by result; a failed one keeps the running configuration.",
                             labels=("result",))
 CONFIG_RELOAD_OK = MetricSpec("gpumon_config_last_reload_successful", MetricType.GAUGE,
                               "0 when the latest reload was rejected and an older configuration runs.")
 
-SPECS = (BUILD_INFO, COLLECTOR_UP, COLLECTOR_DURATION, COLLECTOR_RUNS, COLLECTOR_ERRORS,
+SPECS = (BUILD_INFO, COLLECTOR_UP, COLLECTOR_STATE, COLLECTOR_DURATION, COLLECTOR_RUNS, COLLECTOR_ERRORS,
          SINK_UP, SINK_EXPORTED, SINK_FAILED, SINK_DROPPED, CONFIG_RELOADS, CONFIG_RELOAD_OK)
 
 
@@ -59,8 +79,27 @@ class CollectorBook:
     runs: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
+    state: str | None = None
+    """One of STATES once the first run ends."""
+    reason: str = "none"
+    """One of REASONS: why the collector is not ok."""
+
     def count(self, reason: str, n: int = 1) -> None:
         self.errors[reason] = self.errors.get(reason, 0) + n
+
+    def set_state(self, state: str, reason: str = "none") -> None:
+        self.state, self.reason = state, reason
+
+
+def reason_code(message: str) -> str:
+    """A collector's own words for why it is unavailable (its probe's reason, its
+    CollectorUnavailable) mapped onto REASONS: the one place that knows those messages, so a label
+    value never carries free text (paths, error codes) that would multiply series."""
+    lowered = message.lower()
+    for code, words in _REASON_WORDS:
+        if any(word in lowered for word in words):
+            return code
+    return "error"
 
 
 class SelfMetrics:
@@ -71,12 +110,15 @@ class SelfMetrics:
         self._process_specs: dict[str, MetricSpec] = {}
 
     def families(self, collectors: dict[str, CollectorBook], sinks: dict[str, SinkHealth],
-                 reloads: dict[str, int] | None = None) -> list[MetricFamily]:
+                 reloads: dict[str, int] | None = None,
+                 not_running: dict[str, str] | None = None) -> list[MetricFamily]:
+        """``not_running``: collectors the plan did not start, with their probe's reason."""
         names = sorted(collectors)
         out = [
             self._build,
             MetricFamily(COLLECTOR_UP, tuple(COLLECTOR_UP.sample(int(collectors[n].up), n)
                                             for n in names if collectors[n].up is not None)),
+            MetricFamily(COLLECTOR_STATE, _states(collectors, not_running or {})),
             MetricFamily(COLLECTOR_DURATION,
                          tuple(COLLECTOR_DURATION.sample(collectors[n].duration, n) for n in names)),
             MetricFamily(COLLECTOR_RUNS, tuple(COLLECTOR_RUNS.sample(collectors[n].runs, n) for n in names)),
@@ -126,3 +168,11 @@ class SelfMetrics:
                     self._process_specs[sample.name] = spec
                 out.append(MetricFamily(spec, (spec.sample(sample.value),)))
         return out
+
+
+def _states(collectors: dict[str, CollectorBook], not_running: dict[str, str]) -> tuple:
+    """One gpumon_collector_state sample per collector, sorted by name; a running collector appears
+    once its first run ends (as gpumon_collector_up does)."""
+    rows = {name: (book.state, book.reason) for name, book in collectors.items() if book.state is not None}
+    rows.update({name: ("unavailable", reason_code(reason)) for name, reason in not_running.items()})
+    return tuple(COLLECTOR_STATE.sample(1, name, state, reason) for name, (state, reason) in sorted(rows.items()))
