@@ -28,6 +28,7 @@ BUILTIN_SINKS: dict[str, str] = {
     "prometheus": "gpumon.sinks.prometheus:PrometheusSink",
     "otel": "gpumon.sinks.otel:OtelSink",
     "azure_monitor": "gpumon.sinks.azure_monitor:AzureMonitorSink",
+    "remote_write": "gpumon.sinks.remote_write:RemoteWriteSink",
 }
 
 

@@ -108,3 +108,83 @@ def gpumon_run(tmp_path):
         if process.proc.poll() is None:
             process.proc.kill()
             process.proc.communicate()
+
+
+class PrometheusServer:
+    """A real Prometheus (the Debian package) on a loopback port with its TSDB under ``directory``.
+
+    ``config`` is the prometheus.yml as a dict; ``args`` extra flags such as
+    ``--web.enable-remote-write-receiver``. ``stop()`` and ``start()`` again keep the port and the data,
+    as a restarted receiver would.
+    """
+
+    def __init__(self, directory: str, config: dict | None = None, args: tuple[str, ...] = ()) -> None:
+        import yaml
+
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+        with open(os.path.join(directory, "prometheus.yml"), "w", encoding="utf-8") as fh:
+            yaml.safe_dump(config or {"global": {"scrape_interval": "1m"}}, fh)
+
+    def start(self, wait: bool = True) -> PrometheusServer:
+        with open(os.path.join(self.directory, "prometheus.log"), "ab") as log:
+            self.proc = subprocess.Popen(
+                ["prometheus", f"--config.file={self.directory}/prometheus.yml",
+                 f"--storage.tsdb.path={self.directory}/data", f"--web.listen-address=127.0.0.1:{self.port}",
+                 *self.args], stdout=subprocess.DEVNULL, stderr=log)
+        if wait:
+            wait_for(self.ready, timeout=15, interval=0.05)
+        return self
+
+    def ready(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"prometheus exited {self.proc.returncode}; see {self.directory}/prometheus.log")
+        try:
+            return http_get(self.url + "/-/ready", timeout=1)[0] == 200
+        except OSError:
+            return False
+
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
+        import json
+        import urllib.parse
+
+        params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
+        status, _, body = http_get(f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}", timeout=5)
+        payload = json.loads(body)
+        if status != 200:
+            raise AssertionError(f"{expr}: {payload.get('errorType')}: {payload.get('error')}")
+        return payload["data"]["result"]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+@pytest.fixture
+def prometheus_server(tmp_path):
+    """Start a real Prometheus (skips without the binary); stopped at the end of the test."""
+    import shutil
+
+    if shutil.which("prometheus") is None:
+        pytest.skip("needs the prometheus server")
+    started: list[PrometheusServer] = []
+
+    def start(config: dict | None = None, *args: str) -> PrometheusServer:
+        directory = tmp_path / f"prometheus-{len(started)}"
+        directory.mkdir()
+        server = PrometheusServer(str(directory), config, args)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()

@@ -36,6 +36,7 @@ from typing import Any
 from gpumon.config import Config, ConfigError, Option, SectionSchema
 from gpumon.imds import IMDS_URL, fetch_instance
 from gpumon.model import Snapshot
+from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
 from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, TABLES, RowBuilder
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.spool import Spool, SpoolError
@@ -43,7 +44,6 @@ from gpumon.sinks.spool import Spool, SpoolError
 log = logging.getLogger("gpumon.sinks.azure_monitor")
 
 MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
-CREDENTIALS = ("managed_identity", "workload_identity", "service_principal", "default")
 
 OPTIONS = SectionSchema(
     "azure_monitor",
@@ -212,27 +212,7 @@ class AzureMonitorSink(Sink):
         """The azure-identity credential named in config (or the one given to the constructor)."""
         if self._credential is not None:
             return self._credential
-        import azure.identity as identity
-
-        kind = self._opt["credential"]
-        client_id = self._opt["client_id"] or None
-        tenant_id = self._opt["tenant_id"] or None
-        if kind == "managed_identity":
-            return identity.ManagedIdentityCredential(client_id=client_id)
-        if kind == "workload_identity":
-            kwargs = {k: v for k, v in (("client_id", client_id), ("tenant_id", tenant_id)) if v}
-            try:
-                return identity.WorkloadIdentityCredential(**kwargs)
-            except ValueError as exc:
-                raise ConfigError("[azure_monitor]", "credential",
-                                  f"workload_identity: {exc} (is the pod labelled "
-                                  "azure.workload.identity/use=true?)") from None
-        if kind == "service_principal":
-            for key in ("tenant_id", "client_id", "client_secret"):
-                if not self._opt[key]:
-                    raise ConfigError("[azure_monitor]", key, "is required with credential = service_principal")
-            return identity.ClientSecretCredential(tenant_id, client_id, self._opt["client_secret"])
-        return identity.DefaultAzureCredential(managed_identity_client_id=client_id)
+        return make_credential(self._opt, "[azure_monitor]")
 
     def _make_client(self, credential: Any) -> Any:
         from azure.core.pipeline.policies import HttpLoggingPolicy

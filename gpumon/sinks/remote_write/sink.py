@@ -1,0 +1,402 @@
+"""The ``remote_write`` sink: every snapshot's samples to a Prometheus remote-write 1.0 receiver.
+
+``publish`` (the loop's thread) encodes the snapshot into one snappy-compressed WriteRequest
+(:mod:`.encoding`, about a millisecond for an ND H100 v5 host) and appends it to an on-disk spool
+(:mod:`gpumon.sinks.spool`); an uploader thread sends the spool's records in order and acknowledges
+each only once the receiver took it, so an outage or a restart re-sends rather than loses, within the
+spool's bound. Faults, each counted and logged once per kind:
+
+- no connection, a timeout (whole-request deadline), 5xx, 408, 429: the record stays, retried with
+  backoff and jitter, Retry-After honoured;
+- 413: the request is split in halves until each part goes or is a single series (then dropped);
+- 401, 403, 404, 407 and token failures are configuration faults: the record stays and is retried
+  slowly (a role assignment can take 30 minutes to reach an Azure Monitor workspace);
+- any other 4xx (400 for out-of-order or duplicate samples): dropped and counted, never retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpumon import __version__
+from gpumon.config import ConfigError, Option, SectionSchema
+from gpumon.model import Snapshot
+from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
+from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
+from gpumon.sinks.common import Backoff, DeliveryCounters, LogOnce
+from gpumon.sinks.remote_write import encoding
+from gpumon.sinks.remote_write.transport import Response, Transport, basic_authorization, tls_context
+from gpumon.sinks.spool import Batch, Spool, SpoolError
+
+log = logging.getLogger("gpumon.sinks.remote_write")
+
+AUTH = ("none", "basic", "bearer", "azure")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_RECORD_HEAD = struct.Struct(">I")
+"""A spool record: the request's sample count, then its body exactly as it is POSTed."""
+_RETRY_STATUS = {408, 429}
+_CONFIG_STATUS = {401, 403, 404, 407}
+_TOKEN_MARGIN = 300.0
+"""Seconds before a token's expiry at which a new one is asked for."""
+
+
+def _pairs_check(items: list[str]) -> str | None:
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not _LABEL_NAME.match(name.strip()) or name.strip().startswith("__"):
+            return f"entries must be NAME=VALUE with a Prometheus label name (got {item!r})"
+    return None
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    return {name.strip(): value.strip() for name, _, value in (item.partition("=") for item in items)}
+
+
+OPTIONS = SectionSchema(
+    "remote_write",
+    "Prometheus remote write 1.0: every sample of the page to Prometheus, Mimir, Thanos Receive, "
+    "VictoriaMetrics, Grafana Cloud or an Azure Monitor workspace, through a durable spool.",
+    (
+        Option("url", str, "", "Receiver URL, e.g. http://prometheus:9090/api/v1/write or an Azure Monitor "
+               "workspace's metrics ingestion endpoint .../dataCollectionRules/<dcr-immutable-id>/streams/"
+               "Microsoft-PrometheusMetrics/api/v1/write?api-version=2023-04-24."),
+        Option("interval", float, 0.0, "Seconds between the snapshots sent; 0 sends every new snapshot, so "
+               "sending follows the collection interval.", min=0.0, max=3600.0),
+        Option("job", str, "gpumon", "The `job` label every series gets (a scrape would add it)."),
+        Option("instance", str, "", "The `instance` label every series gets; empty means the host name."),
+        Option("external_labels", list, [], "More labels for every series as NAME=VALUE (cluster=..., "
+               "region=...); a series' own label of the same name wins.", check=_pairs_check),
+        Option("headers", list, [], "Extra request headers as NAME=VALUE (X-Scope-OrgID=tenant for Mimir).",
+               secret=True),
+        Option("timeout", float, 10.0, "Seconds one request may take in all: connect, send and answer.",
+               min=0.1, max=600.0),
+        Option("auth", str, "none", "`none`, `basic` (username, password or password_file), `bearer` "
+               "(bearer_token_file) or `azure` (Entra ID token for an Azure Monitor workspace).", choices=AUTH),
+        Option("username", str, "", "Basic auth user."),
+        Option("password", str, "", "Basic auth password; prefer password_file or "
+               "GPUMON_REMOTE_WRITE_PASSWORD. Never logged or printed.", secret=True),
+        Option("password_file", str, "", "File holding the basic auth password (re-read on every request)."),
+        Option("bearer_token_file", str, "", "File holding a bearer token (re-read on every request, so a "
+               "rotated token is picked up)."),
+        Option("ca_file", str, "", "PEM file of CAs that verify the receiver; empty means the system's."),
+        Option("cert_file", str, "", "Client certificate (PEM) for mutual TLS."),
+        Option("key_file", str, "", "Client private key (PEM) for mutual TLS."),
+        Option("credential", str, "managed_identity", "With auth = azure: `managed_identity`, "
+               "`workload_identity`, `service_principal` or `default`, as in [azure_monitor].",
+               choices=CREDENTIALS),
+        Option("client_id", str, "", "Client id of a user-assigned identity or of the service principal."),
+        Option("tenant_id", str, "", "Entra tenant id (service principal)."),
+        Option("client_secret", str, "", "Service principal secret; prefer GPUMON_REMOTE_WRITE_CLIENT_SECRET.",
+               secret=True),
+        Option("audience", str, "https://monitor.azure.com",
+               "Token audience: https://monitor.azure.us or https://monitor.azure.cn in sovereign clouds."),
+        Option("spool_dir", str, "", "Spool directory; empty means <state_dir>/spool/remote_write."),
+        Option("spool_max_bytes", int, 256 << 20, "Spool size cap; past it the oldest requests are dropped "
+               "and counted.", min=65536),
+        Option("backoff_initial", float, 1.0, "Seconds before the first retry; doubles (with jitter) up to "
+               "backoff_max.", min=0.01, max=600.0),
+        Option("backoff_max", float, 60.0, "Longest wait between retries, in seconds.", min=0.01, max=3600.0),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """What became of one record: delivered or given up on (``done``), or kept to retry after ``delay``."""
+
+    done: bool
+    delay: float = 0.0
+
+
+class RemoteWriteSink(Sink):
+    name = "remote_write"
+    description = "Prometheus remote write 1.0 (Prometheus, Mimir, Thanos, VictoriaMetrics, Azure Monitor)."
+    options = OPTIONS
+    requires = ("cramjam",)
+    extra = "remote_write"
+    config_backoff_min = 30.0
+    """Seconds before retrying after a configuration fault (401/403/404, no token)."""
+
+    def __init__(self, ctx: SinkContext, cfg: Any = None, *, credential: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(ctx, cfg)
+        self._opt = OPTIONS.values(cfg)
+        self._credential = credential
+        self._clock = clock
+        labels = {"job": self._opt["job"], "instance": self._opt["instance"] or ctx.hostname}
+        labels.update(_pairs(self._opt["external_labels"]))
+        self._encoder = encoding.Encoder(labels)
+        self._spool: Spool | None = None
+        self._transport: Transport | None = None
+        self._token: Any = None
+        self._last_sent: float | None = None
+        self._samples_per_request = 0.0
+        self._counters = DeliveryCounters()
+        self._log_once = LogOnce(log)
+        self._backoff = Backoff(self._opt["backoff_initial"], self._opt["backoff_max"])
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    @property
+    def spool_dir(self) -> str:
+        return self._opt["spool_dir"] or os.path.join(self.ctx.state_dir, "spool", "remote_write")
+
+    def _require(self) -> None:
+        opt = self._opt
+        if not opt["url"].startswith(("http://", "https://")):
+            raise ConfigError("[remote_write]", "url", "must be an http:// or https:// URL")
+        if opt["auth"] == "azure" and not opt["url"].startswith("https://"):
+            raise ConfigError("[remote_write]", "url", "must be https:// with auth = azure")
+        needs = {"basic": ("username",), "bearer": ("bearer_token_file",)}.get(opt["auth"], ())
+        for key in needs:
+            if not opt[key]:
+                raise ConfigError("[remote_write]", key, f"is required with auth = {opt['auth']}")
+        for key in ("ca_file", "cert_file", "key_file", "password_file", "bearer_token_file"):
+            if opt[key] and not os.path.isfile(opt[key]):
+                raise ConfigError("[remote_write]", key, f"no such file: {opt[key]}")
+        if opt["key_file"] and not opt["cert_file"]:
+            raise ConfigError("[remote_write]", "cert_file", "is required with key_file")
+
+    def _make_transport(self) -> Transport:
+        opt = self._opt
+        context = None
+        if opt["url"].startswith("https://"):
+            try:
+                context = tls_context(opt["ca_file"], opt["cert_file"], opt["key_file"])
+            except (OSError, ValueError) as exc:
+                raise ConfigError("[remote_write]", "cert_file" if opt["cert_file"] else "ca_file",
+                                  f"cannot load: {exc}") from None
+        if opt["auth"] == "azure" and self._credential is None:
+            self._credential = make_credential(opt, "[remote_write]")
+        return Transport(opt["url"], opt["timeout"], f"gpumon/{__version__}", self._authorization,
+                         _pairs(opt["headers"]), context)
+
+    def _authorization(self) -> str | None:
+        """The Authorization header for the next request; raises when none can be had."""
+        opt = self._opt
+        if opt["auth"] == "basic":
+            password = opt["password"]
+            if opt["password_file"]:
+                with open(opt["password_file"], encoding="utf-8") as fh:
+                    password = fh.read().strip()
+            return basic_authorization(opt["username"], password)
+        if opt["auth"] == "bearer":
+            with open(opt["bearer_token_file"], encoding="utf-8") as fh:
+                return "Bearer " + fh.read().strip()
+        if opt["auth"] == "azure":
+            if self._token is None or self._token.expires_on - time.time() < _TOKEN_MARGIN:
+                self._token = self._credential.get_token(opt["audience"].rstrip("/") + "/.default")
+            return "Bearer " + self._token.token
+        return None
+
+    def start(self) -> None:
+        self.ensure_dependencies()
+        self._require()
+        if self._opt["auth"] == "azure":
+            import azure.identity  # noqa: F401 - fail start-up now, not on the first upload
+        try:
+            self._spool = Spool(self.spool_dir, self._opt["spool_max_bytes"])
+        except SpoolError as exc:
+            raise ConfigError("[remote_write]", "spool_dir", str(exc)) from None
+        self._transport = self._make_transport()
+        self._thread = threading.Thread(target=self._run, name="remote-write-upload", daemon=True)
+        self._thread.start()
+        log.info("remote_write: sending to %s, %d requests spooled from before",
+                 _redact(self._opt["url"]), self._spool.stats().records)
+
+    # -- the loop's side ------------------------------------------------------------------------
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Encode and spool the snapshot (at most one per ``interval``). Never raises."""
+        if self._spool is None:
+            return
+        now = self._clock()
+        if self._last_sent is not None and now - self._last_sent < self._opt["interval"] - 1e-3:
+            return
+        self._last_sent = now
+        try:
+            record = self._record(snapshot)
+            self._spool.append([record])
+        except OSError as exc:
+            self._counters.dropped_items(self._encoded_samples, f"spool: {exc}")
+            self._log_once.warning("spool", "remote_write: cannot write the spool %s: %s (samples dropped "
+                                   "and counted)", self.spool_dir, exc)
+            return
+        except Exception as exc:  # a sink must never take the loop down
+            self._log_once.warning(f"publish:{type(exc).__name__}", "remote_write: publish failed: %r", exc)
+            return
+        self._log_once.clear("spool")
+        self._idle.clear()
+        self._wake.set()
+
+    def _record(self, snapshot: Snapshot) -> bytes:
+        body, samples = self._encoder.encode(snapshot.families, int(round(snapshot.time * 1000)))
+        self._encoded_samples = samples
+        self._samples_per_request = samples if not self._samples_per_request else (
+            0.9 * self._samples_per_request + 0.1 * samples)
+        return _RECORD_HEAD.pack(samples) + encoding.compress(body)
+
+    _encoded_samples = 0
+
+    # -- the uploader ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        """Send the spool's records in order until stopped; a fault in a round is counted and retried."""
+        assert self._spool is not None
+        while not self._stopping.is_set():
+            try:
+                delay = self._round(self._spool)
+            except Exception as exc:  # spool I/O or a bug: the thread must outlive it
+                self._counters.failed_attempt(0, f"uploader: {exc}")
+                self._log_once.warning(f"round:{type(exc).__name__}", "remote_write: uploader error: %r", exc)
+                delay = self._backoff.failed(self._clock())
+            if delay:
+                self._stopping.wait(delay)
+
+    def _round(self, spool: Spool) -> float:
+        """Send one record; the seconds to wait before the next round."""
+        self._wake.clear()
+        spool.sync()
+        batch = spool.read(max_records=1, max_bytes=64 << 10)
+        if batch is None:
+            self._idle.set()
+            self._wake.wait(timeout=5.0)
+            return 0.0
+        verdict = self._deliver(batch)
+        if verdict.done:
+            spool.ack(batch)
+        return verdict.delay
+
+    def _deliver(self, batch: Batch) -> _Verdict:
+        record = batch.records[0]
+        if len(record) < _RECORD_HEAD.size:
+            self._counters.dropped_items(0, "unreadable spool record")
+            return _Verdict(True)
+        (samples,) = _RECORD_HEAD.unpack_from(record)
+        return self._send(record[_RECORD_HEAD.size:], samples)
+
+    def _send(self, body: bytes, samples: int) -> _Verdict:
+        assert self._transport is not None
+        try:
+            response = self._transport.post(body)
+        except OSError as exc:
+            return self._retry(samples, "unreachable", f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # the credential: azure-identity's ClientAuthenticationError and kin
+            return self._retry(samples, "token", f"no token ({self._opt['credential']}): {exc}", config=True)
+        status = response.status
+        if 200 <= status < 300:
+            self._counters.succeeded(samples, self._clock())
+            self._backoff.succeeded()
+            self._log_once.clear()
+            return _Verdict(True)
+        if status == 413:
+            return self._split(body, samples, response)
+        if status >= 500 or status in _RETRY_STATUS:
+            return self._retry(samples, f"http {status}", _describe(response), response.retry_after)
+        if status in _CONFIG_STATUS:
+            return self._retry(samples, f"http {status}", _describe(response), response.retry_after, config=True)
+        self._counters.dropped_items(samples, _describe(response))
+        self._log_once.warning(f"refused {status}", "remote_write: %s refused %d samples, dropped "
+                               "(not retried): %s", _redact(self._opt["url"]), samples, _describe(response))
+        return _Verdict(True)
+
+    def _retry(self, samples: int, key: str, reason: str, retry_after: float | None = None,
+               config: bool = False) -> _Verdict:
+        self._counters.failed_attempt(samples, reason)
+        self._log_once.warning(key, "remote_write: %s: %s; %s", _redact(self._opt["url"]), reason,
+                               "check the configuration; retrying slowly" if config else "retrying")
+        floor = self.config_backoff_min if config else None
+        return _Verdict(False, self._backoff.failed(self._clock(), retry_after, floor))
+
+    def _split(self, body: bytes, samples: int, response: Response) -> _Verdict:
+        """A 413: send the two halves apart (recursively); a single series too large is dropped."""
+        try:
+            halves = encoding.split_request(encoding.decompress(body))
+        except ValueError:
+            self._counters.dropped_items(samples, _describe(response))
+            self._log_once.warning("413", "remote_write: a single series is too large for %s, dropped: %s",
+                                   _redact(self._opt["url"]), _describe(response))
+            return _Verdict(True)
+        share = [samples // 2, samples - samples // 2]
+        for part, count in zip(halves, share):
+            verdict = self._send(encoding.compress(part), count)
+            if not verdict.done:
+                return verdict
+        return _Verdict(True)
+
+    # -- shutdown and health --------------------------------------------------------------------
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Give the uploader until ``timeout`` to send what is spooled; the rest waits on disk."""
+        deadline = self._clock() + timeout
+        if self._thread is not None and self._thread.is_alive():
+            self._wake.set()
+            self._idle.wait(max(0.0, deadline - self._clock() - 0.5))
+        self._stopping.set()
+        self._wake.set()
+        if self._transport is not None:
+            self._transport.abort()
+        if self._thread is not None:
+            self._thread.join(max(0.0, deadline - self._clock()))
+        if self._transport is not None:
+            self._transport.close()
+        if self._spool is not None:
+            if self._thread is None or not self._thread.is_alive():
+                self._spool.close()
+            else:
+                self._spool.sync()
+
+    def health(self) -> SinkHealth:
+        stats = self._spool.stats() if self._spool is not None else None
+        c = self._counters
+        lost = round((stats.dropped if stats else 0) * self._samples_per_request)
+        extra = {"spool_bytes": float(stats.bytes if stats else 0),
+                 "requests_queued": float(stats.records if stats else 0)}
+        up = self._thread is not None and self._thread.is_alive() and c.consecutive_failures == 0
+        return SinkHealth(up=up, exported=c.sent, failed=c.failed, dropped=c.dropped + lost,
+                          detail=c.last_error, extra=extra)
+
+    # -- gpumon check ---------------------------------------------------------------------------
+
+    def check(self) -> list[CheckResult]:
+        """POST an empty WriteRequest: reachability, TLS, credentials and the path, nothing stored."""
+        try:
+            self.ensure_dependencies()
+            self._require()
+            transport = self._make_transport()
+        except Exception as exc:
+            return [CheckResult(self.name, False, str(exc))]
+        url = _redact(self._opt["url"])
+        try:
+            response = transport.post(encoding.compress(b""))
+        except OSError as exc:
+            return [CheckResult(self.name, False, f"{url} unreachable: {type(exc).__name__}: {exc}")]
+        except Exception as exc:
+            return [CheckResult(self.name, False, f"no token ({self._opt['credential']}): {exc}")]
+        finally:
+            transport.close()
+        if 200 <= response.status < 300:
+            return [CheckResult(self.name, True, f"{url} accepts remote write (HTTP {response.status})")]
+        return [CheckResult(self.name, False, f"{url}: {_describe(response)}")]
+
+
+def _describe(response: Response) -> str:
+    text = " ".join(response.text.split())[:300]
+    return f"HTTP {response.status}" + (f": {text}" if text else "")
+
+
+def _redact(url: str) -> str:
+    """The URL without a user:password part, for logs."""
+    return re.sub(r"//[^/@]*@", "//", url)
