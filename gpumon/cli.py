@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gpumon: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    logs.setup(config.daemon.log_level, config.daemon.log_format)
+    logs.setup(_log_level(args, config), config.daemon.log_format)
     command = {"run": cmd_run, "once": cmd_once, "check": cmd_check}[args.command]
     try:
         return command(args, config)
@@ -104,6 +104,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:  # files named by the config (web config, credentials) are config too
         print(f"gpumon: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _log_level(args: argparse.Namespace, config: Config) -> str:
+    """``once`` and ``check`` print their answer; the daemon's INFO lines (NVML initialised, serving
+    on ...) only clutter it. They log warnings and worse unless a level is asked for by flag or
+    environment (a config file's ``log_level`` is the daemon's)."""
+    origin = config.origin("daemon", "log_level")
+    if args.command == "run" or origin.startswith(("flag ", "environment ")):
+        return config.daemon.log_level
+    return "warning"
 
 
 def cmd_run(args: argparse.Namespace, config: Config) -> int:

@@ -166,8 +166,15 @@ class SelfMetrics:
                     unit = "seconds" if "seconds" in sample.name else ("bytes" if "bytes" in sample.name else "")
                     spec = MetricSpec(sample.name, kind, metric.documentation, unit)
                     self._process_specs[sample.name] = spec
-                out.append(MetricFamily(spec, (spec.sample(sample.value),)))
+                out.append(MetricFamily(spec, (spec.sample(_clean(sample.name, sample.value)),)))
         return out
+
+
+def _clean(name: str, value: float) -> float:
+    """Seconds the client sums from clock ticks (utime + stime) carry float noise
+    (0.13999999999999999); ticks are 10 ms, so microseconds keep every real digit. Done here, where
+    the value is made, so the hot renderer keeps its plain ``repr``."""
+    return round(value, 6) if name.endswith("_seconds") or name.endswith("_seconds_total") else value
 
 
 def _states(collectors: dict[str, CollectorBook], not_running: dict[str, str]) -> tuple:
