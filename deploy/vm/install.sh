@@ -248,9 +248,9 @@ install() {
     fi
     # A venv from an older guide may hold a distribution called "gpumon": gpumon under its old name,
     # or the unrelated PyPI project. Both own the files of the import package gpumon: remove it first.
-    if "$ROOT_VENV/bin/python" -m pip --disable-pip-version-check show --quiet "$FOREIGN_DIST" >/dev/null 2>&1; then
+    if "$ROOT_VENV/bin/python" -I -m pip --disable-pip-version-check show --quiet "$FOREIGN_DIST" >/dev/null 2>&1; then
         say "removing the distribution '$FOREIGN_DIST' from $ROOT_VENV (gpumon's is '$DIST')"
-        "$ROOT_VENV/bin/python" -m pip --disable-pip-version-check uninstall --quiet --yes "$FOREIGN_DIST"
+        "$ROOT_VENV/bin/python" -I -m pip --disable-pip-version-check uninstall --quiet --yes "$FOREIGN_DIST"
     fi
 
     suffix=""
@@ -309,7 +309,7 @@ print(gpumon.__version__)' "$DIST") || die "the venv's gpumon is not the distrib
 
 pip_in_venv() {  # pip_in_venv COMMAND ARGS...: pip of the venv, with the operator's --pip-arg list
     # shellcheck disable=SC2086  # PIP_ARGS is a word list on purpose
-    "$ROOT_VENV/bin/python" -m pip --disable-pip-version-check "$@" $PIP_ARGS
+    "$ROOT_VENV/bin/python" -I -m pip --disable-pip-version-check "$@" $PIP_ARGS
 }
 
 wheel_next_to_script() {

@@ -339,16 +339,15 @@ def device_filter(include: str, exclude: str) -> Callable[[str], bool]:
     return wanted
 
 
-Signature = tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...]
+Signature = tuple[tuple[str, str, tuple[str, ...]], ...]
 
 
 def tree_signature(sysfs_root: str) -> Signature | None:
-    """Cheap fingerprint of the device set (names, link targets, netdev names, port names); None when
-    the class is absent.
+    """Cheap fingerprint of the device set (names, link targets, netdev names); None when the class
+    is absent.
 
     A VF re-plugged under the same name comes back at another link target, so it changes too; an
-    IPoIB netdev that appears after the HCA (ib_ipoib loaded late, a udev rename) changes it as well,
-    and so does a port that goes away and comes back unchanged.
+    IPoIB netdev that appears after the HCA (ib_ipoib loaded late, a udev rename) changes it as well.
     """
     base = class_dir(sysfs_root)
     try:
@@ -367,11 +366,7 @@ def tree_signature(sysfs_root: str) -> Signature | None:
             netdevs = tuple(sorted(os.listdir(os.path.join(base, name, "device", "net"))))
         except OSError:
             netdevs = ()
-        try:
-            ports = tuple(sorted(os.listdir(os.path.join(base, name, "ports"))))
-        except OSError:
-            ports = ()
-        result.append((name, target, netdevs, ports))
+        result.append((name, target, netdevs))
     return tuple(result)
 
 
@@ -386,8 +381,9 @@ def _netdevs(device_dir: str, port: str, port_count: int) -> tuple[tuple[str, ..
     for name in names:
         if port_count > 1:
             try:
-                if int(read_small(os.path.join(net, name, "dev_port"))) + 1 != int(port):
-                    continue
+                with open(os.path.join(net, name, "dev_port"), encoding="ascii") as fh:
+                    if int(fh.read().strip()) + 1 != int(port):
+                        continue
             except (OSError, ValueError):
                 continue
         chosen.append(name)
@@ -411,10 +407,7 @@ def discover(sysfs_root: str, wanted: Callable[[str], bool]) -> list[PortPaths]:
                 (p for p in os.listdir(os.path.join(device_dir, "ports")) if p.isdigit()), key=int)
         except OSError:
             continue
-        try:
-            node_guid = read_small(os.path.join(device_dir, "node_guid"))
-        except OSError:
-            node_guid = ""  # the info series reports why
+        node_guid = _read_small(os.path.join(device_dir, "node_guid"))
         for port in ports:
             netdevs, netdev_dirs = _netdevs(device_dir, port, len(ports))
             found.append(PortPaths(device, port, device_dir, os.path.join(device_dir, "ports", port),
@@ -422,14 +415,13 @@ def discover(sysfs_root: str, wanted: Callable[[str], bool]) -> list[PortPaths]:
     return found
 
 
-def read_small(path: str, size: int = 256) -> str:
-    """A short identity file's stripped text, opened non-blocking like every attribute: a FIFO or a
-    device node where a sysfs file should be must not hold the thread. Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+def _read_small(path: str) -> str:
+    """A short identity file's stripped text; empty when unreadable (the info series reports why)."""
     try:
-        return os.read(fd, size).decode("ascii", "replace").strip()
-    finally:
-        os.close(fd)
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read(256).strip()
+    except OSError:
+        return ""
 
 
 def _listdir(path: str) -> list[str]:
@@ -520,8 +512,6 @@ class InfinibandCollector(Collector):
         self._signature: Signature | None = None
         self._stale = True
         self._ports: list[_Port] = []
-        self._watching: tuple[tuple[str, str], ...] | None = None
-        self._identity_faults = 0
         self._detector = shared_detector(ctx)
 
     # ------------------------------------------------------------------ contract
@@ -552,47 +542,35 @@ class InfinibandCollector(Collector):
                 f"no {where} (no InfiniBand driver loaded)" if signature is None
                 else f"{where} has no devices")
         if self._stale or signature != self._signature:
-            complete = self._rediscover(coll)
+            self._rediscover(coll)
             self._signature = signature
-            self._stale = not complete
+        self._stale = False
         self._read_ports(coll)
         return coll
 
     # ------------------------------------------------------------------ discovery
 
-    def _rediscover(self, coll: Collection) -> bool:
-        """Walk the tree again; False when an identity file could not be read for a reason that may
-        pass (a FIFO, EIO), so the next run tries again instead of keeping a blank identity."""
+    def _rediscover(self, coll: Collection) -> None:
         self.close()
         ports: list[_Port] = []
         statics: dict[str, dict[str, str]] = {}
-        self._identity_faults = 0
         for paths in discover(self.ctx.sysfs_root, self._wanted):
             self._detector.identify(paths.key, paths.node_guid)
             if paths.device not in statics:
                 statics[paths.device] = {
                     name: self._read_static(coll, os.path.join(paths.device_dir, name))
-                    for name in ("fw_ver", "board_id", "hca_type")
+                    for name in ("fw_ver", "board_id", "hca_type", "node_guid")
                 }
-                # discovery read node_guid already; read it again only to report why it is blank
-                statics[paths.device]["node_guid"] = paths.node_guid or self._read_static(
-                    coll, os.path.join(paths.device_dir, "node_guid"))
             ports.append(self._build_port(coll, paths, statics[paths.device]))
         self._ports = ports
-        watching = tuple(p.paths.key for p in ports)
-        if watching != self._watching:
-            self._watching = watching
-            log.info("infiniband: watching %d port(s): %s", len(ports),
-                     ", ".join(f"{d}/{p}" for d, p in watching) or "none")
-        return not self._identity_faults
+        log.info("infiniband: watching %d port(s): %s", len(ports),
+                 ", ".join(f"{p.paths.device}/{p.paths.port}" for p in ports) or "none")
 
     def _read_static(self, coll: Collection, path: str) -> str:
         try:
             text = Attr(path, cached=False).read().strip()
         except Fault as fault:
             self._faults.report(coll, fault, path)
-            if fault.reason == "read":
-                self._identity_faults += 1
             return ""
         return text
 
