@@ -5,13 +5,19 @@ decoder for what it sends (the inverse of gpumon.sinks.remote_write.encoding, wr
 from __future__ import annotations
 
 import os
+import ssl
 import struct
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gpumon import cli, config, daemon
-from gpumon.model import Snapshot
+from gpumon.model import MetricFamily, MetricSpec, MetricType, Snapshot
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.remote_write import RemoteWriteSink
+from gpumon.sinks.remote_write.encoding import decompress
 
 
 class SimulatedHost:
@@ -28,11 +34,30 @@ class SimulatedHost:
         return daemon.collect_once(self.config, self.plan, self.ctx)
 
 
-def make_sink(tmp_path: Any, url: str, **options: Any) -> RemoteWriteSink:
+GPU_TEMP = MetricSpec("gpumon_gpu_temperature_celsius", MetricType.GAUGE, "GPU temperature.", "celsius",
+                      ("gpu", "uuid"))
+XMIT = MetricSpec("gpumon_ib_port_transmit_bytes_total", MetricType.COUNTER, "Bytes sent.", "bytes",
+                  ("device", "port"))
+GPU_INFO = MetricSpec("gpumon_gpu_info", MetricType.INFO, "GPU identity.", "", ("gpu", "model", "serial"))
+
+
+def small_snapshot(t: float, gpus: int = 2, value: float = 40.0) -> Snapshot:
+    """A hand-made snapshot: a gauge per GPU, a counter, and an info series with an empty label."""
+    families = (
+        MetricFamily(GPU_TEMP, tuple(GPU_TEMP.sample(value + g, str(g), f"GPU-{g}") for g in range(gpus))),
+        MetricFamily(XMIT, (XMIT.sample(2.5e12, "mlx5_ib0", "1"),)),
+        MetricFamily(GPU_INFO, (GPU_INFO.sample(1, "0", "NVIDIA H100 80GB HBM3", ""),)),
+    )
+    return Snapshot("nd-node", t, families, (), ())
+
+
+def make_sink(tmp_path: Any, url: str, credential: Any = None, **options: Any) -> RemoteWriteSink:
+    """The sink with fast retries (50 ms doubling to 0.5 s) and a 3 s request deadline."""
     cfg = {"url": url, "backoff_initial": 0.05, "backoff_max": 0.5, "timeout": 3.0, **options}
     ctx = SinkContext(hostname="nd-node", state_dir=str(tmp_path / "state"), version="test")
-    return RemoteWriteSink(ctx, cfg, credential=options.pop("credential", None)) if "credential" in options \
-        else RemoteWriteSink(ctx, cfg)
+    sink = RemoteWriteSink(ctx, cfg, credential=credential)
+    sink.config_backoff_min = 0.2
+    return sink
 
 
 def delivered(sink: RemoteWriteSink) -> bool:
@@ -88,3 +113,96 @@ def decode_write_request(body: bytes) -> list[tuple[list[tuple[str, str]], list[
                 samples.append((parts.get(1, 0.0), parts.get(2, 0)))
         series.append((labels, samples))
     return series
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    series: list[tuple[list[tuple[str, str]], list[tuple[float, int]]]]
+
+
+@dataclass
+class Reply:
+    status: int
+    retry_after: str | None = None
+    body: str = ""
+    hang: bool = False
+
+
+class Receiver:
+    """A loopback remote-write receiver that decodes what it is sent; answers 204 unless told to
+    ``answer`` otherwise (each queued Reply once, in order). HTTPS with ``tls`` (a trustme CA), and
+    client certificates required with ``client_ca``."""
+
+    def __init__(self, tls: Any = None, client_ca: Any = None, token: str | None = None) -> None:
+        self.received: list[Received] = []
+        self.refused: list[int] = []
+        self.times: list[float] = []
+        """Monotonic arrival time of every request, answered or not."""
+        self.replies: list[Reply] = []
+        self.token = token
+        self._lock = threading.Lock()
+        self._release = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                receiver._handle(self)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        scheme = "http"
+        if tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.configure_cert(context)
+            if client_ca is not None:
+                client_ca.configure_trust(context)
+                context.verify_mode = ssl.CERT_REQUIRED
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self._httpd.server_address[1]}/api/v1/write"
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+
+    def answer(self, *replies: Reply) -> None:
+        with self._lock:
+            self.replies.extend(replies)
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        body = h.rfile.read(int(h.headers.get("Content-Length", 0)))
+        headers = {k: v for k, v in h.headers.items()}
+        with self._lock:
+            self.times.append(time.monotonic())
+            reply = self.replies.pop(0) if self.replies else Reply(204)
+        if self.token is not None and headers.get("Authorization") != self.token:
+            reply = Reply(401, body="bad credentials")
+        if reply.hang:
+            self._release.wait(30)
+            return
+        if reply.status < 300:
+            with self._lock:
+                self.received.append(Received(headers, decode_write_request(decompress(body))))
+        else:
+            with self._lock:
+                self.refused.append(reply.status)
+        payload = reply.body.encode()
+        h.send_response(reply.status)
+        if reply.retry_after is not None:
+            h.send_header("Retry-After", reply.retry_after)
+        h.send_header("Content-Length", str(len(payload)))
+        h.end_headers()
+        h.wfile.write(payload)
+
+    def samples(self) -> int:
+        with self._lock:
+            return sum(len(s) for r in self.received for _, s in r.series)
+
+    def close(self) -> None:
+        self._release.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -1,0 +1,189 @@
+"""The remote_write sink against a loopback receiver: the wire (headers, labels, timestamps, staleness),
+and each fault (down, hung, 5xx, 429 with Retry-After, 400 for out-of-order samples, 413, 401, a
+restart of gpumon) handled, counted and logged once, without the loop ever waiting."""
+
+from __future__ import annotations
+
+import logging
+import math
+import struct
+import time
+
+import pytest
+
+from tests.conftest import free_port, wait_for
+from tests.remote_write_helpers import Receiver, Reply, delivered, make_sink, small_snapshot
+
+pytest.importorskip("cramjam")
+
+T0 = 1_760_000_000.123
+
+
+@pytest.fixture
+def receiver():
+    server = Receiver()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def started(tmp_path):
+    sinks = []
+
+    def start(url: str, **options):
+        sink = make_sink(tmp_path, url, **options)
+        sink.start()
+        sinks.append(sink)
+        return sink
+
+    yield start
+    for sink in sinks:
+        sink.stop(1.0)
+
+
+def test_request_headers_labels_and_timestamps(receiver, started):
+    sink = started(receiver.url, external_labels=["cluster=eastus-a", "gpu=shadowed"])
+    sink.publish(small_snapshot(T0))
+    wait_for(lambda: delivered(sink))
+    request = receiver.received[0]
+    assert request.headers["Content-Encoding"] == "snappy"
+    assert request.headers["Content-Type"] == "application/x-protobuf"
+    assert request.headers["X-Prometheus-Remote-Write-Version"] == "0.1.0"
+    assert request.headers["User-Agent"].startswith("gpumon/")
+    series = {dict(labels)["__name__"] + dict(labels).get("gpu", ""): (labels, samples)
+              for labels, samples in request.series}
+    labels, samples = series["gpumon_gpu_temperature_celsius1"]
+    assert labels == [("__name__", "gpumon_gpu_temperature_celsius"), ("cluster", "eastus-a"), ("gpu", "1"),
+                      ("instance", "nd-node"), ("job", "gpumon"), ("uuid", "GPU-1")]
+    assert samples == [(41.0, 1_760_000_000_123)]
+    # An external label fills in where the series has none of that name.
+    assert series["gpumon_ib_port_transmit_bytes_totalshadowed"][1] == [(2.5e12, 1_760_000_000_123)]
+    info_labels = dict(series["gpumon_gpu_info0"][0])
+    assert "serial" not in info_labels and info_labels["model"] == "NVIDIA H100 80GB HBM3"
+    assert series["gpumon_gpu_info0"][1][0][0] == 1.0
+    for labels, _ in request.series:  # sorted by name, unique: what receivers require
+        names = [name for name, _ in labels]
+        assert names == sorted(set(names))
+
+
+def test_a_series_that_disappears_gets_a_staleness_marker(receiver, started):
+    sink = started(receiver.url)
+    sink.publish(small_snapshot(T0, gpus=2))
+    sink.publish(small_snapshot(T0 + 1, gpus=1))
+    wait_for(lambda: len(receiver.received) == 2 and delivered(sink))
+    last = {dict(labels).get("gpu"): samples for labels, samples in receiver.received[1].series
+            if dict(labels)["__name__"] == "gpumon_gpu_temperature_celsius"}
+    (value, stamp), = last["1"]
+    assert math.isnan(value) and struct.pack("<d", value) == struct.pack("<Q", 0x7FF0000000000002)
+    assert stamp == 1_760_000_001_123 and last["0"] == [(40.0, 1_760_000_001_123)]
+
+
+def test_interval_sends_at_most_one_snapshot_per_period(receiver, started):
+    sink = started(receiver.url, interval=3600.0)
+    sink.publish(small_snapshot(T0))
+    sink.publish(small_snapshot(T0 + 1))
+    wait_for(lambda: delivered(sink))
+    assert len(receiver.received) == 1
+
+
+def test_5xx_and_429_are_retried_honouring_retry_after(receiver, started):
+    receiver.answer(Reply(503), Reply(429, retry_after="1"))
+    sink = started(receiver.url, backoff_max=5.0)
+    sink.publish(small_snapshot(T0))
+    wait_for(lambda: delivered(sink), timeout=10)
+    assert receiver.refused == [503, 429] and len(receiver.received) == 1
+    assert receiver.times[2] - receiver.times[1] >= 0.95  # Retry-After: 1, not the 50 ms backoff
+    health = sink.health()
+    assert health.failed == 2 * 4 and health.exported == 4 and health.dropped == 0 and health.up
+
+
+def test_400_out_of_order_is_dropped_counted_logged_once_and_not_retried(receiver, started, caplog):
+    receiver.answer(Reply(400, body="out of order sample"), Reply(400, body="out of order sample"))
+    sink = started(receiver.url)
+    with caplog.at_level(logging.WARNING, logger="gpumon.sinks.remote_write"):
+        for i in range(3):
+            sink.publish(small_snapshot(T0 + i))
+        wait_for(lambda: len(receiver.received) == 1 and delivered(sink))
+    assert receiver.refused == [400, 400] and len(receiver.times) == 3  # each sent once
+    assert sink.health().dropped == 8 and sink.health().exported == 4
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 1 and "out of order sample" in lines[0]
+
+
+def test_413_splits_the_request_until_it_goes(receiver, started):
+    receiver.answer(Reply(413), Reply(413))
+    sink = started(receiver.url)
+    sink.publish(small_snapshot(T0, gpus=6))
+    wait_for(lambda: delivered(sink))
+    # 8 series: 413, then halves of 4: 413, its halves of 2 and 2 go, then the other half of 4.
+    assert receiver.refused == [413, 413] and [len(r.series) for r in receiver.received] == [2, 2, 4]
+    assert receiver.samples() == 8 and sink.health().dropped == 0
+
+
+def test_413_for_a_single_series_drops_it(receiver, started):
+    receiver.answer(*[Reply(413)] * 5)
+    sink = started(receiver.url)
+    sink.publish(small_snapshot(T0, gpus=1))  # 3 series: 413, 1 -> 413 (dropped), 2 -> 413, 1, 1 -> 413 ...
+    wait_for(lambda: sink.health().extra["requests_queued"] == 0 and len(receiver.refused) == 5)
+    health = sink.health()
+    assert health.dropped + receiver.samples() == 3 and health.dropped >= 1
+
+
+def test_a_hung_receiver_hits_the_deadline_and_the_loop_never_waits(receiver, started, caplog):
+    receiver.answer(Reply(200, hang=True))
+    sink = started(receiver.url, timeout=0.5)
+    with caplog.at_level(logging.WARNING, logger="gpumon.sinks.remote_write"):
+        t = time.monotonic()
+        sink.publish(small_snapshot(T0))
+        wait_for(lambda: len(receiver.times) == 1)
+        sink.publish(small_snapshot(T0 + 1))
+        assert time.monotonic() - t < 0.5
+        wait_for(lambda: delivered(sink) and receiver.samples() == 8, timeout=10)
+    assert sink.health().failed == 4
+    assert any("no answer within 0.5 s" in r.getMessage() for r in caplog.records)
+
+
+def test_a_down_receiver_keeps_the_records_and_stop_is_bounded(tmp_path, started):
+    sink = started(f"http://127.0.0.1:{free_port()}/api/v1/write")
+    t = time.monotonic()
+    for i in range(5):
+        sink.publish(small_snapshot(T0 + i))
+    assert time.monotonic() - t < 0.5
+    wait_for(lambda: sink.health().failed > 0)
+    health = sink.health()
+    assert not health.up and "ConnectionRefusedError" in health.detail and health.extra["requests_queued"] >= 1
+    t = time.monotonic()
+    sink.stop(1.0)
+    assert time.monotonic() - t < 2.0
+
+
+def test_records_spooled_before_a_restart_of_gpumon_are_sent_after_it(tmp_path, receiver):
+    down = make_sink(tmp_path, f"http://127.0.0.1:{free_port()}/api/v1/write")
+    down.start()
+    for i in range(3):
+        down.publish(small_snapshot(T0 + i))
+    down.stop(0.5)
+    again = make_sink(tmp_path, receiver.url)
+    again.start()
+    try:
+        wait_for(lambda: delivered(again))
+    finally:
+        again.stop(1.0)
+    stamps = sorted({s[0][1] for r in receiver.received for _, s in r.series})
+    assert stamps == [1_760_000_000_123, 1_760_000_001_123, 1_760_000_002_123]
+
+
+def test_401_is_a_configuration_fault_kept_and_retried(started, caplog):
+    server = Receiver(token="Bearer right")
+    try:
+        sink = started(server.url)
+        with caplog.at_level(logging.WARNING, logger="gpumon.sinks.remote_write"):
+            sink.publish(small_snapshot(T0))
+            wait_for(lambda: len(server.times) >= 3)
+        assert sink.health().dropped == 0 and sink.health().extra["requests_queued"] == 1
+        assert len([r for r in caplog.records if "HTTP 401" in r.getMessage()]) == 1
+        server.token = None
+        wait_for(lambda: delivered(sink))
+        assert server.samples() == 4
+    finally:
+        server.close()
