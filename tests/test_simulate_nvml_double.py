@@ -95,7 +95,7 @@ def test_profiles_differ_where_the_hardware_does() -> None:
     assert h100.nvmlGpmQueryDeviceSupport(hh).isSupportedDevice == 1
     with pytest.raises(pynvml.NVMLError_NotSupported):
         h100.nvmlDeviceGetFanSpeed(hh)
-    assert set(PROFILES) == {"a100-sxm4-80gb", "h100-sxm5-80gb", "a10"}
+    assert set(PROFILES) == {"a100-sxm4-80gb", "h100-sxm5-80gb", "a10", "gb200"}
 
 
 def test_tick_moves_values_and_counters_only_grow(fake: FakeNVML) -> None:

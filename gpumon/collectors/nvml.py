@@ -20,15 +20,19 @@ from typing import Any
 
 from gpumon.collectors import nvml_metrics as M
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context, Table
-from gpumon.collectors.nvml_session import Device, NvmlSession, classify, shared_session, text
+from gpumon.collectors.nvml_fabric import FABRIC_ITEM, FABRIC_LEGACY_ITEM, fabric_events
+from gpumon.collectors.nvml_session import Device, NvmlSession, classify, nvml_code, shared_session, text
 from gpumon.collectors.nvml_tables import (
     CLOCK_EVENT_REASONS,
     GPM_ALL_IDS,
     GPM_NVLINK,
     GPM_PCIE,
     GPM_RATIOS,
+    NOT_FOUND,
     THROTTLE_REASONS,
+    TOTAL_POWER_SAMPLES,
     error_name,
+    union_value,
 )
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.model import Collection, MetricSpec, Sample, Snapshot
@@ -38,6 +42,9 @@ log = logging.getLogger("gpumon.nvml")
 LOST_RETRY_SECONDS = 60.0
 GPM_FIRST_SAMPLE_GAP = 0.1
 MIB = 1024.0 * 1024.0
+#: Every stand-in call by key: the metric tier's and the fabric reader's legacy call.
+FALLBACKS: dict[str, M.CallItem] = {**M.FALLBACK_CALLS, FABRIC_LEGACY_ITEM.key: FABRIC_LEGACY_ITEM}
+FABRIC_KEYS = frozenset({FABRIC_ITEM.key, FABRIC_LEGACY_ITEM.key})
 
 OPTIONS = SectionSchema(
     "nvml",
@@ -55,7 +62,7 @@ OPTIONS = SectionSchema(
         Option("reprobe_interval", float, 3600.0,
                "Seconds before a metric NVML refused for a GPU is asked again, and between re-reads of "
                "static facts (identity, maxima, MIG layout).", min=60.0, max=86400.0),
-        Option("max_calls_per_gpu", int, 8,
+        Option("max_calls_per_gpu", int, 9,
                "NVML calls per GPU per run in steady state. Fast values are read every run; slowly moving "
                "ones share what is left (at least one per run). 0 reads everything every run.",
                min=0, max=1000),
@@ -109,6 +116,10 @@ class _Gpu:
     slow_cache: dict[str, list[M.Row]] = field(default_factory=dict)
     slow_last: dict[str, int] = field(default_factory=dict)
     lost_checked: float = 0.0
+    #: Timestamp (µs) of the newest power sample read; 0 before the first read.
+    power_seen: int = 0
+    #: The fabric rows of the last good read, what the next one is compared with for events.
+    fabric_rows: list[M.Row] | None = None
 
 
 class NvmlCollector(Collector):
@@ -249,8 +260,10 @@ class NvmlCollector(Collector):
             if result is None and self._fell_back(gpu, item):
                 # refused just now (an older driver without the call): its stand-in answers this run
                 calls += 1
-                result = self._call_item(gpu, M.FALLBACK_CALLS[item.fallback], out)
+                result = self._call_item(gpu, FALLBACKS[item.fallback], out)
             rows.extend(result or [])
+        if self._power_samples(gpu, rows, out):
+            calls += 1
         for mig in gpu.mig:
             rows.extend(self._mig_memory(gpu, mig, out))
         if gpu.gpm is not None:
@@ -266,6 +279,9 @@ class NvmlCollector(Collector):
         for item in slow[:slots]:
             gpu.slow_last[item.key] = self._run
             result = self._call_item(gpu, item, out)
+            if result is not None and item.key in FABRIC_KEYS:
+                out.events.extend(fabric_events(gpu.dev, gpu.fabric_rows, result))
+                gpu.fabric_rows = result
             if result is None:
                 gpu.slow_cache.pop(item.key, None)
             else:
@@ -286,7 +302,7 @@ class NvmlCollector(Collector):
         return (self._run - last) * item.weight
 
     def _slow_items(self, gpu: _Gpu) -> list[M.CallItem]:
-        items = list(M.SLOW_CALLS) + self._field_fallbacks(gpu, fast=False)
+        items = list(M.SLOW_CALLS) + [FABRIC_ITEM] + self._field_fallbacks(gpu, fast=False)
         if self._opt("nvlink_per_link"):
             for link in range(gpu.link_count):
                 items.append(M.CallItem(
@@ -303,7 +319,7 @@ class NvmlCollector(Collector):
             if (fs.fallback and ("field", fs.field_id, 0) in gpu.dropped and fs.fallback not in keys
                     and (fs.fallback in M.FAST_FALLBACKS) == fast):
                 keys.append(fs.fallback)
-        return [M.FALLBACK_CALLS[k] for k in keys]
+        return [FALLBACKS[k] for k in keys]
 
     @staticmethod
     def _fell_back(gpu: _Gpu, item: M.CallItem) -> bool:
@@ -317,7 +333,7 @@ class NvmlCollector(Collector):
             if ("call", item.key) not in gpu.dropped:
                 active.append(item)
             elif item.fallback and ("call", item.fallback) not in gpu.dropped:
-                active.append(M.FALLBACK_CALLS[item.fallback])
+                active.append(FALLBACKS[item.fallback])
         return active
 
     # --- error handling ------------------------------------------------------------------------------
@@ -345,7 +361,10 @@ class NvmlCollector(Collector):
 
     def _call_item(self, gpu: _Gpu, item: M.CallItem, out: Collection) -> list[M.Row] | None:
         try:
-            value = self.session.call(item.fn, gpu.dev.handle, *item.args)
+            if item.read is not None:
+                value = item.read(self.session, gpu.dev)
+            else:
+                value = self.session.call(item.fn, gpu.dev.handle, *item.args)
         except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome, none escapes
             self._handle_error(gpu, ("call", item.key), item.fn, exc, out)
             return None
@@ -365,6 +384,34 @@ class NvmlCollector(Collector):
         except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome
             self._handle_error(gpu, key, fn, exc, out)
             return None
+
+    # --- power samples -------------------------------------------------------------------------------
+
+    def _power_samples(self, gpu: _Gpu, rows: list[M.Row], out: Collection) -> bool:
+        """Min, max and mean of the driver's power samples since the last run (one call; False when
+        none was made). The first read only marks where the next interval starts: the buffer holds
+        an unknown stretch of the past. NOT_FOUND (no sample since) leaves the series out this run."""
+        key = ("call", "power_samples")
+        if key in gpu.dropped:
+            return False
+        try:
+            vtype, samples = self.session.call("nvmlDeviceGetSamples", gpu.dev.handle, TOTAL_POWER_SAMPLES,
+                                               gpu.power_seen)
+        except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome
+            if nvml_code(exc) != NOT_FOUND:
+                self._handle_error(gpu, key, "nvmlDeviceGetSamples(TOTAL_POWER_SAMPLES)", exc, out)
+            return True
+        fresh = [(int(s.timeStamp), union_value(s.sampleValue, vtype)) for s in samples
+                 if int(s.timeStamp) > gpu.power_seen]
+        if not fresh:
+            return True
+        first = gpu.power_seen == 0
+        gpu.power_seen = max(ts for ts, _ in fresh)
+        if not first:
+            watts = [mw * 1e-3 for _, mw in fresh]
+            rows.extend([(M.POWER_MIN, (), min(watts)), (M.POWER_MAX, (), max(watts)),
+                         (M.POWER_MEAN, (), sum(watts) / len(watts))])
+        return True
 
     # --- lost GPUs -----------------------------------------------------------------------------------
 
@@ -780,13 +827,9 @@ def _code_error(code: int) -> BaseException:
         return exc
 
 
-_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
-
-
 def _field_value(fv: Any) -> float:
     """A c_nvmlFieldValue_t's value, read through the union member its valueType names."""
-    member = _VALUE_MEMBERS.get(int(fv.valueType), "ullVal")
-    return float(getattr(fv.value, member))
+    return union_value(fv.value, fv.valueType)
 
 
 # Reason names for the docs and the simulation (one source of truth with the bitmask decoder).

@@ -116,6 +116,29 @@ MIG_MEM_USED = MetricSpec("gpumon_gpu_mig_memory_used_bytes", GAUGE, "Memory in 
                           "bytes", MIG_LABELS)
 MIG_ACTIVITY = MetricSpec("gpumon_gpu_mig_activity_ratio", GAUGE,
                           "GPM profiling per MIG GPU instance.", "ratio", MIG_LABELS + ("activity",))
+POWER_MIN = _m("gpumon_gpu_power_min_watts", GAUGE,
+               "Lowest power sample the driver took since the previous run (NVML_TOTAL_POWER_SAMPLES).", "watts")
+POWER_MAX = _m("gpumon_gpu_power_max_watts", GAUGE,
+               "Highest power sample the driver took since the previous run (NVML_TOTAL_POWER_SAMPLES).",
+               "watts")
+POWER_MEAN = _m("gpumon_gpu_power_mean_watts", GAUGE,
+                "Mean of the power samples the driver took since the previous run.", "watts")
+FABRIC_INFO = MetricSpec(
+    "gpumon_gpu_fabric_info", INFO,
+    "NVLink fabric membership (value 1) once registration completed: GPUs with the same cluster_uuid and "
+    "clique_id share one NVLink domain.", "", G + ("cluster_uuid", "clique_id"))
+FABRIC_STATE = _m("gpumon_gpu_fabric_state", GAUGE,
+                  "Registration with the NVLink fabric manager: 0 not supported, 1 not started, 2 in progress, "
+                  "3 completed.")
+FABRIC_STATUS = _m("gpumon_gpu_fabric_status", GAUGE,
+                   "Outcome of the fabric registration as an NVML return code (0 success); only once the state "
+                   "is completed.")
+FABRIC_HEALTH = _m("gpumon_gpu_fabric_health_condition", GAUGE,
+                   "1 while the NVLink fabric health condition holds (degraded_bandwidth, route_recovery, "
+                   "route_unhealthy, access_timeout_recovery, incorrect_configuration, partition_unassigned, "
+                   "gfm_disconnected); absent where the driver does not report it.", "", ("condition",))
+FABRIC_SUMMARY = _m("gpumon_gpu_fabric_health_summary", GAUGE,
+                    "The driver's fabric health summary: 1 healthy, 2 unhealthy, 3 limited capacity.")
 CALLS = MetricSpec("gpumon_nvml_calls_total", COUNTER, "NVML library calls made, by function.", "",
                    ("function",))
 
@@ -125,7 +148,9 @@ ALL_SPECS: tuple[MetricSpec, ...] = (
     PCIE_GEN_MAX, PCIE_WIDTH, PCIE_WIDTH_MAX, PCIE_BYTES, PCIE_REPLAY, ECC_MODE, ECC, RETIRED,
     RETIRED_PENDING, REMAP, REMAP_PENDING, REMAP_FAILURE, RECOVERY, NVLINK_LINKS, NVLINK_ACTIVE,
     NVLINK_ERRORS, NVLINK_BYTES, NVLINK_LINK_UP, NVLINK_LINK_ERRORS, NVLINK_LINK_BYTES, FAN, PSTATE, PROCS,
-    PROCS_MEM, PROC_MEM, ACTIVITY, GPM_PCIE, GPM_NVLINK, MIG_MEM_TOTAL, MIG_MEM_USED, MIG_ACTIVITY, CALLS,
+    PROCS_MEM, PROC_MEM, ACTIVITY, GPM_PCIE, GPM_NVLINK, MIG_MEM_TOTAL, MIG_MEM_USED, MIG_ACTIVITY,
+    POWER_MIN, POWER_MAX, POWER_MEAN, FABRIC_INFO, FABRIC_STATE, FABRIC_STATUS, FABRIC_HEALTH, FABRIC_SUMMARY,
+    CALLS,
 )
 
 Row = tuple[MetricSpec, tuple[str, ...], float]
@@ -219,6 +244,9 @@ class CallItem:
     parse: Parser
     weight: int = 1
     fallback: str = ""
+    #: Reads the value in place of ``fn(handle, *args)``, for calls that fill a struct passed by
+    #: reference: ``read(session, device)``.
+    read: Callable[[Any, Any], Any] | None = None
 
 
 def _ratio_percent(engine: str) -> Parser:

@@ -155,3 +155,75 @@ GPM_RATIOS: tuple[tuple[int, str], ...] = (
 GPM_PCIE: tuple[tuple[int, str], ...] = ((20, "tx"), (21, "rx"))         # MiB/s
 GPM_NVLINK: tuple[tuple[int, str], ...] = ((61, "tx"), (60, "rx"))       # MiB/s
 GPM_ALL_IDS: tuple[int, ...] = tuple(i for i, _ in GPM_RATIOS + GPM_PCIE + GPM_NVLINK)
+
+# --- NVLink fabric (nvmlDeviceGetGpuFabricInfo[V]) ----------------------------------------------------
+# Values as pynvml 13.x defines them (NVML_GPU_FABRIC_STATE_*, NVML_GPU_FABRIC_HEALTH_MASK_*,
+# NVML_GPU_FABRIC_HEALTH_SUMMARY_*), which copies nvml.h's nvmlGpuFabricInfo_v2_t / _v3_t.
+
+FABRIC_STATE_NOT_SUPPORTED = 0
+FABRIC_STATE_COMPLETED = 3
+FABRIC_STATES: dict[int, str] = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+"""``state``: where the GPU is in its registration with the fabric manager; ``status`` (an nvmlReturn_t)
+means something only once the state is COMPLETED."""
+
+FABRIC_SUMMARIES: dict[int, str] = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}
+"""``healthSummary`` (struct v3 only); 0 is NOT_SUPPORTED."""
+
+
+@dataclass(frozen=True)
+class FabricCondition:
+    """One field of ``healthMask``, exported as a series that is 1 while the condition holds.
+
+    ``nvml`` is the NVML_GPU_FABRIC_HEALTH_MASK_<nvml> suffix; the field is ``(mask >> shift) & width``.
+    Raw values in ``holds`` make the series 1, in ``clear`` 0; anything else (0 = NOT_SUPPORTED) leaves
+    the series out, so a driver or GPU that does not report the field adds nothing."""
+
+    name: str
+    nvml: str
+    shift: int
+    width: int
+    holds: frozenset[int]
+    clear: frozenset[int]
+
+    def decode(self, mask: int) -> bool | None:
+        raw = (mask >> self.shift) & self.width
+        if raw in self.holds:
+            return True
+        if raw in self.clear:
+            return False
+        return None
+
+
+# 2-bit fields answer 1 TRUE / 2 FALSE; partition and GFM state answer 1 good / 2 bad; the 4-bit
+# incorrect-configuration field answers 1 NONE or 2..8 the reason (FABRIC_MISCONFIGURATIONS).
+FABRIC_CONDITIONS: tuple[FabricCondition, ...] = (
+    FabricCondition("degraded_bandwidth", "DEGRADED_BW", 0, 0x3, frozenset({1}), frozenset({2})),
+    FabricCondition("route_recovery", "ROUTE_RECOVERY", 2, 0x3, frozenset({1}), frozenset({2})),
+    FabricCondition("route_unhealthy", "ROUTE_UNHEALTHY", 4, 0x3, frozenset({1}), frozenset({2})),
+    FabricCondition("access_timeout_recovery", "ACCESS_TIMEOUT_RECOVERY", 6, 0x3, frozenset({1}),
+                    frozenset({2})),
+    FabricCondition("incorrect_configuration", "INCORRECT_CONFIGURATION", 8, 0xF, frozenset(range(2, 9)),
+                    frozenset({1})),
+    FabricCondition("partition_unassigned", "PARTITION_ASSIGNED", 12, 0x3, frozenset({2}), frozenset({1})),
+    FabricCondition("gfm_disconnected", "GFM_STATE", 14, 0x3, frozenset({2}), frozenset({1})),
+)
+FABRIC_MISCONFIGURATIONS: dict[int, str] = {
+    2: "incorrect_sysguid", 3: "incorrect_chassis_sn", 4: "no_partition", 5: "insufficient_nvlinks",
+    6: "incompatible_gpu_fw", 7: "invalid_location", 8: "gpu_state_invalid",
+}
+
+# --- driver sample buffers (nvmlDeviceGetSamples) -----------------------------------------------------
+
+TOTAL_POWER_SAMPLES = 0
+"""NVML_TOTAL_POWER_SAMPLES: the board's power draw, milliwatts, as the value type the call names."""
+NOT_FOUND = 6
+"""nvmlDeviceGetSamples answers NOT_FOUND when no sample is newer than ``lastSeenTimeStamp``."""
+
+VALUE_MEMBERS: dict[int, str] = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+                                 6: "usVal"}
+"""nvmlValueType_t -> the c_nvmlValue_t union member holding the value (NVML_VALUE_TYPE_*)."""
+
+
+def union_value(value: object, value_type: int) -> float:
+    """A c_nvmlValue_t read through the member its value type names (unknown types: ullVal)."""
+    return float(getattr(value, VALUE_MEMBERS.get(int(value_type), "ullVal")))

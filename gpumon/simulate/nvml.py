@@ -25,11 +25,12 @@ GPM sample buffers are tracked (:meth:`gpm_samples_allocated`) so a test can ass
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import random
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,7 @@ class GpuProfile:
     pci_device_id: int
     mig_capable: bool
     mig_instance_memory: int
+    fabric: str = "none"   # "none": NOT_SUPPORTED; "nvswitch": Hopper + NVSwitch; "mnnvl": multi-node NVLink
 
 
 PROFILES: dict[str, GpuProfile] = {
@@ -99,7 +101,14 @@ PROFILES: dict[str, GpuProfile] = {
         "NVIDIA A10", 23028 * 2**20, 387 * 2**20, 32768 * 2**20, 150_000, 18_000, 1695, 6251,
         4, 16, 0, False, False, True, True, {0: 98, 1: 95, 3: 93}, "94.02.5C.00.02", "13224210",
         0x223610DE, False, 0),
+    # ND GB200 v6: the model name as NVML reports it; 18 NVLink 5 links (1.8 TB/s per GPU); memory,
+    # clocks, power limit and thresholds are plausible values, not read from a real board.
+    "gb200": GpuProfile(
+        "NVIDIA GB200", 189471 * 2**20, 1094 * 2**20, 262144 * 2**20, 1_200_000, 160_000, 2062, 3996,
+        5, 16, 18, True, True, False, False, {0: 95, 1: 92, 2: 95, 3: 90}, "97.00.82.00.0F", "16550240",
+        0x294110DE, True, 23040 * 2**20, fabric="mnnvl"),
 }
+PROFILES["h100-sxm5-80gb"] = dataclasses.replace(PROFILES["h100-sxm5-80gb"], fabric="nvswitch")
 
 # Clock-event reason bits (nvmlClocksEventReason*)
 _IDLE, _SW_POWER, _HW_SLOW, _SW_THERM, _HW_THERM = 0x1, 0x4, 0x8, 0x20, 0x40
@@ -107,8 +116,15 @@ _IDLE, _SW_POWER, _HW_SLOW, _SW_THERM, _HW_THERM = 0x1, 0x4, 0x8, 0x20, 0x40
 # GPM metric ids the double answers
 _GPM_RATIO_IDS = (1, 2, 3, 5, 10, 11, 12, 13)
 
-# What appeared in which driver branch (NVML change log)
-_FUNCTION_SINCE: dict[str, int] = {"nvmlDeviceGetTemperatureV": 570}
+# What appeared in which driver branch (NVML change log). The fabric branches are this double's
+# assumption (not verified): nvmlDeviceGetGpuFabricInfoV and its v2 struct from R550, v3 from R570.
+_FUNCTION_SINCE: dict[str, int] = {"nvmlDeviceGetTemperatureV": 570, "nvmlDeviceGetGpuFabricInfoV": 550}
+_FABRIC_V3_SINCE = 570
+
+# The driver's power sample buffer: one sample per period, a bounded ring (sizes are this double's
+# choice: NVML documents neither). Values are milliwatts as unsigned int (NVML_VALUE_TYPE_UNSIGNED_INT).
+_POWER_SAMPLE_US = 100_000
+_POWER_SAMPLE_CAPACITY = 300
 _EVENT_SINCE: dict[int, int] = {_real.nvmlEventTypeGpuUnavailableError: 565,
                                 _real.nvmlEventTypeGpuRecoveryAction: 565}
 _FIELD_SINCE: dict[int, int] = {197: 555, 198: 555, 230: 565, 269: 580, 270: 580, 271: 580}
@@ -153,6 +169,44 @@ class _Gpu:
     recovery_action: int = 0
     mig: list[_Mig] | None = None
     processes: list[tuple[int, int]] = field(default_factory=list)
+    power_samples: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=_POWER_SAMPLE_CAPACITY))
+    sample_rng: random.Random = field(default_factory=random.Random)
+    fabric: _Fabric | None = None
+
+
+@dataclass
+class _Fabric:
+    """What nvmlGpuFabricInfo_v3_t reports for one GPU (raw NVML values)."""
+
+    state: int
+    status: int
+    cluster_uuid: bytes
+    clique_id: int
+    health: dict[str, int]    # NVML_GPU_FABRIC_HEALTH_MASK_<field> suffix -> raw value
+    summary: int
+
+    def mask(self) -> int:
+        value = 0
+        for name, raw in self.health.items():
+            value |= raw << getattr(_real, f"NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_{name}")
+        return value
+
+
+_FABRIC_HEALTHY = {"DEGRADED_BW": 2, "ROUTE_RECOVERY": 2, "ROUTE_UNHEALTHY": 2, "ACCESS_TIMEOUT_RECOVERY": 2,
+                   "INCORRECT_CONFIGURATION": 1, "PARTITION_ASSIGNED": 1}
+"""A registered GB200: every 2-bit field FALSE, configuration NONE, partition assigned (GFM_STATE is left
+NOT_SUPPORTED, as older R570 drivers leave newer fields)."""
+
+
+def _target(arg: Any) -> Any:
+    """The struct behind ``ctypes.byref(s)`` or ``ctypes.pointer(s)``. pynvml hands the argument to C
+    as is, so a struct passed by value reaches the driver as garbage: INVALID_ARGUMENT here."""
+    obj = getattr(arg, "_obj", None)
+    if obj is None and isinstance(arg, ctypes._Pointer):
+        obj = arg.contents
+    if not isinstance(obj, ctypes.Structure):
+        raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+    return obj
 
 
 class _Fault:
@@ -215,7 +269,8 @@ class FakeNVML:
     """Simulated NVML with ``count`` GPUs of ``profile``; use it wherever the ``pynvml`` module is."""
 
     def __init__(self, profile: str = "h100-sxm5-80gb", count: int = 8, seed: int = 0,
-                 driver_version: str = "550.90.07", cuda_version: int = 12040) -> None:
+                 driver_version: str = "550.90.07", cuda_version: int = 12040,
+                 power_swing: tuple[float, float, float] | None = None) -> None:
         if profile not in PROFILES:
             raise ValueError(f"unknown GPU profile {profile!r} (known: {', '.join(sorted(PROFILES))})")
         self.profile_name = profile
@@ -237,6 +292,9 @@ class FakeNVML:
         self.calls: Counter[str] = Counter()
         self.gpu_calls: Counter[tuple[str, int]] = Counter()
         self.time = 0.0
+        self._epoch_us = int(time.time() * 1e6)   # power sample timestamps are CPU time in µs
+        #: (low W, high W, Hz): a square wave the power samples follow instead of the load
+        self.power_swing = power_swing
         self._gpus = [self._make_gpu(i, seed) for i in range(count)]
         self.tick(0.0)
 
@@ -279,11 +337,26 @@ class FakeNVML:
         gpu.link_kib = [[rng.random() * 1e12, rng.random() * 1e12] for _ in range(p.nvlinks)]
         gpu.link_err = [[0, 0, rng.randrange(2), 0] for _ in range(p.nvlinks)]
         gpu.processes = [(4000 + index * 10, int(gpu.used * 0.97))]
+        gpu.sample_rng = random.Random(seed * 1000 + index + 7919)   # apart: other values stay as they were
+        gpu.fabric = self._make_fabric(seed)
         return gpu
+
+    def _make_fabric(self, seed: int) -> _Fabric | None:
+        """Hopper + NVSwitch completes registration with a zero cluster UUID, clique 0 and no health
+        fields (torchcomms #1385, #936 saw it on H100); a multi-node NVLink GPU gets the rack's UUID."""
+        kind = self.profile.fabric
+        if kind == "nvswitch":
+            return _Fabric(_real.NVML_GPU_FABRIC_STATE_COMPLETED, _real.NVML_SUCCESS, bytes(16), 0, {}, 0)
+        if kind == "mnnvl":
+            rack = random.Random(seed + 0x6B200)   # one NVL72 rack: the same UUID for every GPU of the VM
+            return _Fabric(_real.NVML_GPU_FABRIC_STATE_COMPLETED, _real.NVML_SUCCESS, rack.randbytes(16), 32766,
+                           dict(_FABRIC_HEALTHY), _real.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
+        return None
 
     def tick(self, seconds: float) -> None:
         """Advance simulated time: load wanders, power follows load, counters grow."""
         with self._lock:
+            start = self.time
             self.time += seconds
             for g in self._gpus:
                 if g.lost:
@@ -291,8 +364,12 @@ class FakeNVML:
                 p = g.profile
                 g.load = min(1.0, max(0.05, g.load + g.rng.uniform(-0.08, 0.08)))
                 target = p.idle_power_mw + (p.power_limit_mw - p.idle_power_mw) * (0.15 + 0.85 * g.load)
+                previous = g.power_mw
                 g.power_mw = min(p.power_limit_mw, max(p.idle_power_mw, target * g.rng.uniform(0.95, 1.03)))
-                g.energy_mj += g.power_mw * seconds
+                taken = self._take_power_samples(g, start, previous)
+                if taken:
+                    g.power_mw = float(taken[-1])
+                g.energy_mj += (sum(taken) / len(taken) if taken else g.power_mw) * seconds
                 g.temp = 32 + 35 * g.load + g.rng.uniform(-1, 1)
                 g.mem_temp = g.temp + 6 + g.rng.uniform(-1, 1)
                 g.reasons = _SW_POWER if g.power_mw >= 0.97 * p.power_limit_mw else 0
@@ -311,6 +388,28 @@ class FakeNVML:
                     g.ecc[(0, 1)] += 1
                 if p.fan:
                     g.fan = 0.3 + 0.4 * g.load
+
+    def _take_power_samples(self, g: _Gpu, start: float, previous: float) -> list[int]:
+        """The samples the driver took between ``start`` and now (at most a buffer's worth): the swing
+        when one is set, else a ramp from the previous power to the new one with a little noise."""
+        first = int(round(start * 1e6)) // _POWER_SAMPLE_US + 1
+        last = int(round(self.time * 1e6)) // _POWER_SAMPLE_US
+        first = max(first, last - _POWER_SAMPLE_CAPACITY + 1)
+        taken = []
+        for k in range(first, last + 1):
+            t = k * _POWER_SAMPLE_US / 1e6
+            if self.power_swing is not None:
+                low, high, hz = self.power_swing
+                level = (high if (t * hz) % 1.0 < 0.5 else low) * 1e3
+                mw = level * g.sample_rng.uniform(0.985, 1.0)
+            else:
+                frac = (k - first + 1) / (last - first + 1)
+                mw = (previous + (g.power_mw - previous) * frac if previous else g.power_mw) \
+                    * (g.sample_rng.uniform(0.98, 1.02) if k != last else 1.0)
+            mw = min(g.profile.power_limit_mw, max(0.0, mw))
+            g.power_samples.append((self._epoch_us + k * _POWER_SAMPLE_US, round(mw)))
+            taken.append(round(mw))
+        return taken
 
     # --- fault scripts -------------------------------------------------------------------------------
 
@@ -391,6 +490,26 @@ class FakeNVML:
                 raise ValueError(f"{g.profile.name} has no MIG")
             g.mig = [_Mig(7 + i, 0, g.profile.mig_instance_memory, int(g.profile.mig_instance_memory * 0.4))
                      for i in range(instances)] or None
+
+    def set_power_swing(self, low_w: float, high_w: float, hz: float = 1.0) -> None:
+        """From the next tick on, power samples follow a ``hz`` square wave between the two levels."""
+        with self._lock:
+            self.power_swing = (low_w, high_w, hz)
+
+    def set_fabric(self, gpu: int, state: int | None = None, status: int | None = None,
+                   health: dict[str, int] | None = None, summary: int | None = None) -> None:
+        """Change what the fabric call reports: raw NVML values (NVML_GPU_FABRIC_STATE_*, an
+        nvmlReturn_t, NVML_GPU_FABRIC_HEALTH_MASK_<field> suffix -> value, _HEALTH_SUMMARY_*)."""
+        with self._lock:
+            f = self._gpus[gpu].fabric
+            if f is None:
+                raise ValueError(f"{self.profile.name} takes part in no NVLink fabric")
+            for name in health or {}:
+                getattr(_real, f"NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_{name}")   # an unknown field raises
+            f.state = f.state if state is None else state
+            f.status = f.status if status is None else status
+            f.health.update(health or {})
+            f.summary = f.summary if summary is None else summary
 
     def add_nvlink_errors(self, gpu: int, link: int, kind: str, count: int = 1) -> None:
         """Count NVLink errors on one link; ``kind`` is replay, recovery, crc_flit or crc_data."""
@@ -766,6 +885,69 @@ class FakeNVML:
         if counter not in order:
             raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
         return g.link_err[link][order[counter]]
+
+    # --- NVLink fabric --------------------------------------------------------------------------------
+
+    def _fabric(self, g: _Gpu) -> _Fabric:
+        if g.fabric is None:   # nvml.h: NOT_SUPPORTED "if the device doesn't support gpu fabric"
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        return g.fabric
+
+    @staticmethod
+    def _fill_fabric(f: _Fabric, info: Any) -> None:
+        ctypes.memmove(info.clusterUuid, f.cluster_uuid, len(f.cluster_uuid))
+        info.state, info.status, info.cliqueId = f.state, f.status, f.clique_id
+        if hasattr(info, "healthMask"):
+            info.healthMask = f.mask()
+        if hasattr(info, "healthSummary"):
+            info.healthSummary = f.summary
+
+    @_api()
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> int:
+        """The versioned call: the struct's ``version`` must be one this driver knows (v2; v3 from
+        R570 here), and the struct must be as large as the version says (its low 24 bits)."""
+        g = self._device(device)
+        info = _target(gpuFabricInfo)
+        known = {_real.nvmlGpuFabricInfo_v2}
+        if self.driver_major >= _FABRIC_V3_SINCE:
+            known.add(_real.nvmlGpuFabricInfo_v3)
+        if int(getattr(info, "version", 0)) not in known:
+            raise _err(_real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if ctypes.sizeof(info) < info.version & 0xFFFFFF:
+            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        with self._lock:
+            self._fill_fabric(self._fabric(g), info)
+        return _real.NVML_SUCCESS
+
+    @_api()
+    def nvmlDeviceGetGpuFabricInfo(self, device: Any, gpuFabricInfo: Any) -> int:
+        """The deprecated call (c_nvmlGpuFabricInfo_t: no version, no health)."""
+        g = self._device(device)
+        info = _target(gpuFabricInfo)
+        with self._lock:
+            self._fill_fabric(self._fabric(g), info)
+        return _real.NVML_SUCCESS
+
+    # --- sample buffers ------------------------------------------------------------------------------
+
+    @_api()
+    def nvmlDeviceGetSamples(self, device: Any, sampling_type: int, timeStamp: int) -> tuple[int, list[Any]]:
+        """As pynvml returns it: ``(valueType, [c_nvmlSample_t, ...])`` of the samples newer than
+        ``timeStamp`` (0: the whole buffer); NOT_FOUND when there is none. Only power is simulated."""
+        g = self._device(device)
+        if not 0 <= sampling_type < _real.NVML_SAMPLINGTYPE_COUNT:
+            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if sampling_type != _real.NVML_TOTAL_POWER_SAMPLES:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        with self._lock:
+            fresh = [(ts, mw) for ts, mw in g.power_samples if ts > timeStamp]
+        if not fresh:
+            raise _err(_real.NVML_ERROR_NOT_FOUND)
+        samples = (_real.c_nvmlSample_t * len(fresh))()
+        for sample, (ts, mw) in zip(samples, fresh):
+            sample.timeStamp = ts
+            sample.sampleValue.uiVal = mw
+        return _real.NVML_VALUE_TYPE_UNSIGNED_INT, samples[0:len(fresh)]
 
     # --- field values --------------------------------------------------------------------------------
 
