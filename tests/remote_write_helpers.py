@@ -9,6 +9,7 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -134,7 +135,11 @@ class Receiver:
     ``answer`` otherwise (each queued Reply once, in order). HTTPS with ``tls`` (a trustme CA), and
     client certificates required with ``client_ca``."""
 
-    def __init__(self, tls: Any = None, client_ca: Any = None, token: str | None = None) -> None:
+    def __init__(self, tls: Any = None, client_ca: Any = None, token: str | None = None,
+                 accepts: Callable[[str | None], bool] | None = None, path: str = "/api/v1/write") -> None:
+        self.accepts = accepts
+        """Judges the Authorization header (or its absence) when given; ``token`` wants it exact."""
+        self.paths: list[str] = []
         self.received: list[Received] = []
         self.refused: list[int] = []
         self.times: list[float] = []
@@ -165,7 +170,7 @@ class Receiver:
                 context.verify_mode = ssl.CERT_REQUIRED
             self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
             scheme = "https"
-        self.url = f"{scheme}://127.0.0.1:{self._httpd.server_address[1]}/api/v1/write"
+        self.url = f"{scheme}://127.0.0.1:{self._httpd.server_address[1]}{path}"
         threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                          daemon=True).start()
 
@@ -178,9 +183,12 @@ class Receiver:
         headers = {k: v for k, v in h.headers.items()}
         with self._lock:
             self.times.append(time.monotonic())
+            self.paths.append(h.path)
             reply = self.replies.pop(0) if self.replies else Reply(204)
         if self.token is not None and headers.get("Authorization") != self.token:
             reply = Reply(401, body="bad credentials")
+        if self.accepts is not None and not self.accepts(headers.get("Authorization")):
+            reply = Reply(401, body="token refused")
         if reply.hang:
             self._release.wait(30)
             return
