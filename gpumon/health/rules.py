@@ -1,0 +1,278 @@
+"""Rules over one Snapshot: what is wrong with this node right now, and what to do about it.
+
+Reads only gpumon's own series (the catalogue in :mod:`gpumon.health.catalogue` names the rules);
+keeps the little history some rules need (counter totals, flap and error windows) between calls.
+Returns every evaluated (rule, subject) pair, ok ones included, so the health series can show 0.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gpumon.health.catalogue import RECOVERY_ACTIONS, RULE_BY_ID, XID_POLICY, Level
+from gpumon.health.skus import Expected
+from gpumon.model import MetricFamily, Sample, Snapshot
+
+Subject = tuple[tuple[str, str], ...]
+IB_ERROR_COUNTERS = ("gpumon_ib_port_symbol_errors_total", "gpumon_ib_port_link_error_recoveries_total",
+                     "gpumon_ib_port_local_link_integrity_errors_total",
+                     "gpumon_ib_port_excessive_buffer_overrun_errors_total")
+THERMAL_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown")
+WATCHED_COLLECTORS = ("nvml", "infiniband")
+IB_STATE_ACTIVE = 4  # /sys/class/infiniband/*/ports/*/state "4: ACTIVE"
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    subject: Subject
+    level: Level
+    action: str
+    reason: str
+    sticky: bool = False
+
+    @property
+    def key(self) -> str:
+        return self.rule + "".join(f"|{k}={v}" for k, v in self.subject)
+
+
+@dataclass
+class Thresholds:
+    flap_threshold: int = 5  # NHC2005: 5 flaps in 24 h drains the node
+    flap_window: float = 86400.0
+    ib_error_threshold: float = 100.0
+    ib_error_window: float = 3600.0
+    disabled: frozenset[str] = frozenset()
+
+
+@dataclass
+class History:
+    """What the rules remember between snapshots (and the stage persists)."""
+
+    xid_totals: dict[str, float] = field(default_factory=dict)
+    flap_totals: dict[str, float] = field(default_factory=dict)
+    flap_times: dict[str, list[float]] = field(default_factory=dict)
+    ib_errors: dict[str, collections.deque] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"xid_totals": self.xid_totals, "flap_totals": self.flap_totals, "flap_times": self.flap_times}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping) -> History:
+        def floats(value: object) -> dict[str, float]:
+            return {str(k): float(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+        times = doc.get("flap_times")
+        flap_times = ({str(k): [float(t) for t in v] for k, v in times.items() if isinstance(v, list)}
+                      if isinstance(times, dict) else {})
+        return cls(floats(doc.get("xid_totals")), floats(doc.get("flap_totals")), flap_times)
+
+
+def _families(snapshot: Snapshot) -> dict[str, MetricFamily]:
+    return {fam.name: fam for fam in snapshot.families}
+
+
+def _samples(fams: Mapping[str, MetricFamily], name: str) -> tuple[Sample, ...]:
+    fam = fams.get(name)
+    return fam.samples if fam is not None else ()
+
+
+def _gpu(sample: Sample) -> Subject:
+    return (("gpu", sample.label("gpu") or ""),)
+
+
+def _port(sample: Sample) -> Subject:
+    return (("device", sample.label("device") or ""), ("port", sample.label("port") or ""))
+
+
+class Evaluator:
+    """Applies the catalogue to snapshots; ``expected`` is the VM size's inventory (or a baseline)."""
+
+    def __init__(self, thresholds: Thresholds, expected: Expected | None = None,
+                 history: History | None = None) -> None:
+        self.thresholds = thresholds
+        self.expected = expected
+        self.history = history or History()
+
+    def evaluate(self, snapshot: Snapshot, now: float) -> list[Finding]:
+        fams = _families(snapshot)
+        out: list[Finding] = []
+        out += self._gpu_rules(fams)
+        out += self._xids(fams)
+        out += self._ib_rules(fams, now)
+        out += self._inventory(fams)
+        out += self._collectors(snapshot)
+        return [f for f in out if f.rule.split(".xid.")[0] not in self.thresholds.disabled
+                and f.rule not in self.thresholds.disabled]
+
+    # -- GPUs --------------------------------------------------------------------------------
+    def _flag(self, rule: str, subject: Subject, bad: bool, reason: str, action: str | None = None,
+              level: Level | None = None) -> Finding:
+        spec = RULE_BY_ID[rule]
+        if not bad:
+            return Finding(rule, subject, Level.OK, "none", "", spec.sticky)
+        return Finding(rule, subject, level or spec.level, action or spec.action, reason, spec.sticky)
+
+    def _gpu_rules(self, fams: Mapping[str, MetricFamily]) -> list[Finding]:
+        out = []
+        for s in _samples(fams, "gpumon_gpu_lost"):
+            out.append(self._flag("gpu.lost", _gpu(s), s.value >= 1, f"GPU {s.label('gpu')} fell off the bus "
+                                  "(NVML answers GPU_IS_LOST)"))
+        for s in _samples(fams, "gpumon_gpu_remapped_rows_failure"):
+            out.append(self._flag("gpu.row_remap.failure", _gpu(s), s.value >= 1,
+                                  f"GPU {s.label('gpu')}: row remapping failed"))
+        for s in _samples(fams, "gpumon_gpu_remapped_rows_pending"):
+            out.append(self._flag("gpu.row_remap.pending", _gpu(s), s.value >= 1,
+                                  f"GPU {s.label('gpu')}: a row remap is pending a GPU reset"))
+        for s in _samples(fams, "gpumon_gpu_recovery_action"):
+            code = int(s.value)
+            out.append(self._flag("gpu.recovery_action", _gpu(s), code > 0,
+                                  f"GPU {s.label('gpu')}: the driver asks for recovery action {code}",
+                                  action=RECOVERY_ACTIONS.get(code, "reset_gpu"),
+                                  level=Level.DEGRADED if code == 3 else None))
+        for s in _samples(fams, "gpumon_gpu_ecc_errors_total"):
+            if s.label("type") == "uncorrected" and s.label("counter") == "volatile":
+                out.append(self._flag("gpu.ecc.uncorrectable", _gpu(s), s.value > 0,
+                                      f"GPU {s.label('gpu')}: {int(s.value)} uncorrectable ECC errors since reset"))
+        thermal: dict[Subject, bool] = {}
+        for s in _samples(fams, "gpumon_gpu_clock_event_reason_active"):
+            if s.label("reason") in THERMAL_REASONS:
+                thermal[_gpu(s)] = thermal.get(_gpu(s), False) or s.value >= 1
+        for subject, hot in thermal.items():
+            out.append(self._flag("gpu.thermal_slowdown", subject, hot,
+                                  f"GPU {subject[0][1]} is slowed down for temperature"))
+        out += self._pcie(fams)
+        return out
+
+    def _pcie(self, fams: Mapping[str, MetricFamily]) -> list[Finding]:
+        exp = self.expected
+        if exp is None or exp.pcie_width is None or exp.pcie_gen is None:
+            return []
+        width = {_gpu(s): s.value for s in _samples(fams, "gpumon_gpu_pcie_link_width")}
+        gen_max = {_gpu(s): s.value for s in _samples(fams, "gpumon_gpu_pcie_link_generation_max")}
+        out = []
+        for subject in sorted(set(width) | set(gen_max)):
+            w, g = width.get(subject), gen_max.get(subject)
+            # The current generation drops while a GPU idles (power saving): only its width and its
+            # maximum generation say the link trained down.
+            bad = (w is not None and w < exp.pcie_width) or (g is not None and g < exp.pcie_gen)
+            out.append(self._flag("gpu.pcie.degraded", subject, bad,
+                                  f"GPU {subject[0][1]}: PCIe x{w or 0:g} Gen{g or 0:g}max, expected "
+                                  f"x{exp.pcie_width} Gen{exp.pcie_gen}"))
+        return out
+
+    def _xids(self, fams: Mapping[str, MetricFamily]) -> list[Finding]:
+        """An XID whose count rose since the last look (NVML's and the kernel log's counters)."""
+        out = []
+        for name in ("gpumon_gpu_xid_errors_total", "gpumon_kmsg_xid_errors_total"):
+            for s in _samples(fams, name):
+                xid_text, gpu = s.label("xid") or "", s.label("gpu") or ""
+                key = f"{name}|{gpu}|{xid_text}"
+                before = self.history.xid_totals.get(key, 0.0)
+                self.history.xid_totals[key] = s.value
+                if not xid_text.isdigit() or s.value <= before:
+                    continue
+                policy = XID_POLICY.get(int(xid_text))
+                if policy is None:
+                    continue
+                out.append(Finding(f"gpu.xid.{xid_text}", (("gpu", gpu),), policy.level, policy.action,
+                                   f"GPU {gpu}: XID {xid_text}", policy.sticky))
+        return out
+
+    # -- InfiniBand ---------------------------------------------------------------------------
+    def _ib_ports(self, fams: Mapping[str, MetricFamily]) -> set[Subject]:
+        """InfiniBand ports (Ethernet ports of the same HCAs, such as mlx5_an0, are not judged)."""
+        return {_port(s) for s in _samples(fams, "gpumon_ib_port_info") if s.label("link_layer") == "InfiniBand"}
+
+    def _ib_rules(self, fams: Mapping[str, MetricFamily], now: float) -> list[Finding]:
+        ports = self._ib_ports(fams)
+        out = []
+        for s in _samples(fams, "gpumon_ib_port_state"):
+            if _port(s) in ports:
+                out.append(self._flag("ib.port.down", _port(s), s.value != IB_STATE_ACTIVE,
+                                      f"{s.label('device')}/{s.label('port')} is not ACTIVE (state {s.value:g})"))
+        exp = self.expected
+        if exp is not None and exp.ib_rate_gbps:
+            for s in _samples(fams, "gpumon_ib_port_rate_bytes_per_second"):
+                if _port(s) in ports:
+                    gbps = s.value * 8 / 1e9
+                    out.append(self._flag("ib.port.rate", _port(s), gbps < exp.ib_rate_gbps,
+                                          f"{s.label('device')}/{s.label('port')} runs at {gbps:g} Gb/s, "
+                                          f"expected {exp.ib_rate_gbps}"))
+        out += self._flaps(fams, ports, now)
+        out += self._errors(fams, ports, now)
+        return out
+
+    def _flaps(self, fams: Mapping[str, MetricFamily], ports: set[Subject], now: float) -> list[Finding]:
+        t = self.thresholds
+        out = []
+        for s in _samples(fams, "gpumon_ib_link_flaps_total"):
+            subject = _port(s)
+            if subject not in ports:
+                continue
+            key = "|".join(v for _, v in subject)
+            before = self.history.flap_totals.get(key)
+            self.history.flap_totals[key] = s.value
+            times = [x for x in self.history.flap_times.get(key, []) if now - x <= t.flap_window]
+            if before is not None and s.value > before:
+                times += [now] * int(min(s.value - before, t.flap_threshold))
+            self.history.flap_times[key] = times
+            out.append(self._flag("ib.port.flapping", subject, len(times) >= t.flap_threshold,
+                                  f"{subject[0][1]}/{subject[1][1]} flapped {len(times)} times in "
+                                  f"{t.flap_window / 3600:g} h"))
+        return out
+
+    def _errors(self, fams: Mapping[str, MetricFamily], ports: set[Subject], now: float) -> list[Finding]:
+        t = self.thresholds
+        totals: dict[Subject, float] = {}
+        for name in IB_ERROR_COUNTERS:
+            for s in _samples(fams, name):
+                if _port(s) in ports:
+                    totals[_port(s)] = totals.get(_port(s), 0.0) + s.value
+        out = []
+        for subject, total in sorted(totals.items()):
+            key = "|".join(v for _, v in subject)
+            window = self.history.ib_errors.setdefault(key, collections.deque())
+            window.append((now, total))
+            while len(window) > 1 and now - window[0][0] > t.ib_error_window:
+                window.popleft()
+            grown = total - window[0][1]
+            out.append(self._flag("ib.port.errors", subject, grown >= t.ib_error_threshold,
+                                  f"{subject[0][1]}/{subject[1][1]}: {grown:g} physical errors in "
+                                  f"{t.ib_error_window / 60:g} min"))
+        return out
+
+    # -- inventory and collectors -------------------------------------------------------------
+    def _inventory(self, fams: Mapping[str, MetricFamily]) -> list[Finding]:
+        exp = self.expected
+        if exp is None:
+            return []
+        out = []
+        info = _samples(fams, "gpumon_gpu_info")
+        if "gpumon_gpu_info" in fams or exp.gpus:
+            out.append(self._flag("gpu.missing", (), len(info) < exp.gpus,
+                                  f"{len(info)} of {exp.gpus} GPUs of a {exp.family} present"))
+        if exp.gpu_model:
+            wrong = sorted({s.label("model") or "" for s in info} - {""})
+            wrong = [m for m in wrong if exp.gpu_model not in m]
+            out.append(self._flag("gpu.model", (), bool(wrong),
+                                  f"GPU model {', '.join(wrong)}; a {exp.family} has {exp.gpu_model}"))
+        if exp.ib_ports:
+            ports = self._ib_ports(fams)
+            out.append(self._flag("ib.port.missing", (), len(ports) < exp.ib_ports,
+                                  f"{len(ports)} of {exp.ib_ports} InfiniBand ports of a {exp.family} present"))
+        return out
+
+    def _collectors(self, snapshot: Snapshot) -> list[Finding]:
+        out = []
+        for status in snapshot.collectors:
+            if status.name in WATCHED_COLLECTORS and status.available:
+                out.append(self._flag("collector.down", (("collector", status.name),), not status.ok,
+                                      f"collector {status.name} is down: {status.error}"))
+        return out
+
+
+def worst(findings: Iterable[Finding]) -> Level:
+    return max((f.level for f in findings), default=Level.OK)

@@ -1,0 +1,245 @@
+"""The health stage of the loop: each Snapshot in, the node's verdict, its series and events out.
+
+Not a collector (it reads no source): the loop feeds it every composed Snapshot. It applies the
+rules, keeps sticky and held verdicts (:mod:`gpumon.health.state`), compares the node with what its
+VM size should have (:mod:`gpumon.health.skus`, or the first healthy run as a baseline on a size it
+does not know) and reports each change of the verdict once as a ``health_changed`` event.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumon.health.catalogue import Level, worst_action
+from gpumon.health.rules import Evaluator, Finding, History, Thresholds
+from gpumon.health.skus import Expected, expected_for
+from gpumon.health.state import Active, HealthState, StateStore, boot_id
+from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Sample, Severity, Snapshot
+
+log = logging.getLogger(__name__)
+
+STATE = MetricSpec("gpumon_health_state", MetricType.GAUGE,
+                   "Health of one rule on one GPU, port or the node: 0 ok, 1 degraded, 2 unhealthy.",
+                   labels=("rule", "gpu", "device", "port"))
+NODE = MetricSpec("gpumon_node_health", MetricType.GAUGE,
+                  "The node's verdict: 0 healthy, 1 degraded, 2 unhealthy (the worst of gpumon_health_state).")
+SAVE_EVERY = 60.0
+_SEVERITY = {Level.OK: Severity.INFO, Level.DEGRADED: Severity.WARNING, Level.UNHEALTHY: Severity.CRITICAL}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    level: Level
+    action: str
+    findings: tuple[dict[str, Any], ...]
+    sku: str
+    time: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"status": {Level.OK: "healthy"}.get(self.level, self.level.label), "level": int(self.level),
+                "action": self.action, "sku": self.sku, "time": self.time, "findings": list(self.findings)}
+
+
+@dataclass
+class HealthResult:
+    families: tuple[MetricFamily, ...]
+    events: tuple[Event, ...]
+    verdict: Verdict
+
+
+@dataclass
+class HealthSettings:
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    hold_seconds: float = 300.0
+    vm_size: str = ""
+
+
+class HealthStage:
+    """Thread-safe: the loop calls :meth:`update`; the endpoint and actions read :meth:`verdict`."""
+
+    def __init__(self, state_dir: str, settings: HealthSettings,
+                 vm_size: Callable[[], str] = lambda: "", clock: Callable[[], float] = time.time,
+                 boot: str | None = None) -> None:
+        self.settings = settings
+        self._vm_size = vm_size
+        self._clock = clock
+        self._store = StateStore(state_dir)
+        self._lock = threading.Lock()
+        self._state = self._store.load()
+        current_boot = boot_id() if boot is None else boot
+        if self._state.boot_id and self._state.boot_id != current_boot:
+            log.info("health: the host rebooted since the last verdict; sticky verdicts cleared")
+            self._state.active.clear()
+        self._state.boot_id = current_boot
+        self._evaluator = Evaluator(settings.thresholds, history=History.from_dict(self._state.history))
+        self._energy: dict[str, float] = {}
+        self._saved_at = 0.0
+        self._verdict = Verdict(Level.OK, "none", (), "", 0.0)
+        self._node_key: tuple[int, tuple[str, ...]] | None = None
+
+    def verdict(self) -> Verdict:
+        with self._lock:
+            return self._verdict
+
+    # -- the inventory to compare with ------------------------------------------------------------
+    def _expected(self, snapshot: Snapshot, findings_unhealthy: bool) -> tuple[Expected | None, str]:
+        size = self.settings.vm_size or self._vm_size()
+        sku = expected_for(size) if size else None
+        if sku is not None:
+            return sku, sku.family
+        if self._state.baseline is None and not findings_unhealthy and snapshot.families:
+            self._state.baseline = _baseline(snapshot)
+            log.info("health: no inventory known for VM size %r; this run is the baseline: %s",
+                     size, self._state.baseline)
+        if self._state.baseline is None:
+            return None, ""
+        b = self._state.baseline
+        return Expected("baseline", "", int(b["gpus"]), str(b["gpu_model"]), int(b["ib_ports"]),
+                        int(b["ib_rate_gbps"]), b.get("pcie_gen"), b.get("pcie_width")), "baseline"
+
+    # -- one snapshot -----------------------------------------------------------------------------
+    def update(self, snapshot: Snapshot) -> HealthResult:
+        with self._lock:
+            now = self._clock()
+            if self._store.changed_elsewhere():
+                self._reload_active()
+            self._clear_reset_gpus(snapshot)
+            # the baseline is taken from a run with nothing unhealthy (judged by the rules that need
+            # no inventory), so a node that starts broken is not taken as the norm
+            self._evaluator.expected, sku = self._expected(snapshot, self._verdict.level is Level.UNHEALTHY
+                                                           or self._unhealthy_without_inventory(snapshot, now))
+            findings = self._evaluator.evaluate(snapshot, now)
+            changed = self._apply(findings, now)
+            verdict = self._make_verdict(sku, now)
+            events = self._transition(verdict)
+            self._verdict = verdict
+            if changed or events or now - self._saved_at >= SAVE_EVERY:
+                self._save(now)
+            return HealthResult(self._families(findings, verdict), events, verdict)
+
+    def _unhealthy_without_inventory(self, snapshot: Snapshot, now: float) -> bool:
+        if self._state.baseline is not None or self._evaluator.expected is not None:
+            return False
+        probe = Evaluator(self.settings.thresholds, history=History())
+        return any(f.level is Level.UNHEALTHY for f in probe.evaluate(snapshot, now))
+
+    def _apply(self, findings: list[Finding], now: float) -> bool:
+        active = self._state.active
+        changed = False
+        seen = set()
+        for f in findings:
+            seen.add(f.key)
+            current = active.get(f.key)
+            if f.level > Level.OK:
+                if current is None:
+                    active[f.key] = Active(f.rule, [list(p) for p in f.subject], int(f.level), f.action, f.reason,
+                                           f.sticky, now, now)
+                    changed = True
+                else:
+                    changed |= current.level != int(f.level)
+                    current.level, current.action, current.reason, current.last_seen = (
+                        int(f.level), f.action, f.reason, now)
+        for key, a in list(active.items()):
+            if a.sticky or key in seen and a.last_seen == now:
+                continue
+            if now - a.last_seen >= self.settings.hold_seconds:
+                del active[key]
+                changed = True
+        return changed
+
+    def _clear_reset_gpus(self, snapshot: Snapshot) -> None:
+        """A GPU whose energy counter went backwards was reset (or its driver reloaded): its sticky
+        verdicts are repaired."""
+        fam = snapshot.family("gpumon_gpu_energy_joules_total")
+        if fam is None:
+            return
+        for s in fam.samples:
+            gpu = s.label("gpu") or ""
+            before = self._energy.get(gpu)
+            self._energy[gpu] = s.value
+            if before is not None and s.value < before:
+                gone = [k for k, a in self._state.active.items() if ["gpu", gpu] in a.subject]
+                for key in gone:
+                    del self._state.active[key]
+                if gone:
+                    log.info("health: GPU %s was reset; cleared %s", gpu, ", ".join(gone))
+
+    def _reload_active(self) -> None:
+        with self._store.locked():
+            saved = self._store.load()
+        self._state.active = {k: a for k, a in self._state.active.items() if k in saved.active}
+
+    def _make_verdict(self, sku: str, now: float) -> Verdict:
+        active = sorted(self._state.active.values(), key=lambda a: (-a.level, a.key))
+        level = Level(max((a.level for a in active), default=0))
+        action = worst_action([a.action for a in active if a.level == level]) if active else "none"
+        return Verdict(level, action, tuple(a.as_dict() for a in active), sku, now)
+
+    def _transition(self, verdict: Verdict) -> tuple[Event, ...]:
+        key = (int(verdict.level), tuple(sorted(self._state.active)))
+        previous, self._node_key = self._node_key, key
+        if previous is None and verdict.level is Level.OK:
+            return ()  # a healthy start is not a change
+        if previous == key:
+            return ()
+        was = Level(previous[0]) if previous else Level.OK
+        reasons = "; ".join(f["reason"] for f in verdict.findings) or "all rules ok"
+        message = f"node health {was.label} -> {verdict.level.label} (action {verdict.action}): {reasons}"
+        return (Event("health_changed", _SEVERITY[verdict.level], {}, message,
+                      {"previous": was.label, "current": verdict.level.label, "action": verdict.action,
+                       "findings": [dict(f) for f in verdict.findings]}),)
+
+    def _save(self, now: float) -> None:
+        self._state.history = self._evaluator.history.as_dict()
+        try:
+            with self._store.locked():
+                if self._store.changed_elsewhere():
+                    saved = self._store.load()
+                    self._state.active = {k: a for k, a in self._state.active.items()
+                                          if k in saved.active or not a.sticky}
+                self._store.save(self._state)
+            self._saved_at = now
+        except OSError as exc:
+            if self._saved_at >= 0:
+                log.warning("health: cannot save %s (%s); verdicts will not survive a restart",
+                            self._store.path, exc)
+            self._saved_at = -1.0
+
+    def _families(self, findings: list[Finding], verdict: Verdict) -> tuple[MetricFamily, ...]:
+        levels: dict[tuple[str, str, str, str], float] = {}
+        for f in findings:
+            subject = dict(f.subject)
+            levels[(f.rule, subject.get("gpu", ""), subject.get("device", ""), subject.get("port", ""))] = 0.0
+        for a in self._state.active.values():
+            subject = dict(map(tuple, a.subject))
+            levels[(a.rule, subject.get("gpu", ""), subject.get("device", ""), subject.get("port", ""))] = a.level
+        samples = tuple(Sample(tuple(zip(STATE.labels, key)), value) for key, value in sorted(levels.items()))
+        return (MetricFamily(STATE, samples), MetricFamily(NODE, (Sample((), float(verdict.level)),)))
+
+
+def _baseline(snapshot: Snapshot) -> dict[str, Any]:
+    """What this node has now, as the inventory to hold it to from here on."""
+    def values(name: str) -> list[float]:
+        fam = snapshot.family(name)
+        return [s.value for s in fam.samples] if fam else []
+
+    info = snapshot.family("gpumon_gpu_info")
+    models = sorted({s.label("model") or "" for s in info.samples}) if info else []
+    ports = snapshot.family("gpumon_ib_port_info")
+    ib = [s for s in ports.samples if s.label("link_layer") == "InfiniBand"] if ports else []
+    ib_keys = {(s.label("device"), s.label("port")) for s in ib}
+    rates = snapshot.family("gpumon_ib_port_rate_bytes_per_second")
+    ib_rates = [s.value * 8 / 1e9 for s in rates.samples if (s.label("device"), s.label("port")) in ib_keys] \
+        if rates else []
+    widths, gens = values("gpumon_gpu_pcie_link_width"), values("gpumon_gpu_pcie_link_generation_max")
+    return {"gpus": len(info.samples) if info else 0, "gpu_model": models[0] if len(models) == 1 else "",
+            "ib_ports": len(ib), "ib_rate_gbps": int(min(ib_rates)) if ib_rates else 0,
+            "pcie_gen": int(min(gens)) if gens else None, "pcie_width": int(min(widths)) if widths else None}
+
+
+__all__ = ["HealthResult", "HealthSettings", "HealthStage", "HealthState", "Verdict", "NODE", "STATE"]

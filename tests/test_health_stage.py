@@ -1,0 +1,159 @@
+"""The health stage on a simulated ND H100 v5: verdicts, stickiness, hold times, persistence."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from gpumon.health.catalogue import Level
+from gpumon.health.rules import Thresholds
+from gpumon.health.stage import HealthSettings, HealthStage
+from gpumon.health.state import clear
+from tests.simulated_host import SimulatedHost
+
+ND_H100 = "Standard_ND96isr_H100_v5"
+
+
+class Host(SimulatedHost):
+    def __init__(self, tmp_path) -> None:
+        super().__init__(str(tmp_path / "host"))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    return Host(tmp_path_factory.mktemp("health-host"))
+
+
+def stage(tmp_path, clock: Clock, vm_size: str = ND_H100, boot: str = "boot-1", **thresholds) -> HealthStage:
+    settings = HealthSettings(Thresholds(**thresholds), hold_seconds=300.0, vm_size=vm_size)
+    return HealthStage(str(tmp_path / "state"), settings, clock=clock, boot=boot)
+
+
+def series(result, rule: str) -> dict[tuple[str, str, str], float]:
+    fam = next(f for f in result.families if f.name == "gpumon_health_state")
+    return {(s.label("gpu"), s.label("device"), s.label("port")): s.value for s in fam.samples
+            if s.label("rule") == rule}
+
+
+def test_a_healthy_nd_h100_v5_is_healthy_with_a_series_per_gpu_and_port(tmp_path, host) -> None:
+    result = stage(tmp_path, Clock()).update(host.snapshot())
+    assert result.verdict.level is Level.OK and result.verdict.sku == "ND H100 v5"
+    assert result.events == ()
+    assert len(series(result, "gpu.lost")) == 8
+    assert len(series(result, "ib.port.down")) == 8  # the Ethernet mlx5_an0 is not judged
+    assert set(series(result, "ib.port.rate").values()) == {0.0}
+    assert series(result, "gpu.missing") == {("", "", ""): 0.0}
+    node = next(f for f in result.families if f.name == "gpumon_node_health")
+    assert node.samples[0].value == 0
+
+
+def test_xid_48_is_unhealthy_sticky_and_survives_a_restart_until_cleared(tmp_path) -> None:
+    host, clock = Host(tmp_path), Clock()
+    s = stage(tmp_path, clock)
+    s.update(host.snapshot())
+    host.sim.apply({"action": "xid", "gpu": 3, "xid": 48})
+    result = s.update(host.snapshot())
+    assert result.verdict.level is Level.UNHEALTHY and result.verdict.action == "reset_gpu"
+    assert series(result, "gpu.xid.48") == {("3", "", ""): 2.0}
+    (event,) = result.events
+    assert event.kind == "health_changed" and event.attributes["current"] == "unhealthy"
+    assert "XID 48" in event.message
+    clock.now += 3600  # an XID is an event: the count does not rise again, the verdict stays
+    again = s.update(host.snapshot())
+    assert again.verdict.level is Level.UNHEALTHY and again.events == ()
+    restarted = stage(tmp_path, clock)  # same boot
+    assert restarted.update(host.snapshot()).verdict.level is Level.UNHEALTHY
+    assert clear(str(tmp_path / "state"), "gpu.xid.48") == ["gpu.xid.48|gpu=3"]
+    cleared = restarted.update(host.snapshot())
+    assert cleared.verdict.level is Level.OK
+    assert cleared.events[0].attributes["previous"] == "unhealthy"
+
+
+def test_a_reboot_clears_sticky_verdicts(tmp_path) -> None:
+    host, clock = Host(tmp_path), Clock()
+    s = stage(tmp_path, clock)
+    s.update(host.snapshot())
+    host.sim.apply({"action": "xid", "gpu": 1, "xid": 95})
+    assert s.update(host.snapshot()).verdict.level is Level.UNHEALTHY
+    assert stage(tmp_path, clock, boot="boot-2").update(host.snapshot()).verdict.level is Level.OK
+
+
+def test_gpu_lost_is_unhealthy_with_reboot(tmp_path) -> None:
+    host, clock = Host(tmp_path), Clock()
+    s = stage(tmp_path, clock)
+    host.sim.apply({"action": "xid", "gpu": 2, "xid": 79})
+    verdict = s.update(host.snapshot()).verdict
+    assert verdict.level is Level.UNHEALTHY and verdict.action == "reboot"
+    assert any(f["rule"] == "gpu.lost" and f["subject"] == {"gpu": "2"} for f in verdict.findings)
+
+
+def test_a_port_down_clears_itself_after_the_hold_time(tmp_path) -> None:
+    host, clock = Host(tmp_path), Clock()
+    s = stage(tmp_path, clock)
+    s.update(host.snapshot())
+    host.sim.apply({"action": "port_down", "device": "mlx5_ib4", "port": 1})
+    down = s.update(host.snapshot())
+    assert down.verdict.level is Level.UNHEALTHY and down.verdict.action == "check_fabric"
+    assert series(down, "ib.port.down")[("", "mlx5_ib4", "1")] == 2.0
+    host.sim.apply({"action": "port_up", "device": "mlx5_ib4", "port": 1})
+    clock.now += 60
+    assert s.update(host.snapshot()).verdict.level is Level.UNHEALTHY  # within the hold time
+    clock.now += 300
+    back = s.update(host.snapshot())
+    assert back.verdict.level is Level.OK and back.events[0].attributes["current"] == "ok"
+
+
+def test_five_flaps_in_a_day_is_flapping(tmp_path) -> None:
+    host, clock = Host(tmp_path), Clock()
+    s = stage(tmp_path, clock)
+    s.update(host.snapshot())
+    for _ in range(4):
+        host.sim.apply({"action": "flap", "device": "mlx5_ib0", "port": 1})
+        clock.now += 60
+        assert s.update(host.snapshot()).verdict.level is Level.OK
+    host.sim.apply({"action": "flap", "device": "mlx5_ib0", "port": 1})
+    result = s.update(host.snapshot())
+    assert result.verdict.level is Level.DEGRADED
+    assert series(result, "ib.port.flapping")[("", "mlx5_ib0", "1")] == 1.0
+
+
+def test_unknown_vm_size_takes_the_first_healthy_run_as_baseline(tmp_path, host) -> None:
+    clock = Clock()
+    result = stage(tmp_path, clock, vm_size="Standard_Unknown_v9").update(host.snapshot())
+    assert result.verdict.sku == "baseline" and result.verdict.level is Level.OK
+    with open(tmp_path / "state" / "health.json", encoding="utf-8") as fh:
+        baseline = json.load(fh)["baseline"]
+    assert baseline == {"gpus": 8, "gpu_model": "NVIDIA H100 80GB HBM3", "ib_ports": 8, "ib_rate_gbps": 400,
+                        "pcie_gen": 5, "pcie_width": 16}
+
+
+def test_a_smaller_node_than_its_vm_size_is_unhealthy(tmp_path, host) -> None:
+    """An ND H200 v5 that shows H100s is the wrong hardware; the inventory rules say so."""
+    result = stage(tmp_path, Clock(), vm_size="Standard_ND96isr_H200_v5").update(host.snapshot())
+    assert result.verdict.level is Level.DEGRADED
+    assert any(f["rule"] == "gpu.model" for f in result.verdict.findings)
+
+
+def test_a_corrupt_state_file_is_set_aside(tmp_path, host, caplog) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "health.json").write_text("{not json")
+    result = stage(tmp_path, Clock()).update(host.snapshot())
+    assert result.verdict.level is Level.OK
+    assert [p for p in os.listdir(state) if p.startswith("health.json.corrupt-")]
+    assert "not a health state" in caplog.text
+
+
+def test_disabled_rules_are_not_evaluated(tmp_path, host) -> None:
+    result = stage(tmp_path, Clock(), disabled=frozenset({"ib.port.down"})).update(host.snapshot())
+    assert series(result, "ib.port.down") == {}
