@@ -202,7 +202,7 @@ def test_script_passes_shellcheck():
     assert out.returncode == 0, out.stdout
 
 
-def test_cloud_init_snippet_runs_the_installer():
+def test_cloud_init_snippet_runs_the_installer_on_the_operators_checked_wheel(tmp_path):
     import yaml
 
     doc_text = (REPO / "deploy/vm/cloud-init.yaml").read_text()
@@ -211,4 +211,22 @@ def test_cloud_init_snippet_runs_the_installer():
     files = {f["path"]: f for f in doc["write_files"]}
     assert files["/etc/gpumon/gpumon.toml"]["permissions"] == "0644"
     commands = " ".join(" ".join(c) if isinstance(c, list) else c for c in doc["runcmd"])
-    assert "install.sh" in commands
+    fetch = files[commands.strip()]
+    assert fetch["permissions"] == "0700"
+    script = fetch["content"]
+    # Both files from the operator's storage account, both digests checked, the wheel route only.
+    assert ".blob.core.windows.net/$CONTAINER/$RELEASE/$file" in script
+    assert "| sha256sum -c -" in script
+    assert 'install.sh" --wheel "$dir/$WHEEL" --sha256 "$WHEEL_SHA256"' in script
+    for foreign in ("pypi", "githubusercontent", "--version", "pip install"):
+        assert foreign not in script.lower(), foreign
+    (tmp_path / "fetch.sh").write_text(script)
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "apt-get install shellcheck"
+    out = subprocess.run([shellcheck, "-s", "sh", str(tmp_path / "fetch.sh")], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stdout
+    # Left as shipped, it stops before any download.
+    out = subprocess.run(["sh", str(tmp_path / "fetch.sh")], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 1 and "fill in the account and the digests first" in out.stderr
