@@ -30,11 +30,17 @@ class HostProfile:
     gpu_profile: str | None
     gpu_count: int
     ib_profile: str | None
+    driver_version: str = "550.90.07"
+    #: (low W, high W, Hz): the GPUs' power samples swing like a synchronous training step
+    power_swing: tuple[float, float, float] | None = None
 
 
 HOSTS: dict[str, HostProfile] = {
     "nd-h100-v5": HostProfile("Azure ND H100 v5: 8 x H100 80GB HBM3, 8 x NDR 400 IB + mlx5_an0",
-                              "h100-sxm5-80gb", 8, "nd-h100-v5"),
+                              "h100-sxm5-80gb", 8, "nd-h100-v5", power_swing=(350.0, 700.0, 1.0)),
+    "nd-gb200-v6": HostProfile("Azure ND GB200 v6: 4 x GB200 (NVLink 5 fabric), 2 x Grace (aarch64), "
+                               "4 x NDR 400 IB + mlx5_an0", "gb200", 4, "nd-gb200-v6",
+                               driver_version="570.133.20", power_swing=(600.0, 1200.0, 1.0)),
     "nd-a100-v4": HostProfile("Azure ND A100 v4: 8 x A100 80GB SXM, 8 x HDR 200 IB + mlx5_an0",
                               "a100-sxm4-80gb", 8, "nd-a100-v4"),
     "nv-a10-v5": HostProfile("Azure NVads A10 v5: 1 x A10, no InfiniBand", "a10", 1, None),
@@ -75,7 +81,8 @@ class Simulation:
         if self.host.gpu_profile:
             from gpumon.simulate import nvml
 
-            self.nvml = nvml.FakeNVML(self.host.gpu_profile, self.host.gpu_count)
+            self.nvml = nvml.FakeNVML(self.host.gpu_profile, self.host.gpu_count,
+                                      driver_version=self.host.driver_version, power_swing=self.host.power_swing)
         self._tick = tick
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -137,7 +144,12 @@ class Simulation:
         - ``{"action": "port_up", "device": ..., "port": 1}``;
         - ``{"action": "xid", "gpu": 3, "xid": 48}``: the GPU reports an XID event (XID 79 also
           makes it stop answering, as ``gpu_lost``);
-        - ``{"action": "gpu_lost", "gpu": 2}``: every NVML call for that GPU raises GPU_IS_LOST.
+        - ``{"action": "gpu_lost", "gpu": 2}``: every NVML call for that GPU raises GPU_IS_LOST;
+        - ``{"action": "fabric", "gpu": 1, "health": {"route_unhealthy": "true"}}``: what the NVLink
+          fabric call reports, in NVML's words: ``health`` maps a NVML_GPU_FABRIC_HEALTH_MASK_<field>
+          to one of its values (``degraded_bw``: true/false, ``incorrect_configuration``:
+          insufficient_nvlinks, ...), ``state`` is a NVML_GPU_FABRIC_STATE_* (``in_progress``),
+          ``status`` a NVML_ERROR_* name or ``success``, ``summary`` a _HEALTH_SUMMARY_* name.
         """
         action = command["action"]
         if action in ("flap", "port_down", "port_up"):
@@ -150,6 +162,10 @@ class Simulation:
                 self.fabric.set_down(device, port, float(command.get("seconds", 0)))
             else:
                 self.fabric.set_up(device, port)
+        elif action == "fabric":
+            if self.nvml is None:
+                raise ValueError(f"profile {self.profile} has no GPU")
+            self.nvml.set_fabric(int(command["gpu"]), **fabric_change(command))
         elif action in ("xid", "gpu_lost"):
             if self.nvml is None:
                 raise ValueError(f"profile {self.profile} has no GPU")
@@ -160,6 +176,31 @@ class Simulation:
         else:
             raise ValueError(f"unknown action {action!r}")
         log.info("simulate: applied %s", command)
+
+
+def fabric_change(command: dict[str, Any]) -> dict[str, Any]:
+    """The raw NVML values a ``fabric`` control command names (KeyError/AttributeError when it names
+    no NVML constant, so a typo is logged and ignored like any bad control file)."""
+    import pynvml
+
+    def const(name: str) -> int:
+        value = getattr(pynvml, name.upper(), None)
+        if not isinstance(value, int):
+            raise KeyError(f"no NVML constant {name.upper()}")
+        return value
+
+    change: dict[str, Any] = {}
+    if "state" in command:
+        change["state"] = const(f"NVML_GPU_FABRIC_STATE_{command['state']}")
+    if "status" in command:
+        status = str(command["status"])
+        change["status"] = const("NVML_SUCCESS" if status == "success" else f"NVML_ERROR_{status}")
+    if "summary" in command:
+        change["summary"] = const(f"NVML_GPU_FABRIC_HEALTH_SUMMARY_{command['summary']}")
+    if "health" in command:
+        change["health"] = {field.upper(): const(f"NVML_GPU_FABRIC_HEALTH_MASK_{field}_{value}")
+                            for field, value in dict(command["health"]).items()}
+    return change
 
 
 def control(workdir: str, command: dict[str, Any]) -> str:

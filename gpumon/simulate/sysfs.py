@@ -17,7 +17,7 @@ import random
 import shutil
 from dataclasses import dataclass, field
 
-from gpumon.collectors.infiniband import MLX5_QUEUE_COUNTERS, MLX5_ROCE_COUNTERS
+from gpumon.sources.ib_sysfs import MLX5_QUEUE_COUNTERS, MLX5_ROCE_COUNTERS
 
 # Bit widths of the PMA counters (IBA PortCounters/PortCountersExtended as mlx5 exposes them).
 PMA_WIDTHS: dict[str, int] = {
@@ -87,6 +87,8 @@ class _Profile:
 PROFILES: dict[str, _Profile] = {
     "nd-a100-v4": _Profile(8, "azure", 200, "200 Gb/sec (4X HDR)", CX6, 40, "40 Gb/sec (4X QDR)", CX5_VF),
     "nd-h100-v5": _Profile(8, "azure", 400, "400 Gb/sec (4X NDR)", CX7, 100, "100 Gb/sec (4X EDR)", CX7_VF),
+    # ND GB200 v6: 4 x NDR 400 Quantum-2 CX7 InfiniBand per VM (Azure's size page)
+    "nd-gb200-v6": _Profile(4, "azure", 400, "400 Gb/sec (4X NDR)", CX7, 100, "100 Gb/sec (4X EDR)", CX7_VF),
     "hbv4": _Profile(1, "azure", 400, "400 Gb/sec (4X NDR)", CX7, 100, "100 Gb/sec (4X EDR)", CX7_VF),
     "plain-mlx5": _Profile(1, "plain", 200, "200 Gb/sec (4X HDR)", CX6),
     "old-kernel-no-pma": _Profile(1, "plain", 100, "100 Gb/sec (4X EDR)", CX6, no_pma=True),
