@@ -22,6 +22,9 @@ class AzureInstance:
     resource_id: str
     vmss_name: str = ""
     aks: bool = False
+    zone: str = ""
+    subscription_id: str = ""
+    resource_group: str = ""
 
     @classmethod
     def from_compute(cls, doc: dict) -> AzureInstance:
@@ -35,6 +38,9 @@ class AzureInstance:
             resource_id=str(doc.get("resourceId", "")),
             vmss_name=str(doc.get("vmScaleSetName", "")),
             aks=aks or str(doc.get("resourceGroupName", "")).upper().startswith("MC_"),
+            zone=str(doc.get("zone", "")),
+            subscription_id=str(doc.get("subscriptionId", "")),
+            resource_group=str(doc.get("resourceGroupName", "")),
         )
 
 

@@ -14,7 +14,7 @@ from gpumon.model import Event, Severity  # noqa: E402
 from gpumon.sinks import otel  # noqa: E402
 from tests import test_otel_receiver as receivers  # noqa: E402
 from tests.conftest import free_port, wait_for  # noqa: E402
-from tests.test_otel_export_wire import snapshot  # noqa: E402
+from tests.test_otel_export_wire import POINTS, snapshot  # noqa: E402
 from tests.test_otel_receiver import make_sink  # noqa: E402
 
 # The receivers' fixtures, shared with this module.
@@ -109,7 +109,7 @@ def test_rejected_request_is_dropped_not_retried(http_receiver, tmp_path):
     try:
         sink.publish(snapshot(time.time(), 1.0, 1.0, seq=1))
         wait_for(lambda: sink.health().failed == 1, timeout=10)
-        assert sink.health().dropped == 17
+        assert sink.health().dropped == POINTS
         sink.publish(snapshot(time.time(), 2.0, 2.0, seq=2))
         http_receiver.wait(lambda r: r.metrics)
     finally:
@@ -126,7 +126,7 @@ def test_grpc_unavailable_is_retried(grpc_receiver, tmp_path):
     try:
         sink.publish(snapshot(time.time(), 1.0, 1.0))
         grpc_receiver.wait(lambda r: r.metrics)
-        wait_for(lambda: sink.health().exported == 17, timeout=10)
+        wait_for(lambda: sink.health().exported == POINTS, timeout=10)
         assert sink.health().failed == 1 and sink.health().up
     finally:
         sink.stop(2)
@@ -211,7 +211,7 @@ def test_grpc_resource_exhausted_with_retry_info_waits_the_servers_delay(grpc_re
     try:
         sink.publish(snapshot(time.time(), 1.0, 1.0))
         grpc_receiver.wait(lambda r: r.metrics)
-        wait_for(lambda: sink.health().exported == 17, timeout=10)
+        wait_for(lambda: sink.health().exported == POINTS, timeout=10)
         health = sink.health()
     finally:
         sink.stop(2)
@@ -228,7 +228,7 @@ def test_grpc_resource_exhausted_without_retry_info_drops_that_metrics_export(gr
     try:
         sink.publish(snapshot(time.time(), 1.0, 1.0, seq=1))
         wait_for(lambda: sink.health().failed == 1, timeout=10)
-        assert sink.health().dropped == 17
+        assert sink.health().dropped == POINTS
         assert "RESOURCE_EXHAUSTED" in sink.health().detail
         sink.publish(snapshot(time.time(), 2.0, 2.0, seq=2))
         grpc_receiver.wait(lambda r: r.metrics)

@@ -64,6 +64,11 @@ def snapshot(t: float, energy: float, rx: float, events: tuple[Event, ...] = (),
     return Snapshot("node-7", t, families, events, status, seq)
 
 
+POINTS = 19
+"""Data points of ``snapshot()``: one per series, two (ok, failed) for each hw.status (the GPU's and
+the port's)."""
+
+
 def attrs(point) -> dict[str, object]:
     out = {}
     for kv in point.attributes:
@@ -89,7 +94,7 @@ def protocol(receiver):
 
 def test_metrics_arrive_in_the_hardware_conventions(receiver, protocol, tmp_path):
     sink = make_sink(receiver.endpoint, tmp_path, protocol=protocol,
-                     resource_attributes=["deployment.environment=test"])
+                     resource_attributes=["deployment.environment.name=test"])
     sink.start()
     try:
         t = time.time()
@@ -102,7 +107,7 @@ def test_metrics_arrive_in_the_hardware_conventions(receiver, protocol, tmp_path
     assert resource["service.name"] == "gpumon"
     assert resource["service.version"] == "9.9.9"
     assert resource["host.name"] == "node-7"
-    assert resource["deployment.environment"] == "test"
+    assert resource["deployment.environment.name"] == "test"
     scope = request.resource_metrics[0].scope_metrics[0].scope
     assert (scope.name, scope.version) == ("gpumon", "9.9.9")
 
@@ -136,8 +141,10 @@ def test_metrics_arrive_in_the_hardware_conventions(receiver, protocol, tmp_path
     assert sensors["memory"]["hw.type"] == "temperature" and sensors["memory"]["hw.parent"] == UUID
     assert sensors["memory"]["hw.id"] == f"{UUID}:temperature:memory"
 
-    status = only(receiver, "hw.status")
-    assert {attrs(p)["hw.state"]: p.as_double for p in status.sum.data_points} == {"ok": 1.0, "failed": 0.0}
+    status = only(receiver, "hw.status")  # the lost-GPU gauge and the port's up, one point per hw.state
+    states = {(attrs(p)["hw.type"], attrs(p)["hw.state"]): p.as_double for p in status.sum.data_points}
+    assert states == {("gpu", "ok"): 1.0, ("gpu", "failed"): 0.0, ("network", "ok"): 1.0,
+                      ("network", "failed"): 0.0}
 
     errors = only(receiver, "hw.errors")
     assert errors.unit == "{error}" and errors.sum.is_monotonic
@@ -146,7 +153,8 @@ def test_metrics_arrive_in_the_hardware_conventions(receiver, protocol, tmp_path
     assert by_type["xid_79"]["hw.type"] == "gpu" and by_type["symbol"]["hw.type"] == "network"
 
     clock = only(receiver, "gpumon.gpu.sm_clock")  # no convention: mechanical name, UCUM unit
-    assert clock.unit == "Hz" and attrs(clock.gauge.data_points[0]) == {"gpu": "0", "uuid": UUID}
+    assert clock.unit == "Hz"  # and hw.id / hw.type, so that it joins the hw.* series of its GPU
+    assert attrs(clock.gauge.data_points[0]) == {"gpu": "0", "uuid": UUID, "hw.id": UUID, "hw.type": "gpu"}
 
     io = only(receiver, "hw.network.io")
     assert io.unit == "By" and io.sum.is_monotonic
@@ -161,11 +169,12 @@ def test_metrics_arrive_in_the_hardware_conventions(receiver, protocol, tmp_path
 
     downed = only(receiver, "gpumon.ib.port_link_downed")  # no convention: mechanical
     assert downed.unit == "{event}" and downed.sum.is_monotonic
-    assert attrs(downed.sum.data_points[0]) == {"device": "mlx5_ib0", "port": "1"}
+    assert attrs(downed.sum.data_points[0]) == {"device": "mlx5_ib0", "port": "1", "hw.id": "mlx5_ib0:1",
+                                                "hw.type": "network"}
 
     info = only(receiver, "gpumon.gpu.info")
     assert info.WhichOneof("data") == "gauge" and attrs(info.gauge.data_points[0])["model"].startswith("NVIDIA")
-    assert sink.health().exported == 17  # one point per series, two for hw.status
+    assert sink.health().exported == POINTS
 
 
 def test_counter_start_time_is_stable_and_moves_on_reset(http_receiver, tmp_path):

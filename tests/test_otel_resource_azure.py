@@ -24,7 +24,8 @@ http_receiver = receivers.http_receiver
 
 COMPUTE = {
     "vmId": "2f6c5a1e-0000-4000-8000-123456789abc", "vmSize": "Standard_ND96isr_H100_v5",
-    "location": "eastus2", "name": "gpu-node-7", "resourceGroupName": "rg-train",
+    "location": "eastus2", "name": "gpu-node-7", "resourceGroupName": "rg-train", "zone": "2",
+    "subscriptionId": "8d2b4e6a-1111-4222-8333-444455556666",
     "resourceId": "/subscriptions/s/resourceGroups/rg-train/providers/Microsoft.Compute/virtualMachines/gpu-node-7",
     "tagsList": [],
 }
@@ -84,12 +85,18 @@ def test_azure_attributes_reach_the_collector(http_receiver, tmp_path):
     assert resource["cloud.region"] == "eastus2"
     assert resource["host.id"] == COMPUTE["vmId"] and resource["host.type"] == "Standard_ND96isr_H100_v5"
     assert resource["host.name"] == "node-7"
+    assert resource["cloud.account.id"] == COMPUTE["subscriptionId"]
+    assert resource["cloud.availability_zone"] == "2"
+    assert resource["azure.resource_group.name"] == "rg-train"
+    assert "k8s.node.name" not in resource  # not in a pod
     assert imds.seen_headers[0].get("Metadata") == "true"
 
 
 def test_aks_node_is_azure_aks(http_receiver, tmp_path):
-    imds = FakeImds({**COMPUTE, "resourceGroupName": "MC_rg_cluster_eastus2"})
-    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False, azure_detect=True, imds_url=imds.url)
+    imds = FakeImds({**COMPUTE, "resourceGroupName": "MC_rg_cluster_eastus2", "zone": ""})
+    # what the DaemonSet gives the pod: the API server's address, and the node's name from spec.nodeName
+    pod_env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "GPUMON_DAEMON_HOSTNAME": "aks-gpu-12345678-vmss000003"}
+    sink = make_sink(http_receiver.endpoint, tmp_path, pod_env, logs=False, azure_detect=True, imds_url=imds.url)
     try:
         sink.start()
         sink.publish(snapshot(time.time(), 1.0, 1.0))
@@ -97,7 +104,18 @@ def test_aks_node_is_azure_aks(http_receiver, tmp_path):
     finally:
         sink.stop(2)
         imds.close()
-    assert attrs(http_receiver.metrics[0].resource_metrics[0].resource)["cloud.platform"] == "azure.aks"
+    resource = attrs(http_receiver.metrics[0].resource_metrics[0].resource)
+    assert resource["cloud.platform"] == "azure.aks"
+    assert resource["k8s.node.name"] == "aks-gpu-12345678-vmss000003"
+    assert resource["azure.resource_group.name"] == "MC_rg_cluster_eastus2"
+    assert "cloud.availability_zone" not in resource  # a VM outside any zone
+
+
+def test_node_name_variable_wins_over_the_daemon_hostname():
+    ctx = SinkContext(hostname="node-7", state_dir="/tmp", version="1.2.3")
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "GPUMON_DAEMON_HOSTNAME": "a", "NODE_NAME": "b"}
+    assert resource_attributes(ctx, [], env)["k8s.node.name"] == "b"
+    assert "k8s.node.name" not in resource_attributes(ctx, [], {"NODE_NAME": "b"})  # not in a pod
 
 
 def test_off_azure_nothing_is_added_and_start_does_not_wait(http_receiver, tmp_path):

@@ -237,8 +237,26 @@ def azure_attributes(instance: AzureInstance) -> dict[str, str]:
         "host.id": instance.vm_id,
         "host.type": instance.vm_size,
         "cloud.resource_id": instance.resource_id,
+        "cloud.account.id": instance.subscription_id,
+        "cloud.availability_zone": instance.zone,
+        "azure.resource_group.name": instance.resource_group,
     }
     return {k: v for k, v in attrs.items() if v}
+
+
+K8S_NODE_VARIABLES = ("K8S_NODE_NAME", "NODE_NAME")
+"""Where a pod finds its node's name (set from the downward API's ``spec.nodeName``)."""
+
+
+def kubernetes_attributes(environ: Mapping[str, str]) -> dict[str, str]:
+    """``k8s.node.name`` in a pod: K8S_NODE_NAME or NODE_NAME, else GPUMON_DAEMON_HOSTNAME, which
+    gpumon's DaemonSet sets from ``spec.nodeName``; nothing outside Kubernetes."""
+    if not environ.get("KUBERNETES_SERVICE_HOST"):
+        return {}
+    for key in (*K8S_NODE_VARIABLES, "GPUMON_DAEMON_HOSTNAME"):
+        if environ.get(key, "").strip():
+            return {"k8s.node.name": environ[key].strip()}
+    return {}
 
 
 def resource_attributes(
@@ -247,9 +265,10 @@ def resource_attributes(
     environ: Mapping[str, str],
     detected: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Layers, later wins: gpumon's own, detected (IMDS), OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME,
-    the config's ``resource_attributes``."""
+    """Layers, later wins: gpumon's own (and k8s.node.name in a pod), detected (IMDS),
+    OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME, the config's ``resource_attributes``."""
     attrs = {"service.name": "gpumon", "service.version": ctx.version, "host.name": ctx.hostname}
+    attrs.update(kubernetes_attributes(environ))
     attrs.update(detected or {})
     attrs.update(_parse_kv(environ.get("OTEL_RESOURCE_ATTRIBUTES", ""), unquote=True))
     if environ.get("OTEL_SERVICE_NAME", "").strip():
@@ -304,6 +323,22 @@ def _kvs(pb: Any, attrs: Mapping[str, Any] | tuple[tuple[str, Any], ...]) -> lis
     return [pb.common.KeyValue(key=k, value=_any_value(pb, v)) for k, v in items]
 
 
+Attrs = tuple[tuple[str, Any], ...]
+
+
+def _points(otel: mapping.OtelMetric, attrs: Attrs, value: float) -> list[tuple[Attrs, float]]:
+    """The data points one sample becomes: one, or one per ``hw.state`` for a status, or one per
+    ``cpu.mode`` for the process's CPU time (the Prometheus value sums user and system time; the split
+    is read from the process itself, which is the process that value describes)."""
+    if otel.kind in (mapping.Kind.STATUS, mapping.Kind.STATUS_INVERTED):
+        up = 1.0 if (value >= 1) == (otel.kind is mapping.Kind.STATUS) else 0.0
+        return [(attrs + (("hw.state", "ok"),), up), (attrs + (("hw.state", "failed"),), 1 - up)]
+    if otel.cpu_modes:
+        times = os.times()
+        return [(attrs + (("cpu.mode", "user"),), times.user), (attrs + (("cpu.mode", "system"),), times.system)]
+    return [(attrs, value)]
+
+
 class MetricEncoder:
     """Snapshot -> ExportMetricsServiceRequest. Keeps what must survive between exports: the start
     time of every cumulative series (reset when its value goes down) and per-series attributes."""
@@ -312,7 +347,7 @@ class MetricEncoder:
         self._pb = _pb()
         self._version = version
         self._starts: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, float, int]] = {}
-        self._resolved: dict[Any, mapping.OtelMetric] = {}
+        self._resolved: dict[Any, tuple[mapping.OtelMetric, ...]] = {}
 
     def encode(self, snapshot: Snapshot, resource: Mapping[str, str]) -> tuple[Any, int]:
         """The request and the number of data points in it."""
@@ -325,40 +360,13 @@ class MetricEncoder:
         )
         metrics: dict[str, Any] = {}
         points = 0
-        seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        seen: set[tuple[str, tuple[tuple[str, Any], ...]]] = set()
         for fam in snapshot.families:
-            otel = self._resolved.get(fam.spec)
-            if otel is None:
-                otel = self._resolved[fam.spec] = mapping.resolve(fam.spec)
-            metric = metrics.get(otel.name)
-            if metric is None:
-                metric = pb.metrics.Metric(name=otel.name, unit=otel.unit,
-                                           description=otel.description or fam.spec.help)
-                if otel.kind is mapping.Kind.GAUGE:
-                    metric.gauge.SetInParent()
-                else:
-                    metric.sum.aggregation_temporality = pb.metrics.AGGREGATION_TEMPORALITY_CUMULATIVE
-                    metric.sum.is_monotonic = otel.kind is mapping.Kind.COUNTER
-                metrics[otel.name] = metric
-            target = metric.gauge.data_points if otel.kind is mapping.Kind.GAUGE else metric.sum.data_points
-            for sample in fam.samples:
-                attrs = mapping.attributes(otel, dict(sample.labels), identity)
-                if otel.kind in (mapping.Kind.STATUS, mapping.Kind.STATUS_INVERTED):
-                    up = 1.0 if (sample.value >= 1) == (otel.kind is mapping.Kind.STATUS) else 0.0
-                    values = [(attrs + (("hw.state", "ok"),), up), (attrs + (("hw.state", "failed"),), 1 - up)]
-                else:
-                    values = [(attrs, sample.value)]
-                for point_attrs, value in values:
-                    key = (otel.name, point_attrs)
-                    if key in seen:  # two Prometheus series on one OTel series: keep the first
-                        continue
-                    seen.add(key)
-                    point = target.add(time_unix_nano=now_ns, as_double=value)
-                    point.attributes.extend(_kvs(pb, point_attrs))
-                    if otel.kind is not mapping.Kind.GAUGE:
-                        point.start_time_unix_nano = self._start(key, value, now_ns,
-                                                                 otel.kind is mapping.Kind.COUNTER)
-                    points += 1
+            routes = self._resolved.get(fam.spec)
+            if routes is None:
+                routes = self._resolved[fam.spec] = mapping.routes(fam.spec)
+            for otel in routes:
+                points += self._encode_family(fam, otel, identity, metrics, seen, now_ns)
         request = pb.metrics_service.ExportMetricsServiceRequest()
         rm = request.resource_metrics.add()
         rm.resource.attributes.extend(_kvs(pb, resource))
@@ -369,6 +377,40 @@ class MetricEncoder:
         if len(self._starts) > 4 * max(points, 1024):  # series that went away for good
             self._starts = {k: v for k, v in self._starts.items() if v[2] == now_ns}
         return request, points
+
+    def _encode_family(self, fam: Any, otel: mapping.OtelMetric, identity: mapping.Identity,
+                       metrics: dict[str, Any], seen: set[tuple[str, tuple[tuple[str, Any], ...]]],
+                       now_ns: int) -> int:
+        """Add the samples of ``fam`` that ``otel`` takes to its metric; return the points added."""
+        pb = self._pb
+        metric = metrics.get(otel.name)
+        if metric is None:
+            metric = pb.metrics.Metric(name=otel.name, unit=otel.unit, description=otel.description or fam.spec.help)
+            if otel.kind is mapping.Kind.GAUGE:
+                metric.gauge.SetInParent()
+            else:
+                metric.sum.aggregation_temporality = pb.metrics.AGGREGATION_TEMPORALITY_CUMULATIVE
+                metric.sum.is_monotonic = otel.kind is mapping.Kind.COUNTER
+            metrics[otel.name] = metric
+        target = metric.gauge.data_points if otel.kind is mapping.Kind.GAUGE else metric.sum.data_points
+        points = 0
+        for sample in fam.samples:
+            labels = dict(sample.labels)
+            if not otel.takes(labels):
+                continue
+            for point_attrs, value in _points(otel, mapping.attributes(otel, labels, identity), sample.value):
+                key = (otel.name, point_attrs)
+                if key in seen:  # two Prometheus series on one OTel series: keep the first
+                    continue
+                seen.add(key)
+                point = target.add(time_unix_nano=now_ns, as_double=value)
+                point.attributes.extend(_kvs(pb, point_attrs))
+                if otel.kind is not mapping.Kind.GAUGE:
+                    point.start_time_unix_nano = self._start(key, value, now_ns, otel.kind is mapping.Kind.COUNTER)
+                points += 1
+        if not target:  # nothing of this family went to this name (yet): no empty metric on the wire
+            del metrics[otel.name]
+        return points
 
     def _start(self, key: tuple[str, tuple[tuple[str, str], ...]], value: float, now_ns: int,
                monotonic: bool) -> int:

@@ -10,9 +10,11 @@ correctly. Pure data and string work: nothing here imports the OpenTelemetry SDK
 from __future__ import annotations
 
 import enum
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpumon.model import MetricSpec, MetricType
 
@@ -38,12 +40,17 @@ class Domain(str, enum.Enum):
     NONE = ""
     GPU = "gpu"
     GPU_TEMPERATURE = "gpu_temperature"
+    """A GPU's temperature sensor (hw.type=temperature, hw.parent=the GPU)."""
+    GPU_FAN = "gpu_fan"
+    """A GPU's fan (hw.type=fan, hw.parent=the GPU)."""
     NETWORK = "network"
+    PROCESS = "process"
+    """The gpumon process itself (process.pid on the point)."""
 
 
 @dataclass(frozen=True)
 class OtelMetric:
-    """The OpenTelemetry side of one Prometheus metric."""
+    """The OpenTelemetry side of one Prometheus metric (or of the samples of it that ``select`` picks)."""
 
     name: str
     unit: str
@@ -56,6 +63,19 @@ class OtelMetric:
     description: str = ""
     """Used instead of the spec's help where several Prometheus metrics share one OpenTelemetry name."""
     semconv: bool = False
+    select: tuple[tuple[str, str], ...] = ()
+    """Only samples with all these label values go to this metric; the labels are dropped (the name
+    says them): ``engine=memory`` -> ``hw.gpu.memory.utilization``."""
+    exclude: tuple[tuple[str, str], ...] = ()
+    """Samples with any of these label values do not go to this metric (another route takes them)."""
+    cpu_modes: bool = False
+    """The Prometheus value sums user and system time; the sink sends one point per ``cpu.mode``."""
+
+    def takes(self, labels: Mapping[str, str]) -> bool:
+        """Whether a sample with these labels is exported under this metric."""
+        if any(labels.get(k) != v for k, v in self.select):
+            return False
+        return not any(labels.get(k) == v for k, v in self.exclude)
 
 
 GPU_INFO = "gpumon_gpu_info"
@@ -64,60 +84,84 @@ IB_PORT_INFO = "gpumon_ib_port_info"
 _RX = (("network.io.direction", "receive"),)
 _TX = (("network.io.direction", "transmit"),)
 _ERRORS_DESC = "Errors encountered by the hardware component."
+_STATUS_DESC = "Operational status of the component, one point per hw.state."
+_ECC_HELP = "volatile: since the driver loaded; aggregate: the GPU's lifetime"
 
-# The explicit part of the mapping. Several Prometheus metrics may share an OpenTelemetry name as long
-# as their attributes tell their points apart (received/transmitted -> one hw.network.io).
-TABLE: dict[str, OtelMetric] = {
+# The explicit part of the mapping: each Prometheus metric -> one or more OpenTelemetry metrics. Several
+# Prometheus metrics may share an OpenTelemetry name as long as their attributes tell their points apart
+# (received/transmitted -> one hw.network.io); one Prometheus metric may feed several names, each taking
+# the samples its ``select`` / ``exclude`` picks (engine=memory -> hw.gpu.memory.utilization).
+TABLE: dict[str, tuple[OtelMetric, ...]] = {
     # GPU: hw.gpu.* and the common hw.* metrics with hw.type=gpu
-    "gpumon_gpu_utilization_ratio": OtelMetric(
-        "hw.gpu.utilization", "1", Kind.GAUGE, Domain.GPU, label_map=(("engine", "hw.gpu.task"),),
-        description="Fraction of time the GPU's engines were busy (hw.gpu.task: general, encoder, decoder).",
-        semconv=True),
-    "gpumon_gpu_memory_used_bytes": OtelMetric(
-        "hw.gpu.memory.usage", "By", Kind.UPDOWN, Domain.GPU, semconv=True),
-    "gpumon_gpu_memory_total_bytes": OtelMetric(
-        "hw.gpu.memory.limit", "By", Kind.UPDOWN, Domain.GPU, semconv=True),
-    "gpumon_gpu_pcie_bytes_total": OtelMetric(
+    "gpumon_gpu_utilization_ratio": (
+        OtelMetric("hw.gpu.utilization", "1", Kind.GAUGE, Domain.GPU, label_map=(("engine", "hw.gpu.task"),),
+                   description="Fraction of time the GPU's engines were busy (hw.gpu.task: general, encoder, "
+                               "decoder).", semconv=True, exclude=(("engine", "memory"),)),
+        OtelMetric("hw.gpu.memory.utilization", "1", Kind.GAUGE, Domain.GPU, semconv=True,
+                   description="Fraction of time the GPU's memory controller was busy.",
+                   select=(("engine", "memory"),)),
+    ),
+    "gpumon_gpu_memory_used_bytes": (OtelMetric("hw.gpu.memory.usage", "By", Kind.UPDOWN, Domain.GPU, semconv=True),),
+    "gpumon_gpu_memory_total_bytes": (
+        OtelMetric("hw.gpu.memory.limit", "By", Kind.UPDOWN, Domain.GPU, semconv=True),),
+    "gpumon_gpu_pcie_bytes_total": (OtelMetric(
         "hw.gpu.io", "By", Kind.COUNTER, Domain.GPU, label_map=(("direction", "network.io.direction"),),
-        semconv=True),
-    "gpumon_gpu_power_watts": OtelMetric("hw.power", "W", Kind.GAUGE, Domain.GPU, semconv=True),
-    "gpumon_gpu_energy_joules_total": OtelMetric("hw.energy", "J", Kind.COUNTER, Domain.GPU, semconv=True),
-    "gpumon_gpu_temperature_celsius": OtelMetric(
+        semconv=True),),
+    "gpumon_gpu_power_watts": (OtelMetric("hw.power", "W", Kind.GAUGE, Domain.GPU, semconv=True),),
+    "gpumon_gpu_energy_joules_total": (OtelMetric("hw.energy", "J", Kind.COUNTER, Domain.GPU, semconv=True),),
+    "gpumon_gpu_temperature_celsius": (OtelMetric(
         "hw.temperature", "Cel", Kind.GAUGE, Domain.GPU_TEMPERATURE,
-        label_map=(("sensor", "hw.sensor_location"),), semconv=True),
-    "gpumon_gpu_xid_errors_total": OtelMetric(
+        label_map=(("sensor", "hw.sensor_location"),), semconv=True),),
+    "gpumon_gpu_temperature_threshold_celsius": (OtelMetric(
+        "hw.temperature.limit", "Cel", Kind.GAUGE, Domain.GPU_TEMPERATURE,
+        label_map=(("threshold", "hw.limit_type"),), semconv=True,
+        description="Temperature limit of the GPU's or its memory's sensor, by hw.limit_type."),),
+    "gpumon_gpu_fan_speed_ratio": (OtelMetric("hw.fan.speed_ratio", "1", Kind.GAUGE, Domain.GPU_FAN, semconv=True),),
+    "gpumon_gpu_xid_errors_total": (OtelMetric(
         "hw.errors", "{error}", Kind.COUNTER, Domain.GPU, label_map=(("xid", "error.type"),),
-        description=_ERRORS_DESC, semconv=True),
-    "gpumon_gpu_ecc_errors_total": OtelMetric(
-        "hw.errors", "{error}", Kind.COUNTER, Domain.GPU, label_map=(("type", "error.type"),),
-        description=_ERRORS_DESC, semconv=True),
-    "gpumon_gpu_pcie_replay_total": OtelMetric(
+        description=_ERRORS_DESC, semconv=True),),
+    # ECC: the volatile counter is hw.errors (see docs/metrics.md for why); the lifetime one has its own name
+    "gpumon_gpu_ecc_errors_total": (
+        OtelMetric("hw.errors", "{error}", Kind.COUNTER, Domain.GPU, label_map=(("type", "error.type"),),
+                   description=_ERRORS_DESC, semconv=True, select=(("counter", "volatile"),)),
+        OtelMetric("gpumon.gpu.ecc.errors.lifetime", "{error}", Kind.COUNTER, Domain.GPU,
+                   label_map=(("type", "error.type"),), select=(("counter", "aggregate"),),
+                   description="ECC errors over the GPU's lifetime (NVML's aggregate counter, kept in the "
+                               "InfoROM across driver reloads and reboots), error.type corrected/uncorrected."),
+    ),
+    "gpumon_gpu_pcie_replay_total": (OtelMetric(
         "hw.errors", "{error}", Kind.COUNTER, Domain.GPU, (("error.type", "pcie_replay"),),
-        description=_ERRORS_DESC, semconv=True),
-    "gpumon_gpu_lost": OtelMetric("hw.status", "1", Kind.STATUS_INVERTED, Domain.GPU, semconv=True,
-                                  description="Operational status of the component, one point per hw.state."),
+        description=_ERRORS_DESC, semconv=True),),
+    "gpumon_gpu_lost": (OtelMetric("hw.status", "1", Kind.STATUS_INVERTED, Domain.GPU, semconv=True,
+                                   description=_STATUS_DESC),),
     # InfiniBand ports: hw.network.* and the common hw.* metrics with hw.type=network
-    "gpumon_ib_port_data_received_bytes_total": OtelMetric(
+    "gpumon_ib_port_data_received_bytes_total": (OtelMetric(
         "hw.network.io", "By", Kind.COUNTER, Domain.NETWORK, _RX,
-        description="Bytes received and transmitted by the port.", semconv=True),
-    "gpumon_ib_port_data_transmitted_bytes_total": OtelMetric(
+        description="Bytes received and transmitted by the port.", semconv=True),),
+    "gpumon_ib_port_data_transmitted_bytes_total": (OtelMetric(
         "hw.network.io", "By", Kind.COUNTER, Domain.NETWORK, _TX,
-        description="Bytes received and transmitted by the port.", semconv=True),
-    "gpumon_ib_port_packets_received_total": OtelMetric(
+        description="Bytes received and transmitted by the port.", semconv=True),),
+    "gpumon_ib_port_packets_received_total": (OtelMetric(
         "hw.network.packets", "{packet}", Kind.COUNTER, Domain.NETWORK, _RX,
-        description="Packets received and transmitted by the port.", semconv=True),
-    "gpumon_ib_port_packets_transmitted_total": OtelMetric(
+        description="Packets received and transmitted by the port.", semconv=True),),
+    "gpumon_ib_port_packets_transmitted_total": (OtelMetric(
         "hw.network.packets", "{packet}", Kind.COUNTER, Domain.NETWORK, _TX,
-        description="Packets received and transmitted by the port.", semconv=True),
-    "gpumon_ib_port_up": OtelMetric("hw.network.up", "1", Kind.UPDOWN, Domain.NETWORK, semconv=True),
-    "gpumon_ib_port_rate_bytes_per_second": OtelMetric(
-        "hw.network.bandwidth.limit", "By/s", Kind.UPDOWN, Domain.NETWORK, semconv=True),
+        description="Packets received and transmitted by the port.", semconv=True),),
+    "gpumon_ib_port_up": (
+        OtelMetric("hw.network.up", "1", Kind.UPDOWN, Domain.NETWORK, semconv=True),
+        OtelMetric("hw.status", "1", Kind.STATUS, Domain.NETWORK, semconv=True, description=_STATUS_DESC),
+    ),
+    "gpumon_ib_port_rate_bytes_per_second": (OtelMetric(
+        "hw.network.bandwidth.limit", "By/s", Kind.UPDOWN, Domain.NETWORK, semconv=True),),
     # The process_* self-metrics, in the process.* semantic conventions
-    "process_cpu_seconds_total": OtelMetric("process.cpu.time", "s", Kind.COUNTER, semconv=True),
-    "process_resident_memory_bytes": OtelMetric("process.memory.usage", "By", Kind.UPDOWN, semconv=True),
-    "process_virtual_memory_bytes": OtelMetric("process.memory.virtual", "By", Kind.UPDOWN, semconv=True),
-    "process_open_fds": OtelMetric(
-        "process.unix.file_descriptor.count", "{file_descriptor}", Kind.UPDOWN, semconv=True),
+    "process_cpu_seconds_total": (OtelMetric("process.cpu.time", "s", Kind.COUNTER, Domain.PROCESS, semconv=True,
+                                             cpu_modes=True, description="CPU time of the gpumon process."),),
+    "process_resident_memory_bytes": (
+        OtelMetric("process.memory.usage", "By", Kind.UPDOWN, Domain.PROCESS, semconv=True),),
+    "process_virtual_memory_bytes": (
+        OtelMetric("process.memory.virtual", "By", Kind.UPDOWN, Domain.PROCESS, semconv=True),),
+    "process_open_fds": (OtelMetric(
+        "process.unix.file_descriptor.count", "{file_descriptor}", Kind.UPDOWN, Domain.PROCESS, semconv=True),),
 }
 
 # The IB PMA error counters: hw.errors with hw.type=network, told apart by error.type (and direction).
@@ -131,20 +175,24 @@ for _stem, _etype, _direction in (
     ("local_link_integrity_errors", "local_link_integrity", ""),
     ("excessive_buffer_overrun_errors", "excessive_buffer_overrun", ""),
 ):
-    TABLE[f"gpumon_ib_port_{_stem}_total"] = OtelMetric(
+    TABLE[f"gpumon_ib_port_{_stem}_total"] = (OtelMetric(
         "hw.errors", "{error}", Kind.COUNTER, Domain.NETWORK,
         (("error.type", _etype),) + ((("network.io.direction", _direction),) if _direction else ()),
-        description=_ERRORS_DESC, semconv=True)
+        description=_ERRORS_DESC, semconv=True),)
 
 # Label values renamed where the attribute has a convention of its own.
 VALUE_MAPS: dict[str, dict[str, str]] = {
     "network.io.direction": {"rx": "receive", "tx": "transmit", "receive": "receive", "transmit": "transmit"},
     "hw.gpu.task": {"gpu": "general"},
+    # nvmlDeviceGetTemperatureThreshold: slowdown is where the GPU throttles, shutdown where it powers off
+    "hw.limit_type": {"shutdown": "high.critical", "slowdown": "throttled", "gpu_max": "max",
+                      "memory_max": "max"},
 }
 VALUE_FORMATS: dict[tuple[str, str], str] = {
     ("xid", "error.type"): "xid_{}",
-    ("type", "error.type"): "ecc_{}",
 }
+_THRESHOLD_SENSOR = {"memory_max": "memory"}
+"""The sensor a temperature threshold belongs to, where it is not the GPU die's."""
 
 # Prometheus/spec unit words -> UCUM. Anything else becomes an annotation ``{word}``.
 UNITS: dict[str, str] = {
@@ -169,15 +217,45 @@ UNITS: dict[str, str] = {
 # Name suffixes that state the unit; stripped from the mechanical name (the unit says it).
 _UNIT_SUFFIXES = ("bytes_per_second", "bytes", "seconds", "watts", "joules", "celsius", "hertz", "ratio",
                   "volts", "amperes", "percent")
-# Words that, ending a unit-less counter's name, say what is counted.
+# Words that, ending a unit-less metric's name, say what is counted. The conventions keep unit ``1`` for
+# fractions; a count is ``{thing}``, which the OTLP -> Prometheus translation leaves out of the name
+# (unit ``1`` on a gauge would come out as ``..._ratio``).
 _COUNT_WORDS = {"errors": "{error}", "error": "{error}", "packets": "{packet}", "events": "{event}",
                 "flaps": "{flap}", "resets": "{reset}", "retries": "{retry}", "drops": "{packet}",
-                "discards": "{packet}", "calls": "{call}",
-                "dropped": "{packet}", "downed": "{event}", "recoveries": "{event}"}
+                "discards": "{packet}", "calls": "{call}", "dropped": "{packet}", "downed": "{event}",
+                "recoveries": "{event}", "runs": "{run}", "reloads": "{reload}", "records": "{record}",
+                "signals": "{signal}", "processes": "{process}", "links": "{link}", "pages": "{page}",
+                "rows": "{row}", "window": "{flap}", "points": "{data_point}", "failures": "{failure}"}
+# Words that, ending a unit-less gauge's name, say it is a state (0/1 or an enumeration's number).
+_STATE_WORDS = {"up", "active", "enabled", "pending", "failure", "lost", "flapping", "saturated",
+                "successful", "state", "status", "condition", "summary", "action", "mode"}
+# Units of unit-less metrics whose name alone does not say what they count.
+UNIT_BY_NAME: dict[str, str] = {
+    "gpumon_gpu_pcie_link_generation": "{generation}",
+    "gpumon_gpu_pcie_link_generation_max": "{generation}",
+    "gpumon_gpu_pcie_link_width": "{lane}",
+    "gpumon_gpu_pcie_link_width_max": "{lane}",
+    "gpumon_gpu_performance_state": "{pstate}",
+    "gpumon_gpu_nvlink_links_active": "{link}",
+    "gpumon_ib_hw_stat_total": "{event}",
+    "gpumon_ib_port_pma_other_total": "{event}",
+    "gpumon_ib_port_unicast_packets_received_total": "{packet}",
+    "gpumon_ib_port_unicast_packets_transmitted_total": "{packet}",
+    "gpumon_ib_port_multicast_packets_received_total": "{packet}",
+    "gpumon_ib_port_multicast_packets_transmitted_total": "{packet}",
+    "gpumon_ib_port_vl15_dropped_total": "{packet}",
+    "gpumon_ib_port_transmit_discards_total": "{packet}",
+    "gpumon_sink_dropped_total": "{item}",
+    "gpumon_sink_exported_total": "{item}",
+    "gpumon_sink_failed_total": "{request}",
+    "process_max_fds": "{file_descriptor}",
+}
 
 
 def ucum(unit: str, name: str = "", kind: MetricType | None = None) -> str:
-    """The UCUM unit for a spec's unit word (``bytes`` -> ``By``); unit-less counters get ``{thing}``."""
+    """The UCUM unit for a spec's unit word (``bytes`` -> ``By``). A unit-less metric gets ``{thing}``
+    from its name: ``_info`` -> ``{info}``, a state -> ``{state}``, a count -> ``{error}``, ``{run}`` ...;
+    ``1`` only for a ratio."""
     word = unit.strip().lower()
     if word:
         if word in UNITS:
@@ -185,13 +263,20 @@ def ucum(unit: str, name: str = "", kind: MetricType | None = None) -> str:
         if word.startswith("{") or word in ("1", "By", "s", "W", "J", "Cel", "Hz", "By/s"):
             return unit.strip()
         return "{" + word + "}"
+    if name in UNIT_BY_NAME:
+        return UNIT_BY_NAME[name]
     stem = name.removesuffix("_total")
     for suffix in _UNIT_SUFFIXES:
         if stem.endswith("_" + suffix):
             return UNITS[suffix]
-    if kind is MetricType.COUNTER:
-        return _COUNT_WORDS.get(stem.rsplit("_", 1)[-1], "1")
-    return "1"
+    last = stem.rsplit("_", 1)[-1]
+    if kind is MetricType.INFO or last == "info":
+        return "{info}"
+    if last in _COUNT_WORDS:
+        return _COUNT_WORDS[last]
+    if kind is not MetricType.COUNTER and last in _STATE_WORDS:
+        return "{state}"
+    return "{event}" if kind is MetricType.COUNTER else "{count}"
 
 
 def mechanical_name(name: str) -> str:
@@ -217,14 +302,18 @@ def _domain_for(spec: MetricSpec) -> Domain:
 _KIND = {MetricType.GAUGE: Kind.GAUGE, MetricType.COUNTER: Kind.COUNTER, MetricType.INFO: Kind.GAUGE}
 
 
-def resolve(spec: MetricSpec) -> OtelMetric:
-    """The OpenTelemetry metric for ``spec``: the table's entry, else the mechanical mapping."""
+def routes(spec: MetricSpec) -> tuple[OtelMetric, ...]:
+    """Every OpenTelemetry metric ``spec``'s samples go to: the table's entries, else the mechanical one."""
     explicit = TABLE.get(spec.name)
     if explicit is not None:
         return explicit
-    return OtelMetric(
-        mechanical_name(spec.name), ucum(spec.unit, spec.name, spec.type), _KIND[spec.type], Domain.NONE
-    )
+    return (OtelMetric(mechanical_name(spec.name), ucum(spec.unit, spec.name, spec.type), _KIND[spec.type],
+                       _domain_for(spec)),)
+
+
+def resolve(spec: MetricSpec) -> OtelMetric:
+    """The main OpenTelemetry metric for ``spec`` (the first of its routes)."""
+    return routes(spec)[0]
 
 
 # Identity labels of the _info series -> hw.* attributes.
@@ -239,6 +328,8 @@ _IB_INFO_ATTRS = (
     ("fw_version", "hw.firmware_version"), ("fw_ver", "hw.firmware_version"),
     ("firmware", "hw.firmware_version"),
     ("firmware_version", "hw.firmware_version"),
+    # the node GUID names the adapter the way a WWNN does (the convention's example)
+    ("node_guid", "hw.network.physical_address"),
 )
 
 
@@ -277,48 +368,104 @@ _GPU_IDENTITY = ("gpu", "uuid")
 _PORT_IDENTITY = ("device", "port")
 
 
-def attributes(metric: OtelMetric, labels: Mapping[str, str], identity: Identity) -> tuple[tuple[str, str], ...]:
-    """The point attributes for one sample: hw.* identity for semantic-convention metrics, the
-    Prometheus labels unchanged for the rest (so ``gpu``/``uuid``/``device``/``port`` still join)."""
-    if metric.domain is Domain.NONE:
+def gpu_id(labels: Mapping[str, str]) -> str:
+    """A GPU's hw.id: its UUID (stable across reboots and re-enumeration), else ``gpu<index>``."""
+    return labels.get("uuid") or f"gpu{labels.get('gpu', '')}"
+
+
+def port_id(labels: Mapping[str, str]) -> str:
+    """An RDMA port's hw.id: ``<device>:<port>``."""
+    return f"{labels.get('device', '')}:{labels.get('port', '')}"
+
+
+def _join_attributes(domain: Domain, labels: Mapping[str, str]) -> dict[str, Any]:
+    """What a gpumon.* point needs to join the hw.* series of its GPU or port: hw.id and hw.type, and
+    ``direction`` in the convention's ``network.io.direction`` values. Its own labels stay."""
+    out: dict[str, Any] = {}
+    for key, value in labels.items():
+        if key == "direction":
+            out["network.io.direction"] = VALUE_MAPS["network.io.direction"].get(value, value)
+        else:
+            out[key] = value
+    if domain is Domain.GPU:
+        out["hw.id"], out["hw.type"] = gpu_id(labels), "gpu"
+    elif domain is Domain.NETWORK:
+        out["hw.id"], out["hw.type"] = port_id(labels), "network"
+    return out
+
+
+def _component_attributes(domain: Domain, labels: Mapping[str, str], identity: Identity) -> dict[str, Any]:
+    """hw.id, hw.type, hw.name (and the _info series' hw.* facts) of the component a point describes."""
+    out: dict[str, Any] = {}
+    if domain is Domain.NETWORK:
+        device, port = labels.get("device", ""), labels.get("port", "")
+        out["hw.id"] = port_id(labels)
+        out["hw.type"] = "network"
+        out["hw.name"] = f"{device} port {port}"
+        if device.startswith("mlx"):
+            out["hw.vendor"] = "NVIDIA"
+        out.update(identity.ports.get((device, port), ()))
+        return out
+    index, uuid, parent = labels.get("gpu", ""), labels.get("uuid", ""), gpu_id(labels)
+    if domain is Domain.GPU_TEMPERATURE:
+        sensor = labels.get("sensor") or _THRESHOLD_SENSOR.get(labels.get("threshold", ""), "gpu")
+        out["hw.id"] = f"{parent}:temperature:{sensor}"
+        out["hw.type"] = "temperature"
+        out["hw.name"] = f"gpu{index} {sensor} temperature"
+        out["hw.parent"] = parent
+        out["hw.sensor_location"] = sensor
+    elif domain is Domain.GPU_FAN:
+        out["hw.id"] = f"{parent}:fan"
+        out["hw.type"] = "fan"
+        out["hw.name"] = f"gpu{index} fan"
+        out["hw.parent"] = parent
+    else:
+        out["hw.id"] = parent
+        out["hw.type"] = "gpu"
+        out["hw.name"] = f"gpu{index}"
+        out["hw.vendor"] = "NVIDIA"
+        out.update(identity.gpus.get(uuid) or identity.gpus.get(index) or ())
+    return out
+
+
+PROCESS_PID = os.getpid()
+
+
+def attributes(metric: OtelMetric, labels: Mapping[str, str], identity: Identity) -> tuple[tuple[str, Any], ...]:
+    """The point attributes for one sample: hw.* identity for semantic-convention metrics; the
+    Prometheus labels plus hw.id / hw.type for the rest (so they join the hw.* series and still join
+    on ``gpu``/``uuid``/``device``/``port``)."""
+    selected = {k for k, _ in metric.select}
+    labels = {k: v for k, v in labels.items() if k not in selected}
+    if metric.domain is Domain.PROCESS:
+        out: dict[str, Any] = {**labels, "process.pid": PROCESS_PID}
+    elif not metric.semconv:
+        out = _join_attributes(metric.domain, labels)
+        if metric.label_map:
+            out.update(_renamed(metric, labels))
+            for key, _ in metric.label_map:
+                out.pop(key, None)
+    elif metric.domain is Domain.NONE:
         out = dict(labels)
     else:
-        renamed = dict(metric.label_map)
         identity_labels = _PORT_IDENTITY if metric.domain is Domain.NETWORK else _GPU_IDENTITY
-        out = {}
-        if metric.domain is Domain.NETWORK:
-            device, port = labels.get("device", ""), labels.get("port", "")
-            out["hw.id"] = f"{device}:{port}"
-            out["hw.type"] = "network"
-            out["hw.name"] = f"{device} port {port}"
-            if device.startswith("mlx"):
-                out["hw.vendor"] = "NVIDIA"
-            out.update(identity.ports.get((device, port), ()))
-        else:
-            index, uuid = labels.get("gpu", ""), labels.get("uuid", "")
-            gpu_id = uuid or f"gpu{index}"
-            info = dict(identity.gpus.get(uuid) or identity.gpus.get(index) or ())
-            if metric.domain is Domain.GPU_TEMPERATURE:
-                sensor = labels.get("sensor") or dict(metric.attributes).get("hw.sensor_location", "gpu")
-                out["hw.id"] = f"{gpu_id}:temperature:{sensor}"
-                out["hw.type"] = "temperature"
-                out["hw.name"] = f"gpu{index} {sensor} temperature"
-                out["hw.parent"] = gpu_id
-            else:
-                out["hw.id"] = gpu_id
-                out["hw.type"] = "gpu"
-                out["hw.name"] = f"gpu{index}"
-                out["hw.vendor"] = "NVIDIA"
-                out.update(info)
-        for key, value in labels.items():
-            if key in renamed:
-                attr = renamed[key]
-                fmt = VALUE_FORMATS.get((key, attr))
-                out[attr] = fmt.format(value) if fmt else VALUE_MAPS.get(attr, {}).get(value, value)
-            elif key not in identity_labels:
-                out[key] = value
+        out = _component_attributes(metric.domain, labels, identity)
+        renamed = dict(metric.label_map)
+        out.update((k, v) for k, v in labels.items() if k not in renamed and k not in identity_labels)
+        out.update(_renamed(metric, labels))
     out.update(metric.attributes)
     return tuple(out.items())
+
+
+def _renamed(metric: OtelMetric, labels: Mapping[str, str]) -> dict[str, str]:
+    """The labels that have a convention, under the convention's name and values."""
+    out = {}
+    for label, attr in metric.label_map:
+        if label in labels:
+            value = labels[label]
+            fmt = VALUE_FORMATS.get((label, attr))
+            out[attr] = fmt.format(value) if fmt else VALUE_MAPS.get(attr, {}).get(value, value)
+    return out
 
 
 # ---------------------------------------------------------------------------------------- the docs table
@@ -326,56 +473,94 @@ _MD_CELL = re.compile(r"\|")
 
 
 def markdown_table(specs: Iterable[MetricSpec]) -> str:
-    """The Prometheus -> OpenTelemetry mapping as a Markdown table, for ``docs/metrics.md``."""
+    """The Prometheus -> OpenTelemetry mapping as a Markdown table, for ``docs/metrics.md``: one row per
+    route, so a metric split by a label value has a row for each name."""
     rows = ["| Prometheus | OpenTelemetry | Instrument | Unit | Attributes |", "|---|---|---|---|---|"]
     seen: set[str] = set()
     for spec in sorted(specs, key=lambda s: s.name):
         if spec.name in seen:
             continue
         seen.add(spec.name)
-        metric = resolve(spec)
-        attrs = describe_attributes(metric, spec)
-        rows.append(f"| `{spec.name}` | `{metric.name}` | {_instrument(metric.kind)} | `{metric.unit}` | "
-                    f"{_MD_CELL.sub('/', attrs)} |")
+        for metric in routes(spec):
+            attrs = describe_attributes(metric, spec)
+            rows.append(f"| `{spec.name}`{_describe_select(metric)} | `{metric.name}` | "
+                        f"{_instrument(metric)} | `{metric.unit}` | {_MD_CELL.sub('/', attrs)} |")
     return "\n".join(rows)
 
 
-def _instrument(kind: Kind) -> str:
-    return {
+def _describe_select(metric: OtelMetric) -> str:
+    picks = [f"`{k}={v}`" for k, v in metric.select] + [f"`{k}!={v}`" for k, v in metric.exclude]
+    return f" ({', '.join(picks)})" if picks else ""
+
+
+def _instrument(metric: OtelMetric) -> str:
+    text = {
         Kind.GAUGE: "Gauge",
         Kind.COUNTER: "Counter (cumulative monotonic sum)",
         Kind.UPDOWN: "UpDownCounter (cumulative sum)",
         Kind.STATUS: "UpDownCounter (cumulative sum), one point per `hw.state`",
         Kind.STATUS_INVERTED: "UpDownCounter (cumulative sum), one point per `hw.state`",
-    }[kind]
+    }[metric.kind]
+    return text + (", one point per `cpu.mode`" if metric.cpu_modes else "")
+
+
+_DOMAIN_DOC = {
+    Domain.GPU: "`hw.type=gpu`, `hw.id`=uuid, `hw.name`, `hw.vendor`, `hw.model` ...",
+    Domain.GPU_TEMPERATURE: "`hw.type=temperature`, `hw.id`=uuid:temperature:sensor, `hw.parent`=uuid, "
+                            "`hw.sensor_location`",
+    Domain.GPU_FAN: "`hw.type=fan`, `hw.id`=uuid:fan, `hw.parent`=uuid",
+    Domain.NETWORK: "`hw.type=network`, `hw.id`=device:port, `hw.name`, `hw.model`, "
+                    "`hw.network.physical_address` ...",
+    Domain.PROCESS: "`process.pid`",
+}
+_JOIN_DOC = {Domain.GPU: "`hw.type=gpu`, `hw.id`=uuid", Domain.NETWORK: "`hw.type=network`, `hw.id`=device:port"}
 
 
 def describe_attributes(metric: OtelMetric, spec: MetricSpec) -> str:
     parts: list[str] = []
-    if metric.domain is Domain.GPU:
-        parts.append("`hw.type=gpu`, `hw.id`=uuid, `hw.name`, `hw.vendor`, `hw.model` ...")
-    elif metric.domain is Domain.GPU_TEMPERATURE:
-        parts.append("`hw.type=temperature`, `hw.id`, `hw.parent`=uuid")
-    elif metric.domain is Domain.NETWORK:
-        parts.append("`hw.type=network`, `hw.id`=device:port, `hw.name`, `hw.model` ...")
+    if metric.semconv or metric.domain is Domain.PROCESS:
+        parts.append(_DOMAIN_DOC.get(metric.domain, ""))
+        identity = {"gpu", "uuid"} if metric.domain in (Domain.GPU, Domain.GPU_TEMPERATURE, Domain.GPU_FAN) else (
+            {"device", "port"} if metric.domain is Domain.NETWORK else set())
+    else:
+        parts.append(_JOIN_DOC.get(metric.domain, ""))
+        identity = set()
     parts.extend(f"`{k}={v}`" for k, v in metric.attributes)
-    identity = {"gpu", "uuid"} if metric.domain in (Domain.GPU, Domain.GPU_TEMPERATURE) else (
-        {"device", "port"} if metric.domain is Domain.NETWORK else set())
     renamed = dict(metric.label_map)
+    if not metric.semconv:
+        renamed.setdefault("direction", "network.io.direction")
+    selected = {k for k, _ in metric.select}
     for label in spec.labels:
-        if label in identity:
+        if label in identity or label in selected or f"`{renamed.get(label)}`" in parts[0]:
             continue
         parts.append(f"`{renamed[label]}` (from `{label}`)" if label in renamed else f"`{label}`")
     if metric.kind in (Kind.STATUS, Kind.STATUS_INVERTED):
         parts.append("`hw.state` (ok, failed)")
-    return ", ".join(parts) or "-"
+    if metric.cpu_modes:
+        parts.append("`cpu.mode` (user, system)")
+    return ", ".join(p for p in parts if p) or "-"
+
+
+PROCESS_SPECS = tuple(
+    MetricSpec(name, kind, help, unit) for name, kind, help, unit in (
+        ("process_cpu_seconds_total", MetricType.COUNTER, "Total user and system CPU time spent in seconds.",
+         "seconds"),
+        ("process_resident_memory_bytes", MetricType.GAUGE, "Resident memory size in bytes.", "bytes"),
+        ("process_virtual_memory_bytes", MetricType.GAUGE, "Virtual memory size in bytes.", "bytes"),
+        ("process_open_fds", MetricType.GAUGE, "Number of open file descriptors.", ""),
+        ("process_max_fds", MetricType.GAUGE, "Maximum number of open file descriptors.", ""),
+        ("process_start_time_seconds", MetricType.GAUGE,
+         "Start time of the process since unix epoch in seconds.", "seconds"),
+    ))
+"""The process_* metrics prometheus-client reads from /proc (names and meaning are its own), which the
+self-metrics publish as they come: listed here so that the docs table has their OpenTelemetry names."""
 
 
 def declared_specs() -> list[MetricSpec]:
     """Every metric the installed collectors and the daemon's self-metrics declare."""
     from gpumon import registry, selfmetrics
 
-    specs: dict[str, MetricSpec] = {s.name: s for s in selfmetrics.SPECS}
+    specs: dict[str, MetricSpec] = {s.name: s for s in selfmetrics.SPECS + PROCESS_SPECS}
     for name in registry.available_collectors():
         try:
             cls = registry.collector_class(name)
