@@ -152,6 +152,9 @@ METRIC_COLUMNS: tuple[MetricColumns, ...] = (
     # GPU: power, energy, thermals, clocks
     _g("gpumon_gpu_power_watts", "PowerWatts"),
     _g("gpumon_gpu_power_limit_watts", "PowerLimitWatts", _LAST, static=True),
+    _g("gpumon_gpu_power_min_watts", "PowerSamplesWatts", ("min",)),
+    _g("gpumon_gpu_power_max_watts", "PowerSamplesWatts", ("max",)),
+    _g("gpumon_gpu_power_mean_watts", "PowerSamplesWatts", ("avg",)),
     _g("gpumon_gpu_energy_joules_total", "EnergyJoules", _COUNTER),
     _g("gpumon_gpu_temperature_celsius", "", split_label="sensor", split=(
         ("gpu", "TemperatureCelsius"), ("memory", "MemoryTemperatureCelsius"))),
@@ -186,6 +189,12 @@ METRIC_COLUMNS: tuple[MetricColumns, ...] = (
        split=tuple((v, f"GpmNvlink{name}BytesPerSecond") for v, name in _DIRECTIONS)),
     _g("gpumon_gpu_nvlink_errors_total", "", ("increase",), split_label="type",
        split=_each("Nvlink", ("crc_flit", "crc_data", "replay", "recovery"), "Errors")),
+    _g("gpumon_gpu_fabric_state", "FabricState", ("min",)),
+    _g("gpumon_gpu_fabric_status", "FabricStatus", _LAST),
+    _g("gpumon_gpu_fabric_health_summary", "FabricHealthSummary", ("max",)),
+    _g("gpumon_gpu_fabric_health_condition", "", _FLAG, split_label="condition", split=_each("Fabric", (
+        "degraded_bandwidth", "route_recovery", "route_unhealthy", "access_timeout_recovery",
+        "incorrect_configuration", "partition_unassigned", "gfm_disconnected"))),
     # GPU: memory errors
     _g("gpumon_gpu_ecc_enabled", "EccEnabled", _FLAG, static=True),
     _g("gpumon_gpu_ecc_errors_total", "", _COUNTER, split_label="type", where=(("counter", "volatile"),),
@@ -244,6 +253,7 @@ INFO_COLUMNS: tuple[InfoColumns, ...] = (
     InfoColumns("gpumon_gpu_info", GPU, (
         ("model", "Model"), ("pci_bus_id", "PciBusId"), ("serial", "Serial"), ("vbios", "VbiosVersion"),
         ("driver_version", "DriverVersion"), ("cuda_version", "CudaVersion"), ("mig_mode", "MigMode"))),
+    InfoColumns("gpumon_gpu_fabric_info", GPU, (("cluster_uuid", "FabricClusterUuid"), ("clique_id", "FabricCliqueId"))),
     InfoColumns("gpumon_ib_port_info", IB, (
         ("link_layer", "LinkLayer"), ("fw_version", "FirmwareVersion"), ("board_id", "BoardId"),
         ("hca_type", "HcaType"), ("node_guid", "NodeGuid"), ("netdev", "Netdev"))),
