@@ -192,7 +192,7 @@ def test_a_request_trickled_slower_than_the_deadline_is_cut(sink):
 
 
 def test_connections_beyond_the_cap_are_closed_and_scrapes_resume(sink):
-    s = sink(max_connections=4, request_timeout=5.0)
+    s = sink(max_connections=4, max_connections_per_source=4, request_timeout=5.0)
     s.publish(snapshot())
     idle = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(4)]
     try:

@@ -9,11 +9,16 @@ gpumon cannot honour are rejected by name rather than silently ignored.
 from __future__ import annotations
 
 import base64
+import enum
 import hashlib
+import hmac
+import math
 import os
 import re
 import ssl
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,13 +43,65 @@ _TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min
              "cipher_suites", "curve_preferences", "prefer_server_cipher_suites"}
 
 
+class Auth(enum.Enum):
+    """What a request's credentials earned it."""
+
+    OK = "ok"
+    DENIED = "denied"
+    THROTTLED = "throttled"
+    """The source spent its failure budget: answered 429 without a bcrypt check."""
+
+
+class FailureLimiter:
+    """A token bucket per source address for failed password checks.
+
+    Each failure costs a full bcrypt check (~65 ms of CPU at cost 10), so a wrong-password flood from
+    one address would otherwise keep cores busy and slow every valid scrape. At most ``sources``
+    addresses are remembered (least recently seen forgotten first), so the table cannot balloon.
+    """
+
+    def __init__(self, per_minute: float, sources: int = 4096) -> None:
+        self.rate = per_minute / 60.0
+        self.burst = float(max(1, round(per_minute / 6)))  # ten seconds' worth at once
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._sources = sources
+        self._lock = threading.Lock()
+
+    def take(self, source: str, now: float | None = None) -> bool:
+        """Spend one check for ``source``; False when its budget is spent (refilled at ``rate``)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            tokens, at = self._buckets.pop(source, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - at) * self.rate)
+            allowed = tokens >= 1.0
+            self._buckets[source] = (tokens - 1.0 if allowed else tokens, now)
+            if len(self._buckets) > self._sources:
+                self._buckets.popitem(last=False)
+            return allowed
+
+    def refund(self, source: str) -> None:
+        """Give the check back: it succeeded, and only failures are limited."""
+        with self._lock:
+            if source in self._buckets:
+                tokens, at = self._buckets[source]
+                self._buckets[source] = (min(self.burst, tokens + 1.0), at)
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds until a spent source may try again (the ``Retry-After`` of a 429)."""
+        return max(1, math.ceil(1.0 / self.rate))
+
+
 @dataclass
 class WebConfig:
     ssl_context: ssl.SSLContext | None = None
     users: dict[str, bytes] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     """Extra response headers from ``http_server_config.headers``."""
-    _ok_cache: dict[tuple[str, bytes], bool] = field(default_factory=dict, repr=False)
+    files: tuple[str, ...] = ()
+    """The web-config file and every file it names: a change to any of them is a new config."""
+    _ok_cache: set[bytes] = field(default_factory=set, repr=False)
+    _cache_key: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -52,36 +109,76 @@ class WebConfig:
         return bool(self.users)
 
     def authorized(self, header: str | None) -> bool:
-        """Check an ``Authorization`` header. bcrypt costs ~100 ms per check, so a successful
-        (user, password digest) pair is remembered; failures are always recomputed."""
-        if not self.users:
-            return True
-        if not header or not header.startswith("Basic "):
-            return False
-        try:
-            user, _, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
-        except (ValueError, UnicodeDecodeError):
-            return False
-        hashed = self.users.get(user)
-        if hashed is None:  # spend the same bcrypt time, so timing does not reveal valid user names
-            hashed, user = _DUMMY_HASH, ""
-        digest = hashlib.sha256(password.encode("utf-8")).digest()
-        key = (user, digest)
-        with self._lock:
-            if self._ok_cache.get(key):
-                return True
-        import bcrypt
+        """Check an ``Authorization`` header with no failure limit (``verify`` for a request)."""
+        return self.verify(header) is Auth.OK
 
+    def verify(self, header: str | None, source: str = "", limiter: FailureLimiter | None = None) -> Auth:
+        """Check an ``Authorization`` header. A verified pair is remembered under an HMAC with a
+        per-process key (never the password), so a valid scrape costs one bcrypt check per process;
+        an unknown pair first spends ``source``'s failure budget, refunded when it turns out good."""
+        if not self.users:
+            return Auth.OK
+        credentials = _credentials(header)
+        if credentials is None:
+            return Auth.DENIED
+        user, password = credentials
+        key = hmac.new(self._cache_key, f"{user}:{password}".encode(), hashlib.sha256).digest()
+        with self._lock:
+            if key in self._ok_cache:
+                return Auth.OK
+        if limiter is not None and not limiter.take(source):
+            return Auth.THROTTLED
+        if not _bcrypt_ok(password, self.users.get(user)):
+            return Auth.DENIED
+        with self._lock:
+            if len(self._ok_cache) >= 64:
+                self._ok_cache.clear()
+            self._ok_cache.add(key)
+        if limiter is not None:
+            limiter.refund(source)
+        return Auth.OK
+
+
+def _credentials(header: str | None) -> tuple[str, str] | None:
+    """(user, password) from a ``Basic`` header, or None when there is none to check."""
+    if not header or not header.startswith("Basic "):
+        return None
+    try:
+        user, _, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return user, password
+
+
+_BCRYPT_SLOTS = threading.BoundedSemaphore(2)
+"""bcrypt releases the GIL: without a bound, N concurrent checks would take N cores."""
+
+
+def _bcrypt_ok(password: str, hashed: bytes | None) -> bool:
+    """bcrypt-check the password; an unknown user spends the same time against a dummy hash, so
+    timing does not reveal valid user names."""
+    import bcrypt
+
+    with _BCRYPT_SLOTS:
         try:
-            ok = bcrypt.checkpw(password.encode("utf-8"), hashed)
+            ok = bcrypt.checkpw(password.encode("utf-8"), hashed or _DUMMY_HASH)
         except ValueError:
             ok = False
-        if ok and user:
-            with self._lock:
-                if len(self._ok_cache) > 64:
-                    self._ok_cache.clear()
-                self._ok_cache[key] = True
-        return ok and bool(user)
+    return ok and hashed is not None
+
+
+def file_stamp(paths: tuple[str, ...]) -> tuple[tuple[str, tuple[int, int, int] | None], ...]:
+    """Identity of each file (mtime, size, inode; None when missing): a certificate renewed in place,
+    or a Kubernetes secret whose symlink is swapped, changes it."""
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append((path, None))
+        else:
+            out.append((path, (st.st_mtime_ns, st.st_size, st.st_ino)))
+    return tuple(out)
 
 
 def load_web_config(path: str) -> WebConfig:
@@ -96,7 +193,7 @@ def load_web_config(path: str) -> WebConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(path, "(syntax)", f"not valid YAML: {exc}".splitlines()[0]) from None
     if doc is None:
-        return WebConfig()
+        return WebConfig(files=(os.path.abspath(path),))
     if not isinstance(doc, dict):
         raise ConfigError(path, "(top level)", "must be a mapping")
     unknown = set(doc) - {"tls_server_config", "basic_auth_users", "http_server_config"}
@@ -114,8 +211,10 @@ def load_web_config(path: str) -> WebConfig:
         raise ConfigError(path, "http_server_config.headers",
                           "must map header names to single-line strings")
     config.headers = {str(k): v for k, v in headers.items()}
+    config.files = (os.path.abspath(path),)
     if doc.get("tls_server_config") is not None:
         config.ssl_context = _tls_context(path, doc["tls_server_config"])
+        config.files += _named_files(path, doc["tls_server_config"])
     users = doc.get("basic_auth_users") or {}
     if not isinstance(users, dict):
         raise ConfigError(path, "basic_auth_users", "must map user names to bcrypt hashes")
@@ -172,6 +271,13 @@ def _tls_context(path: str, tls: Any) -> ssl.SSLContext:
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(path, "tls_server_config.client_ca_file", f"cannot load: {exc}") from None
     return context
+
+
+def _named_files(path: str, tls: dict) -> tuple[str, ...]:
+    """Certificate, key and client CA, as absolute paths (the validated ``tls`` mapping)."""
+    base = os.path.dirname(os.path.abspath(path))
+    return tuple(os.path.join(base, str(tls[key])) for key in ("cert_file", "key_file", "client_ca_file")
+                 if tls.get(key))
 
 
 def _version(path: str, tls: dict, key: str, default: str) -> ssl.TLSVersion:
