@@ -63,49 +63,49 @@ def series_labels(name: str, labels: Labels, external: Mapping[str, str]) -> lis
     return sorted(pairs.items())
 
 
-def sample_bytes(value: float, timestamp_ms: int) -> bytes:
-    """One ``Sample`` wrapped as TimeSeries field 2."""
-    body = bytes((_SAMPLE_VALUE,)) + _DOUBLE.pack(value) + bytes((_SAMPLE_TIMESTAMP,)) + varint(timestamp_ms)
-    return _field(_TIMESERIES_SAMPLE, body)
-
-
 class Encoder:
     """Turns families into one serialized WriteRequest per snapshot, one sample per series.
 
-    Keeps each series' encoded labels between calls (only the latest call's series, so a churning
-    label set cannot grow it), and writes a staleness marker for every series that was in the
-    previous request and is not in this one, as a scrape would. Not thread-safe.
+    Keeps each series' bytes up to its sample (field tag, length, encoded labels) between calls, for
+    the latest call's series only, so a churning label set cannot grow it; and writes a staleness
+    marker for every series that was in the previous request and is not in this one, as a scrape
+    would. Not thread-safe.
     """
 
     def __init__(self, external_labels: Mapping[str, str] | None = None) -> None:
         self.external = dict(external_labels or {})
-        self._labels: dict[tuple[str, Labels], bytes] = {}
+        self._prefixes: dict[tuple[str, Labels], bytes] = {}
+        self._sample_len = 0
 
     def encode(self, families: Iterable[MetricFamily], timestamp_ms: int) -> tuple[bytes, int]:
         """(serialized WriteRequest, number of samples in it, staleness markers included)."""
-        old, new = self._labels, {}
-        parts: list[bytes] = []
-        append = parts.append
-        pack = _DOUBLE.pack
         stamp = bytes((_SAMPLE_TIMESTAMP,)) + varint(timestamp_ms)
         sample_len = 1 + _DOUBLE.size + len(stamp)
         head = bytes((_TIMESERIES_SAMPLE,)) + varint(sample_len) + bytes((_SAMPLE_VALUE,))
+        if sample_len != self._sample_len:  # a prefix holds the series length, which includes the sample
+            self._prefixes, self._sample_len = {}, sample_len
+        sample_field = len(head) + _DOUBLE.size + len(stamp)
+        old, new = self._prefixes, {}
+        parts: list[bytes] = []
+        append = parts.append
+        pack = _DOUBLE.pack
         for fam in families:
             name = fam.spec.name
             for labels, value in fam.samples:
                 key = (name, labels)
-                encoded = old.get(key)
-                if encoded is None:
+                prefix = old.get(key)
+                if prefix is None:
                     encoded = encode_labels(series_labels(name, labels, self.external))
-                new[key] = encoded
-                append(bytes((_WRITE_REQUEST_TIMESERIES,)) + varint(len(encoded) + len(head) + sample_len - 1))
-                append(encoded)
+                    prefix = bytes((_WRITE_REQUEST_TIMESERIES,)) + varint(len(encoded) + sample_field) + encoded
+                new[key] = prefix
+                append(prefix)
                 append(head + pack(value) + stamp)
-        stale = [encoded for key, encoded in old.items() if key not in new]
-        for encoded in stale:
-            series = encoded + sample_bytes(STALE_NAN, timestamp_ms)
-            append(_field(_WRITE_REQUEST_TIMESERIES, series))
-        self._labels = new
+        stale = [prefix for key, prefix in old.items() if key not in new]
+        marker = head + pack(STALE_NAN) + stamp
+        for prefix in stale:
+            append(prefix)
+            append(marker)
+        self._prefixes = new
         return b"".join(parts), len(new) + len(stale)
 
 
