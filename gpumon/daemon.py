@@ -72,7 +72,7 @@ def make_context(config: Config) -> Context:
     """The collectors' view of the host; with ``simulate`` set, a simulated host under state_dir.
     Raises ConfigError for a sysfs root that was given and does not exist, or an unknown profile."""
     d = config.daemon
-    ctx = Context(hostname=hostname(config), sysfs_root=d.sysfs_root, state_dir=d.state_dir)
+    ctx = Context(hostname=hostname(config), sysfs_root=d.sysfs_root, state_dir=d.state_dir, config=config)
     if d.simulate:
         from gpumon.simulate import Simulation, UnknownProfile, host_profile
 

@@ -10,12 +10,13 @@ import shutil
 
 import pytest
 
-from gpumon.collectors import infiniband as ibmod
 from gpumon.collectors.base import CollectorUnavailable, Context
-from gpumon.collectors.infiniband import InfinibandCollector, on_sysfs
+from gpumon.collectors.infiniband import InfinibandCollector
 from gpumon.config import Section
 from gpumon.model import Collection
 from gpumon.simulate.sysfs import build_tree
+from gpumon.sources import ib_sysfs as ibmod
+from gpumon.sources.ib_sysfs import on_sysfs
 
 KEY = ("mlx5_0", "1")
 

@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpumon.collectors.base import CollectorUnavailable, Context
-from gpumon.collectors.infiniband import HW_COUNTER_WIDTHS, PMA_COUNTERS, InfinibandCollector
+from gpumon.collectors.infiniband import PMA_COUNTERS, InfinibandCollector
 from gpumon.collectors.linkflap import LinkflapCollector
 from gpumon.simulate.sysfs import build_tree
+from gpumon.sources.ib_sysfs import HW_COUNTER_WIDTHS
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DIGITS = re.compile(r"[0-9]+")

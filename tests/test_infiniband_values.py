@@ -173,7 +173,7 @@ def test_summarize_one_row_per_port_within_100_columns(tmp_path) -> None:
 
 
 def test_state_texts_the_kernel_prints_parse() -> None:
-    from gpumon.collectors.infiniband import PHYS_STATE_NAMES, STATE_NAMES, parse_state
+    from gpumon.sources.ib_sysfs import PHYS_STATE_NAMES, STATE_NAMES, parse_state
 
     assert parse_state("4: ACTIVE\n", STATE_NAMES) == 4
     assert parse_state("5: LinkUp\n", PHYS_STATE_NAMES) == 5

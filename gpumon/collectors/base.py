@@ -59,6 +59,9 @@ class Context:
     """A :class:`gpumon.simulate.Simulation` when ``--simulate`` is set, else None."""
     nvml: Any = None
     """The ``pynvml`` module to use; None means import the real one. Simulation puts its double here."""
+    config: Any = None
+    """The whole validated Config (None where a collector is built alone): for a section two collectors
+    share, as the linkflap watcher reads [infiniband]'s device filter and read mode."""
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

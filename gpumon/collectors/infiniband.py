@@ -12,29 +12,40 @@ is never replaced; on any other filesystem (fixtures, ``--simulate``) files are 
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context, Table
-from gpumon.config import Option, Section, SectionSchema, regex_check
+from gpumon.config import Option, Section, SectionSchema
 from gpumon.flaps import is_up, shared_detector
 from gpumon.model import Collection, Labels, MetricSpec, MetricType, Sample, Snapshot
+from gpumon.sources import ib_sysfs
+from gpumon.sources.ib_sysfs import (
+    HW_NOT_COUNTERS,
+    PHYS_STATE_NAMES,
+    PMA_BY_FILE,
+    STATE_NAMES,
+    Attr,
+    Fault,
+    FaultLog,
+    PortPaths,
+    Signature,
+    class_dir,
+    counter_width,
+    device_filter,
+    discover,
+    list_attrs,
+    parse_counter,
+    parse_rate,
+    parse_state,
+    read_mode_cached,
+    saturated,
+    tree_signature,
+)
 
 log = logging.getLogger("gpumon.collectors.infiniband")
-
-READ_SIZE = 4096
-U64_MAX = (1 << 64) - 1
-MAX_RATE_GBPS = 100_000.0
-"""Anything faster than 100 Tb/s is a garbled file, not a link."""
-
-STATE_NAMES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
-PHYS_STATE_NAMES = {0: "NoStateChange", 1: "Sleep", 2: "Polling", 3: "Disabled",
-                    4: "PortConfigurationTraining", 5: "LinkUp", 6: "LinkErrorRecovery", 7: "PhyTest"}
 
 DEVICE_LABELS = ("device", "port")
 COUNTER_LABELS = ("device", "port", "counter")
@@ -42,85 +53,71 @@ COUNTER_LABELS = ("device", "port", "counter")
 
 @dataclass(frozen=True)
 class PmaCounter:
-    """How one ``counters/`` file is exported."""
+    """How one ``counters/`` file is exported; its width and scale are the source's (ib_sysfs)."""
 
     file: str
     metric: str
-    width: int
     help: str
     unit: str = ""
-    scale: int = 1
+
+    @property
+    def width(self) -> int:
+        return PMA_BY_FILE[self.file].width
+
+    @property
+    def scale(self) -> int:
+        return PMA_BY_FILE[self.file].scale
 
 
 PMA_COUNTERS: tuple[PmaCounter, ...] = (
-    PmaCounter("port_xmit_data", "gpumon_ib_port_data_transmitted_bytes_total", 64,
+    PmaCounter("port_xmit_data", "gpumon_ib_port_data_transmitted_bytes_total",
                "Bytes transmitted on all VLs (port_xmit_data x 4: the file counts 4-octet words).",
-               "bytes", 4),
-    PmaCounter("port_rcv_data", "gpumon_ib_port_data_received_bytes_total", 64,
+               "bytes"),
+    PmaCounter("port_rcv_data", "gpumon_ib_port_data_received_bytes_total",
                "Bytes received on all VLs (port_rcv_data x 4: the file counts 4-octet words).",
-               "bytes", 4),
-    PmaCounter("port_xmit_packets", "gpumon_ib_port_packets_transmitted_total", 64,
+               "bytes"),
+    PmaCounter("port_xmit_packets", "gpumon_ib_port_packets_transmitted_total",
                "Packets transmitted on all VLs."),
-    PmaCounter("port_rcv_packets", "gpumon_ib_port_packets_received_total", 64,
+    PmaCounter("port_rcv_packets", "gpumon_ib_port_packets_received_total",
                "Packets received on all VLs."),
-    PmaCounter("unicast_xmit_packets", "gpumon_ib_port_unicast_packets_transmitted_total", 64,
+    PmaCounter("unicast_xmit_packets", "gpumon_ib_port_unicast_packets_transmitted_total",
                "Unicast packets transmitted."),
-    PmaCounter("unicast_rcv_packets", "gpumon_ib_port_unicast_packets_received_total", 64,
+    PmaCounter("unicast_rcv_packets", "gpumon_ib_port_unicast_packets_received_total",
                "Unicast packets received."),
-    PmaCounter("multicast_xmit_packets", "gpumon_ib_port_multicast_packets_transmitted_total", 64,
+    PmaCounter("multicast_xmit_packets", "gpumon_ib_port_multicast_packets_transmitted_total",
                "Multicast packets transmitted."),
-    PmaCounter("multicast_rcv_packets", "gpumon_ib_port_multicast_packets_received_total", 64,
+    PmaCounter("multicast_rcv_packets", "gpumon_ib_port_multicast_packets_received_total",
                "Multicast packets received."),
-    PmaCounter("symbol_error", "gpumon_ib_port_symbol_errors_total", 16,
+    PmaCounter("symbol_error", "gpumon_ib_port_symbol_errors_total",
                "Minor link errors detected on one or more physical lanes (16-bit, sticky)."),
-    PmaCounter("link_error_recovery", "gpumon_ib_port_link_error_recoveries_total", 8,
+    PmaCounter("link_error_recovery", "gpumon_ib_port_link_error_recoveries_total",
                "Successful link retrains after an error (8-bit, sticky)."),
-    PmaCounter("link_downed", "gpumon_ib_port_link_downed_total", 8,
+    PmaCounter("link_downed", "gpumon_ib_port_link_downed_total",
                "Failed link recoveries that took the link down: the flap counter (8-bit, sticky)."),
-    PmaCounter("port_rcv_errors", "gpumon_ib_port_receive_errors_total", 16,
+    PmaCounter("port_rcv_errors", "gpumon_ib_port_receive_errors_total",
                "Packets received with errors (16-bit, sticky)."),
     PmaCounter("port_rcv_remote_physical_errors", "gpumon_ib_port_receive_remote_physical_errors_total",
-               16, "Packets received marked with the EBP delimiter (bad upstream; 16-bit, sticky)."),
-    PmaCounter("port_rcv_switch_relay_errors", "gpumon_ib_port_receive_switch_relay_errors_total", 16,
+               "Packets received marked with the EBP delimiter (bad upstream; 16-bit, sticky)."),
+    PmaCounter("port_rcv_switch_relay_errors", "gpumon_ib_port_receive_switch_relay_errors_total",
                "Packets discarded because they could not be forwarded by the switch relay (16-bit)."),
-    PmaCounter("port_xmit_discards", "gpumon_ib_port_transmit_discards_total", 16,
+    PmaCounter("port_xmit_discards", "gpumon_ib_port_transmit_discards_total",
                "Outbound packets discarded because the port was down or congested (16-bit, sticky)."),
-    PmaCounter("port_xmit_constraint_errors", "gpumon_ib_port_transmit_constraint_errors_total", 8,
+    PmaCounter("port_xmit_constraint_errors", "gpumon_ib_port_transmit_constraint_errors_total",
                "Packets not transmitted because of outbound raw filtering constraints (8-bit)."),
-    PmaCounter("port_rcv_constraint_errors", "gpumon_ib_port_receive_constraint_errors_total", 8,
+    PmaCounter("port_rcv_constraint_errors", "gpumon_ib_port_receive_constraint_errors_total",
                "Packets discarded because of inbound raw filtering constraints (8-bit)."),
-    PmaCounter("local_link_integrity_errors", "gpumon_ib_port_local_link_integrity_errors_total", 4,
+    PmaCounter("local_link_integrity_errors", "gpumon_ib_port_local_link_integrity_errors_total",
                "Times local physical errors exceeded the threshold (4-bit, sticky)."),
     PmaCounter("excessive_buffer_overrun_errors",
-               "gpumon_ib_port_excessive_buffer_overrun_errors_total", 4,
+               "gpumon_ib_port_excessive_buffer_overrun_errors_total",
                "Consecutive flow-control update periods with buffer overrun (4-bit, sticky)."),
-    PmaCounter("VL15_dropped", "gpumon_ib_port_vl15_dropped_total", 16,
+    PmaCounter("VL15_dropped", "gpumon_ib_port_vl15_dropped_total",
                "Subnet management packets (VL15) dropped for lack of buffers (16-bit, sticky)."),
-    PmaCounter("port_xmit_wait", "gpumon_ib_port_transmit_wait_ticks_total", 32,
+    PmaCounter("port_xmit_wait", "gpumon_ib_port_transmit_wait_ticks_total",
                "Ticks during which the port had data to send but no flow-control credits: "
                "congestion (32-bit, sticky; tick length is implementation defined).", "ticks"),
 )
-PMA_BY_FILE = {c.file: c for c in PMA_COUNTERS}
-
-MLX5_QUEUE_COUNTERS: tuple[str, ...] = (
-    "duplicate_request", "implied_nak_seq_err", "local_ack_timeout_err", "out_of_buffer",
-    "out_of_sequence", "packet_seq_err", "req_cqe_error", "req_cqe_flush_error",
-    "req_remote_access_errors", "req_remote_invalid_request", "req_rnr_retries_exceeded",
-    "req_transport_retries_exceeded", "resp_cqe_error", "resp_cqe_flush_error",
-    "resp_local_length_error", "resp_remote_access_errors", "rnr_nak_retry_err",
-    "rx_atomic_requests", "rx_dct_connect", "rx_read_requests", "rx_write_requests",
-)
-"""The mlx5 queue (q) counters in hw_counters/, on every port (32-bit)."""
-MLX5_ROCE_COUNTERS: tuple[str, ...] = (
-    "np_cnp_sent", "np_ecn_marked_roce_packets", "roce_adp_retrans", "roce_adp_retrans_to",
-    "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans", "rp_cnp_handled",
-    "rp_cnp_ignored", "rx_icrc_encapsulated",
-)
-"""The mlx5 congestion/RoCE counters in hw_counters/, on Ethernet (RoCE) ports (64-bit;
-``rx_icrc_encapsulated`` is an extended PPCNT counter, not a queue counter)."""
-HW_COUNTER_WIDTHS: dict[str, int] = dict.fromkeys(MLX5_QUEUE_COUNTERS, 32)
-"""mlx5 queue counters are 32-bit; any other hw counter is taken as 64-bit."""
-HW_NOT_COUNTERS = frozenset({"lifespan"})
+PMA_METRICS = {c.file: c for c in PMA_COUNTERS}
 
 SPEC_INFO = MetricSpec(
     "gpumon_ib_port_info", MetricType.INFO,
@@ -154,282 +151,6 @@ SPEC_SATURATED = MetricSpec(
     "perfquery -R). Only stuck counters have a series.", labels=COUNTER_LABELS)
 PMA_SPECS = {c.file: MetricSpec(c.metric, MetricType.COUNTER, c.help, c.unit, DEVICE_LABELS)
              for c in PMA_COUNTERS}
-
-# ---------------------------------------------------------------------------------------- reading
-
-
-class Fault(Exception):
-    """One value could not be had; ``reason`` becomes the ``reason`` label of the error counter."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-
-
-def classify_oserror(exc: OSError) -> str:
-    """A short, bounded reason for an OS error on one attribute."""
-    code = exc.errno
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
-        return "unsupported"
-    if code in (errno.EACCES, errno.EPERM):
-        return "permission"
-    if code in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
-        return "vanished"
-    return "read"
-
-
-class Attr:
-    """One sysfs attribute: opened once, re-read with pread; reopened after any error."""
-
-    __slots__ = ("path", "fd", "cached")
-
-    def __init__(self, path: str, cached: bool) -> None:
-        self.path = path
-        self.fd: int | None = None
-        self.cached = cached
-
-    def read(self) -> str:
-        """The attribute's text; raises :class:`Fault`."""
-        try:
-            if not self.cached:
-                fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-                try:
-                    data = os.pread(fd, READ_SIZE, 0)
-                finally:
-                    os.close(fd)
-            else:
-                if self.fd is None:
-                    self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-                data = os.pread(self.fd, READ_SIZE, 0)
-        except OSError as exc:
-            self.close()
-            raise Fault(classify_oserror(exc), exc.strerror or str(exc)) from None
-        return data.decode("utf-8", "replace")
-
-    def close(self) -> None:
-        if self.fd is not None:
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
-            self.fd = None
-
-
-_DIGITS = re.compile(r"[0-9]+")
-_STATE = re.compile(r"([0-9]+)(?::[ \t]*(?:[A-Za-z_ ]*|<unknown>))?")
-_RATE = re.compile(r"([0-9]+(?:\.[0-9]+)?) Gb/sec(?: \([^)]*\))?")
-
-
-def parse_counter(text: str, width: int = 64) -> int:
-    """A counter file's value; ``width`` bounds what is believable."""
-    value = text.strip()
-    if not value:
-        raise Fault("empty", "empty file")
-    if value.startswith("N/A"):
-        raise Fault("no_pma", value)
-    if not _DIGITS.fullmatch(value):
-        raise Fault("parse", f"not a counter: {value[:40]!r}")
-    if len(value) > 20 or int(value) > (1 << width) - 1:
-        raise Fault("absurd", f"{value[:40]} exceeds a {width}-bit counter")
-    return int(value)
-
-
-def parse_state(text: str, names: dict[int, str]) -> int:
-    """``"4: ACTIVE"`` -> 4. An id the kernel does not define is absurd."""
-    value = text.strip()
-    if not value:
-        raise Fault("empty", "empty file")
-    match = _STATE.fullmatch(value)
-    if match is None:
-        raise Fault("parse", f"not a port state: {value[:40]!r}")
-    if len(match.group(1)) > 3 or int(match.group(1)) not in names:
-        raise Fault("absurd", f"unknown state id in {value[:40]!r}")
-    return int(match.group(1))
-
-
-def parse_rate(text: str) -> float:
-    """``"400 Gb/sec (4X NDR)"`` -> bytes per second."""
-    value = text.strip()
-    if not value:
-        raise Fault("empty", "empty file")
-    match = _RATE.fullmatch(value)
-    if match is None:
-        raise Fault("parse", f"not a link rate: {value[:40]!r}")
-    gbps = float(match.group(1))
-    if gbps > MAX_RATE_GBPS:
-        raise Fault("absurd", f"rate {gbps} Gb/s")
-    return gbps * 1e9 / 8
-
-
-class FaultLog:
-    """Counts every fault in the run's Collection and logs each (file, reason) once per process."""
-
-    def __init__(self, logger: logging.Logger, limit: int = 10_000) -> None:
-        self._log = logger
-        self._seen: set[tuple[str, str]] = set()
-        self._limit = limit
-
-    def report(self, coll: Collection, fault: Fault, path: str) -> None:
-        coll.count_error(fault.reason)
-        key = (path, fault.reason)
-        if key not in self._seen and len(self._seen) < self._limit:
-            self._seen.add(key)
-            self._log.warning("%s: %s (%s; reported once, counted every time)", path, fault, fault.reason)
-
-
-def on_sysfs(path: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
-    """Whether ``path`` lives on a sysfs mount, where attributes are never replaced (pread is safe)."""
-    real = os.path.realpath(path)
-    best, fstype = "", ""
-    try:
-        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                parts = line.split()
-                if "-" not in parts[6:]:
-                    continue
-                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
-                inside = real == point or real.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, fstype = point, parts[parts.index("-", 6) + 1]
-    except (OSError, IndexError):
-        return False
-    return fstype == "sysfs"
-
-
-def read_mode_cached(mode: str, sysfs_root: str) -> bool:
-    if mode == "pread":
-        return True
-    if mode == "open":
-        return False
-    return on_sysfs(os.path.join(sysfs_root, "class"))
-
-
-# ---------------------------------------------------------------------------------------- discovery
-
-
-@dataclass
-class PortPaths:
-    """Where one port's files are; what the watcher and the collector both need."""
-
-    device: str
-    port: str
-    device_dir: str
-    port_dir: str
-    netdevs: tuple[str, ...] = ()
-    netdev_dirs: tuple[str, ...] = ()
-    node_guid: str = ""
-    """The HCA's identity: device names are not stable across reboots, the GUID is."""
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.device, self.port)
-
-
-def class_dir(sysfs_root: str) -> str:
-    return os.path.join(sysfs_root, "class", "infiniband")
-
-
-def device_filter(include: str, exclude: str) -> Callable[[str], bool]:
-    inc = re.compile(include) if include else None
-    exc = re.compile(exclude) if exclude else None
-
-    def wanted(name: str) -> bool:
-        return (inc is None or inc.search(name) is not None) and (exc is None or exc.search(name) is None)
-
-    return wanted
-
-
-Signature = tuple[tuple[str, str, tuple[str, ...]], ...]
-
-
-def tree_signature(sysfs_root: str) -> Signature | None:
-    """Cheap fingerprint of the device set (names, link targets, netdev names); None when the class
-    is absent.
-
-    A VF re-plugged under the same name comes back at another link target, so it changes too; an
-    IPoIB netdev that appears after the HCA (ib_ipoib loaded late, a udev rename) changes it as well.
-    """
-    base = class_dir(sysfs_root)
-    try:
-        names = sorted(os.listdir(base))
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
-        return None
-    result = []
-    for name in names:
-        try:
-            target = os.readlink(os.path.join(base, name))
-        except OSError:
-            target = ""
-        try:
-            netdevs = tuple(sorted(os.listdir(os.path.join(base, name, "device", "net"))))
-        except OSError:
-            netdevs = ()
-        result.append((name, target, netdevs))
-    return tuple(result)
-
-
-def _netdevs(device_dir: str, port: str, port_count: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The port's netdevs: all of ``device/net`` on a one-port HCA, else matched on ``dev_port``."""
-    net = os.path.join(device_dir, "device", "net")
-    try:
-        names = sorted(os.listdir(net))
-    except OSError:
-        return (), ()
-    chosen = []
-    for name in names:
-        if port_count > 1:
-            try:
-                with open(os.path.join(net, name, "dev_port"), encoding="ascii") as fh:
-                    if int(fh.read().strip()) + 1 != int(port):
-                        continue
-            except (OSError, ValueError):
-                continue
-        chosen.append(name)
-    return tuple(chosen), tuple(os.path.join(net, n) for n in chosen)
-
-
-def discover(sysfs_root: str, wanted: Callable[[str], bool]) -> list[PortPaths]:
-    """Every port of every wanted device; a device that vanishes mid-walk is skipped."""
-    base = class_dir(sysfs_root)
-    try:
-        devices = sorted(os.listdir(base))
-    except OSError:
-        return []
-    found: list[PortPaths] = []
-    for device in devices:
-        if not wanted(device):
-            continue
-        device_dir = os.path.join(base, device)
-        try:
-            ports = sorted(
-                (p for p in os.listdir(os.path.join(device_dir, "ports")) if p.isdigit()), key=int)
-        except OSError:
-            continue
-        node_guid = _read_small(os.path.join(device_dir, "node_guid"))
-        for port in ports:
-            netdevs, netdev_dirs = _netdevs(device_dir, port, len(ports))
-            found.append(PortPaths(device, port, device_dir, os.path.join(device_dir, "ports", port),
-                                   netdevs, netdev_dirs, node_guid))
-    return found
-
-
-def _read_small(path: str) -> str:
-    """A short identity file's stripped text; empty when unreadable (the info series reports why)."""
-    try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read(256).strip()
-    except OSError:
-        return ""
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return sorted(n for n in os.listdir(path) if not n.startswith("."))
-    except OSError:
-        return []
-
 
 # ---------------------------------------------------------------------------------------- collector
 
@@ -467,34 +188,17 @@ OPTIONS = SectionSchema(
                "Seconds between counter runs; 0 uses [daemon] interval (10 s by default). Each "
                "counters/ read is a firmware query, so this need not be fast: flaps are caught by the "
                "linkflap watcher.", min=0.0, max=3600.0),
-        Option("include_devices", str, "",
-               "Regular expression (searched, so anchor it: `^mlx5_ib[0-9]+$`); only matching devices "
-               "are collected. Empty means all.", check=regex_check),
-        Option("exclude_devices", str, "",
-               "Regular expression; matching devices are skipped (e.g. `^mlx5_an` to drop the Azure "
-               "Ethernet VF).", check=regex_check),
+        *ib_sysfs.DEVICE_OPTIONS[:2],
         Option("hw_counters", bool, True,
                "Also export every driver counter in hw_counters/ (about 22-31 series per port)."),
-        Option("read_mode", str, "auto",
-               "`pread` keeps each file open and re-reads it; `open` opens it per read; `auto` uses "
-               "pread on a real sysfs and open anywhere else (fixtures and simulations replace files).",
-               choices=("auto", "pread", "open")),
+        ib_sysfs.DEVICE_OPTIONS[2],
     ),
 )
 
 
 def probe_tree(sysfs_root: str) -> Availability:
     """Whether ``<sysfs_root>/class/infiniband`` lists devices; shared with the link-flap watcher."""
-    base = class_dir(sysfs_root)
-    if not os.path.isdir(base):
-        return Availability(False, f"no {base} (no InfiniBand driver loaded)")
-    try:
-        devices = os.listdir(base)
-    except OSError as exc:
-        return Availability(False, f"cannot list {base}: {exc.strerror or exc}")
-    if not devices:
-        return Availability(False, f"{base} has no devices (no RDMA-capable NIC)")
-    return Availability(True, f"{len(devices)} device(s) under {base}")
+    return Availability(*ib_sysfs.probe_tree(sysfs_root))
 
 
 class InfinibandCollector(Collector):
@@ -512,6 +216,8 @@ class InfinibandCollector(Collector):
         self._signature: Signature | None = None
         self._stale = True
         self._ports: list[_Port] = []
+        self._watching: tuple[tuple[str, str], ...] | None = None
+        self._identity_faults = 0
         self._detector = shared_detector(ctx)
 
     # ------------------------------------------------------------------ contract
@@ -542,35 +248,47 @@ class InfinibandCollector(Collector):
                 f"no {where} (no InfiniBand driver loaded)" if signature is None
                 else f"{where} has no devices")
         if self._stale or signature != self._signature:
-            self._rediscover(coll)
+            complete = self._rediscover(coll)
             self._signature = signature
-        self._stale = False
+            self._stale = not complete
         self._read_ports(coll)
         return coll
 
     # ------------------------------------------------------------------ discovery
 
-    def _rediscover(self, coll: Collection) -> None:
+    def _rediscover(self, coll: Collection) -> bool:
+        """Walk the tree again; False when an identity file could not be read for a reason that may
+        pass (a FIFO, EIO), so the next run tries again instead of keeping a blank identity."""
         self.close()
         ports: list[_Port] = []
         statics: dict[str, dict[str, str]] = {}
+        self._identity_faults = 0
         for paths in discover(self.ctx.sysfs_root, self._wanted):
             self._detector.identify(paths.key, paths.node_guid)
             if paths.device not in statics:
                 statics[paths.device] = {
                     name: self._read_static(coll, os.path.join(paths.device_dir, name))
-                    for name in ("fw_ver", "board_id", "hca_type", "node_guid")
+                    for name in ("fw_ver", "board_id", "hca_type")
                 }
+                # discovery read node_guid already; read it again only to report why it is blank
+                statics[paths.device]["node_guid"] = paths.node_guid or self._read_static(
+                    coll, os.path.join(paths.device_dir, "node_guid"))
             ports.append(self._build_port(coll, paths, statics[paths.device]))
         self._ports = ports
-        log.info("infiniband: watching %d port(s): %s", len(ports),
-                 ", ".join(f"{p.paths.device}/{p.paths.port}" for p in ports) or "none")
+        watching = tuple(p.paths.key for p in ports)
+        if watching != self._watching:
+            self._watching = watching
+            log.info("infiniband: watching %d port(s): %s", len(ports),
+                     ", ".join(f"{d}/{p}" for d, p in watching) or "none")
+        return not self._identity_faults
 
     def _read_static(self, coll: Collection, path: str) -> str:
         try:
             text = Attr(path, cached=False).read().strip()
         except Fault as fault:
             self._faults.report(coll, fault, path)
+            if fault.reason == "read":
+                self._identity_faults += 1
             return ""
         return text
 
@@ -584,21 +302,21 @@ class InfinibandCollector(Collector):
         port = _Port(paths, labels, info, Attr(os.path.join(pdir, "state"), self._cached),
                      Attr(os.path.join(pdir, "phys_state"), self._cached),
                      Attr(os.path.join(pdir, "rate"), self._cached))
-        for name in _listdir(os.path.join(pdir, "counters")):
+        for name in list_attrs(os.path.join(pdir, "counters")):
             known = PMA_BY_FILE.get(name)
             cf = _CounterFile(name, Attr(os.path.join(pdir, "counters", name), self._cached),
-                              known.width if known else 64, PMA_SPECS[name] if known else None,
+                              counter_width(name, hw=False), PMA_SPECS.get(name),
                               known.scale if known else 1, hw=False)
             port.counters.append(cf)
             if name == "link_downed":
                 port.link_downed = cf
         if self._hw:
-            for name in _listdir(os.path.join(pdir, "hw_counters")):
+            for name in list_attrs(os.path.join(pdir, "hw_counters")):
                 if name in HW_NOT_COUNTERS:
                     continue
                 port.counters.append(_CounterFile(
                     name, Attr(os.path.join(pdir, "hw_counters", name), self._cached),
-                    HW_COUNTER_WIDTHS.get(name, 64), None, 1, hw=True))
+                    counter_width(name, hw=True), None, 1, hw=True))
         return port
 
     # ------------------------------------------------------------------ reading
@@ -640,7 +358,7 @@ class InfinibandCollector(Collector):
                 except Fault as fault:
                     self._fault(coll, fault, cf.attr.path)
                     continue
-                if cf.width < 64 and value == (1 << cf.width) - 1:
+                if saturated(value, cf.width):
                     sat_s.append(Sample(labels + (("counter", cf.name),), 1.0))
                 if cf.spec is not None:
                     per_spec.setdefault(cf.name, []).append(Sample(labels, float(value * cf.scale)))
@@ -652,7 +370,7 @@ class InfinibandCollector(Collector):
                     link_downed = value
             if link_downed is not None:
                 self._detector.observe(port.paths.key, time.monotonic(), link_downed=link_downed,
-                                       link_downed_saturated=link_downed == 255)
+                                       link_downed_saturated=saturated(link_downed, 8))
         coll.add(SPEC_INFO, info_s)
         coll.add(SPEC_STATE, state_s)
         coll.add(SPEC_PHYS, phys_s)

@@ -12,11 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
-from gpumon.collectors.infiniband import (
-    DEVICE_LABELS,
+from gpumon.config import Option, Section, SectionSchema
+from gpumon.flaps import SIGNALS, shared_detector
+from gpumon.model import Collection, MetricSpec, MetricType, Sample
+from gpumon.sources import ib_sysfs
+from gpumon.sources.ib_sysfs import (
+    DEVICE_OPTIONS,
     PHYS_STATE_NAMES,
     STATE_NAMES,
     Attr,
@@ -29,13 +34,11 @@ from gpumon.collectors.infiniband import (
     discover,
     parse_counter,
     parse_state,
-    probe_tree,
     read_mode_cached,
     tree_signature,
 )
-from gpumon.config import Option, Section, SectionSchema, regex_check
-from gpumon.flaps import SIGNALS, shared_detector
-from gpumon.model import Collection, MetricSpec, MetricType, Sample
+
+DEVICE_LABELS = ("device", "port")
 
 log = logging.getLogger("gpumon.collectors.linkflap")
 
@@ -80,13 +83,33 @@ OPTIONS = SectionSchema(
         Option("carrier_changes", bool, True,
                "Also read the port netdev's carrier_changes (no firmware query): catches a flap "
                "shorter than any poll within one watch interval."),
-        Option("include_devices", str, "", "Regular expression; only matching devices are watched.",
-               check=regex_check),
-        Option("exclude_devices", str, "", "Regular expression; matching devices are not watched.",
-               check=regex_check),
-        Option("read_mode", str, "auto", "As [infiniband] read_mode.", choices=("auto", "pread", "open")),
+        *(replace(opt, help=f"Deprecated, still honoured by the watcher for this release: set "
+                            f"[infiniband] {opt.key}, which serves both collectors.")
+          for opt in DEVICE_OPTIONS),
     ),
 )
+
+
+def device_settings(ctx: Context, cfg: Section | None) -> dict[str, Any]:
+    """The device filter and read mode from [infiniband], which serves both collectors; a [linkflap]
+    copy that was set still wins for this release, with a warning that names the key to use."""
+    config = ctx.config
+    shared = config.sections.get("infiniband") if config is not None else None
+    values = {opt.key: shared[opt.key] if shared is not None and opt.key in shared else opt.default
+              for opt in DEVICE_OPTIONS}
+    for key in values:
+        if _set_here(config, cfg, key):
+            log.warning("[linkflap] %s is deprecated: set [infiniband] %s instead (it applies to both "
+                        "collectors); the [linkflap] value is used for now", key, key)
+            values[key] = cfg[key]
+    return values
+
+
+def _set_here(config: Any, cfg: Section | None, key: str) -> bool:
+    """Whether [linkflap] ``key`` was set by the user (a file, a variable), not left at its default."""
+    if cfg is None or key not in cfg:
+        return False
+    return config is None or f"linkflap.{key}" in config.origins
 
 
 @dataclass
@@ -107,8 +130,9 @@ class LinkflapCollector(Collector):
         super().__init__(ctx, cfg)
         self._watch_interval = float(OPTIONS.value(cfg, "watch_interval"))
         self._carrier = bool(OPTIONS.value(cfg, "carrier_changes"))
-        self._wanted = device_filter(OPTIONS.value(cfg, "include_devices"), OPTIONS.value(cfg, "exclude_devices"))
-        self._cached = read_mode_cached(OPTIONS.value(cfg, "read_mode"), ctx.sysfs_root)
+        device = device_settings(ctx, cfg)
+        self._wanted = device_filter(device["include_devices"], device["exclude_devices"])
+        self._cached = read_mode_cached(device["read_mode"], ctx.sysfs_root)
         self._detector = shared_detector(ctx)
         self._rule = (int(OPTIONS.value(cfg, "flap_threshold")), float(OPTIONS.value(cfg, "flap_window")))
         self._configured = False
@@ -126,7 +150,7 @@ class LinkflapCollector(Collector):
         return self._watch_interval
 
     def probe(self) -> Availability:
-        return probe_tree(self.ctx.sysfs_root)
+        return Availability(*ib_sysfs.probe_tree(self.ctx.sysfs_root))
 
     def close(self) -> None:
         for port in self._ports:

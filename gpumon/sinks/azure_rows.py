@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.collectors.infiniband import MLX5_QUEUE_COUNTERS, MLX5_ROCE_COUNTERS
 from gpumon.model import Event, MetricFamily, MetricType, Snapshot
+from gpumon.sources.ib_sysfs import MLX5_QUEUE_COUNTERS, MLX5_ROCE_COUNTERS
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")
 
