@@ -4,6 +4,7 @@ restart of gpumon) handled, counted and logged once, without the loop ever waiti
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import struct
@@ -11,6 +12,7 @@ import time
 
 import pytest
 
+from gpumon.model import CollectorStatus
 from tests.conftest import free_port, wait_for
 from tests.remote_write_helpers import Receiver, Reply, delivered, make_sink, small_snapshot
 
@@ -84,6 +86,18 @@ def test_interval_sends_at_most_one_snapshot_per_period(receiver, started):
     sink.publish(small_snapshot(T0 + 1))
     wait_for(lambda: delivered(sink))
     assert len(receiver.received) == 1
+
+
+def test_a_republication_without_a_new_collector_run_is_not_sent(receiver, started):
+    status = CollectorStatus("nvml", True, 0.01)
+    first = dataclasses.replace(small_snapshot(T0), collectors=(status,))
+    sink = started(receiver.url)
+    sink.publish(first)
+    sink.publish(dataclasses.replace(first, time=T0 + 0.25))  # the loop refreshing sink health
+    sink.publish(dataclasses.replace(first, time=T0 + 1, collectors=(CollectorStatus("nvml", True, 0.02),)))
+    wait_for(lambda: len(receiver.received) == 2 and delivered(sink))
+    stamps = [r.series[0][1][0][1] for r in receiver.received]
+    assert stamps == [1_760_000_000_123, 1_760_000_001_123]
 
 
 def test_5xx_and_429_are_retried_honouring_retry_after(receiver, started):

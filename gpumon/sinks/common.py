@@ -1,4 +1,5 @@
-"""Plumbing every sink shares: backoff with jitter, Retry-After, log-once and delivery counters.
+"""Plumbing every sink shares: backoff with jitter, Retry-After, log-once, delivery counters, and
+whether a snapshot holds a new collector run.
 
 One home for these, as the OpenTelemetry Collector has one ``exporterhelper``: a sink that needs to
 retry, honour a server's Retry-After, log a failure once and count what it sent, failed or dropped
@@ -16,6 +17,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpumon.model import Snapshot
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -147,3 +150,19 @@ class DeliveryCounters:
         self.dropped += items
         if error:
             self.last_error = error
+
+
+def has_new_results(new: Snapshot, old: Snapshot | None) -> bool:
+    """Whether ``new`` carries a collector run that ``old`` did not.
+
+    The loop re-publishes several times a second (sink health, deadlines); the data only changes
+    when a collector finishes a run, which replaces that collector's status object. Exporting on
+    that, and not on every publish, is what makes the export follow the collection interval.
+    """
+    if old is None:
+        return True
+    if new is old:
+        return False
+    if len(new.collectors) != len(old.collectors) or not new.collectors:
+        return True
+    return any(a is not b for a, b in zip(new.collectors, old.collectors, strict=True))

@@ -38,6 +38,7 @@ from gpumon.sinks.common import (
     Backoff,
     DeliveryCounters,
     LogOnce,
+    has_new_results,
     parse_retry_after,
     retry_after_from_headers,
 )
@@ -765,22 +766,6 @@ def send(transport: Any, message: Any, timeout: float | None = None) -> SendResu
 # --------------------------------------------------------------------------------------- the sink
 
 
-def _has_new_results(new: Snapshot, old: Snapshot | None) -> bool:
-    """Whether ``new`` carries a collector run that ``old`` did not.
-
-    The loop re-publishes several times a second (sink health, deadlines); the data only changes
-    when a collector finishes a run, which replaces that collector's status object. Exporting on
-    that, and not on every publish, is what makes the export follow the collection interval.
-    """
-    if old is None:
-        return True
-    if new is old:
-        return False
-    if len(new.collectors) != len(old.collectors) or not new.collectors:
-        return True
-    return any(a is not b for a, b in zip(new.collectors, old.collectors, strict=True))
-
-
 class OtelSink(Sink):
     """OTLP metrics (hardware semantic conventions) and events as log records."""
 
@@ -907,7 +892,7 @@ class OtelSink(Sink):
         def is_fresh(snapshot: Snapshot | None) -> bool:
             if snapshot is None:
                 return False
-            return snapshot is not exported if interval else _has_new_results(snapshot, exported)
+            return snapshot is not exported if interval else has_new_results(snapshot, exported)
 
         try:
             while True:

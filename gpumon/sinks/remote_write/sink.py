@@ -31,7 +31,7 @@ from gpumon.config import ConfigError, Option, SectionSchema
 from gpumon.model import Snapshot
 from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
-from gpumon.sinks.common import Backoff, DeliveryCounters, LogOnce
+from gpumon.sinks.common import Backoff, DeliveryCounters, LogOnce, has_new_results
 from gpumon.sinks.remote_write import encoding
 from gpumon.sinks.remote_write.transport import Response, Transport, basic_authorization, tls_context
 from gpumon.sinks.spool import Batch, Spool, SpoolError
@@ -138,6 +138,7 @@ class RemoteWriteSink(Sink):
         self._transport: Transport | None = None
         self._token: Any = None
         self._last_sent: float | None = None
+        self._last_snapshot: Snapshot | None = None
         self._samples_per_request = 0.0
         self._counters = DeliveryCounters()
         self._log_once = LogOnce(log)
@@ -219,13 +220,17 @@ class RemoteWriteSink(Sink):
     # -- the loop's side ------------------------------------------------------------------------
 
     def publish(self, snapshot: Snapshot) -> None:
-        """Encode and spool the snapshot (at most one per ``interval``). Never raises."""
+        """Encode and spool the snapshot: one with a new collector run, or with ``interval`` the newest
+        at most once per interval. Never raises."""
         if self._spool is None:
             return
         now = self._clock()
-        if self._last_sent is not None and now - self._last_sent < self._opt["interval"] - 1e-3:
+        interval = self._opt["interval"]
+        if interval and self._last_sent is not None and now - self._last_sent < interval - 1e-3:
             return
-        self._last_sent = now
+        if not interval and not has_new_results(snapshot, self._last_snapshot):
+            return  # the loop's re-publication of the same data (sink health, deadlines)
+        self._last_sent, self._last_snapshot = now, snapshot
         try:
             record = self._record(snapshot)
             self._spool.append([record])
