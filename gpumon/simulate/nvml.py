@@ -7,8 +7,10 @@ types as nvidia-ml-py (ctypes structures from pynvml itself, opaque handles as c
 installed pynvml; an NVML function the double does not implement raises ``NVMLError_FunctionNotFound``,
 as a driver lacking it would.
 
-Profiles: ``a100-sxm4-80gb`` (ND A100 v4), ``h100-sxm5-80gb`` (ND H100 v5: GPM, 18 NVLinks) and ``a10``
-(NVads A10 v5: no NVLink, no HBM temperature, a fan). Values move with :meth:`FakeNVML.tick`.
+Profiles: ``a100-sxm4-80gb`` (ND A100 v4), ``h100-sxm5-80gb`` (ND H100 v5: GPM, 18 NVLinks), ``a10``
+(NVads A10 v5: no NVLink, no HBM temperature, a fan), ``gb200`` (ND GB200 v6: multi-node NVLink fabric).
+Values move with :meth:`FakeNVML.tick`; power samples (:meth:`nvmlDeviceGetSamples`) follow the load or
+a square-wave swing (:meth:`set_power_swing`), the fabric can be changed with :meth:`set_fabric`.
 
 The driver matters as it does on a real host: ``driver_version`` (default 550.90.07, an R550 production
 driver) decides which functions, event types and field ids exist. Before R570 there is no
