@@ -54,7 +54,7 @@ def test_gb200_exports_its_nvlink_domain_state_status_and_health() -> None:
     assert info[0].label("cluster_uuid") != "00000000-0000-0000-0000-000000000000"
     assert set(values(out, "gpumon_gpu_fabric_state").values()) == {3.0}
     assert set(values(out, "gpumon_gpu_fabric_status").values()) == {0.0}
-    assert set(values(out, "gpumon_gpu_fabric_health_summary").values()) == {1.0}
+    assert set(values(out, "gpumon_gpu_fabric_health_overall").values()) == {1.0}
     conds = {s.label("condition"): s.value for f in out.families
              if f.name == "gpumon_gpu_fabric_health_condition" for s in f.samples if s.label("gpu") == "0"}
     # every field the driver reports, healthy; GFM_STATE is NOT_SUPPORTED on this driver: absent
@@ -70,7 +70,7 @@ def test_h100_with_nvswitch_completes_without_a_domain_or_health() -> None:
     assert values(out, "gpumon_gpu_fabric_status") == {"0": 0.0, "1": 0.0}
     # a zero cluster UUID is no multi-node domain; health fields are NOT_SUPPORTED: no series
     assert not names(out) & {"gpumon_gpu_fabric_info", "gpumon_gpu_fabric_health_condition",
-                             "gpumon_gpu_fabric_health_summary"}
+                             "gpumon_gpu_fabric_health_overall"}
     c.close()
 
 
@@ -132,7 +132,7 @@ def test_a_driver_without_the_v3_struct_gets_v2_and_remembers_it() -> None:
     out = c.collect()
     assert set(values(out, "gpumon_gpu_fabric_state").values()) == {3.0}
     assert "gpumon_gpu_fabric_health_condition" in names(out)
-    assert "gpumon_gpu_fabric_health_summary" not in names(out)     # v3 only
+    assert "gpumon_gpu_fabric_health_overall" not in names(out)     # v3 only
     assert out.errors.get("nvml_argument_version_mismatch", 0) == 0   # a version step, not an error
     assert fake.gpu_calls[("nvmlDeviceGetGpuFabricInfoV", 0)] == 2   # v3 refused, then v2
     read_fabric_again(fake, c)

@@ -137,7 +137,7 @@ FABRIC_HEALTH = _m("gpumon_gpu_fabric_health_condition", GAUGE,
                    "1 while the NVLink fabric health condition holds (degraded_bandwidth, route_recovery, "
                    "route_unhealthy, access_timeout_recovery, incorrect_configuration, partition_unassigned, "
                    "gfm_disconnected); absent where the driver does not report it.", "", ("condition",))
-FABRIC_SUMMARY = _m("gpumon_gpu_fabric_health_summary", GAUGE,
+FABRIC_SUMMARY = _m("gpumon_gpu_fabric_health_overall", GAUGE,
                     "The driver's fabric health summary: 1 healthy, 2 unhealthy, 3 limited capacity.")
 CALLS = MetricSpec("gpumon_nvml_calls_total", COUNTER, "NVML library calls made, by function.", "",
                    ("function",))

@@ -191,7 +191,7 @@ METRIC_COLUMNS: tuple[MetricColumns, ...] = (
        split=_each("Nvlink", ("crc_flit", "crc_data", "replay", "recovery"), "Errors")),
     _g("gpumon_gpu_fabric_state", "FabricState", ("min",)),
     _g("gpumon_gpu_fabric_status", "FabricStatus", _LAST),
-    _g("gpumon_gpu_fabric_health_summary", "FabricHealthSummary", ("max",)),
+    _g("gpumon_gpu_fabric_health_overall", "FabricHealthSummary", ("max",)),
     _g("gpumon_gpu_fabric_health_condition", "", _FLAG, split_label="condition", split=_each("Fabric", (
         "degraded_bandwidth", "route_recovery", "route_unhealthy", "access_timeout_recovery",
         "incorrect_configuration", "partition_unassigned", "gfm_disconnected"))),
