@@ -1,16 +1,78 @@
-"""Azure Instance Metadata Service: who this VM is, asked once with a short timeout.
+"""Azure Instance Metadata Service (IMDS): the one client gpumon asks who this VM is and what the
+platform has scheduled for it.
 
-Off Azure the link-local address does not answer; the timeout keeps that from delaying anything,
-and callers run this on a background thread.
+Every part of gpumon (the ``host_info`` and ``azure_events`` collectors, the OpenTelemetry and Azure
+Monitor sinks) goes through :func:`client`, one shared :class:`ImdsClient` per IMDS address, so the
+compute document is fetched once and kept (re-read every ``compute_refresh`` seconds), and "not on
+Azure" is learnt once, by one short request, and kept too: off Azure nothing waits twice.
+
+Faults (404, 500, a slow or malformed answer, 429 when more than 5 requests a second reach IMDS) are
+raised as :class:`ImdsError` with a short ``reason`` that callers count; each reason is logged once
+until a request succeeds again. After a 429 the client asks nothing for a second (or the
+``Retry-After``): a throttled call fails at once instead of waiting.
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-IMDS_URL = "http://169.254.169.254/metadata/instance/compute?api-version=2021-02-01"
+from gpumon.config import Option, SectionSchema
+
+log = logging.getLogger("gpumon.imds")
+
+IMDS_ENDPOINT = "http://169.254.169.254"
+COMPUTE_PATH = "/metadata/instance/compute?api-version=2021-02-01"
+EVENTS_PATH = "/metadata/scheduledevents?api-version=2020-07-01"
+IMDS_URL = IMDS_ENDPOINT + COMPUTE_PATH
+"""The compute document's full URL (the sinks' ``imds_url`` default)."""
+
+MAX_BODY = 1 << 20
+THROTTLE_PAUSE = 1.0
+"""Seconds nothing is asked after a 429 without Retry-After (IMDS allows 5 requests a second)."""
+EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
+
+
+def _url_check(value: str) -> str | None:
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"must be an http:// URL such as {IMDS_ENDPOINT} (got {value!r})"
+    return None
+
+
+OPTIONS = SectionSchema(
+    "azure",
+    "Azure platform context: the Instance Metadata Service (IMDS) every part of gpumon asks.",
+    (
+        Option("imds_url", str, IMDS_ENDPOINT,
+               "IMDS address (scheme, host and port); the paths and api-versions are gpumon's. Requests "
+               "never go through a proxy.", check=_url_check),
+        Option("imds_timeout", float, 0.5,
+               "Seconds one IMDS request may take. Off Azure the first request fails within this and "
+               "the answer \"not on Azure\" is kept, so nothing waits twice.", min=0.05, max=60.0),
+        Option("compute_refresh", float, 600.0,
+               "Seconds the compute metadata (and a \"not on Azure\" answer) is kept before it is asked "
+               "again.", min=10.0, max=86400.0),
+    ),
+)
+
+
+class ImdsError(Exception):
+    """IMDS did not give a usable answer. ``reason`` is short and fixed, for counters:
+    ``unreachable``, ``timeout``, ``http_error``, ``throttled`` or ``malformed``."""
+
+    def __init__(self, reason: str, detail: str, status: int = 0) -> None:
+        super().__init__(f"IMDS {reason}: {detail}")
+        self.reason, self.detail, self.status = reason, detail, status
 
 
 @dataclass(frozen=True)
@@ -25,6 +87,8 @@ class AzureInstance:
     zone: str = ""
     subscription_id: str = ""
     resource_group: str = ""
+    placement_group_id: str = ""
+    platform_fault_domain: str = ""
 
     @classmethod
     def from_compute(cls, doc: dict) -> AzureInstance:
@@ -41,16 +105,254 @@ class AzureInstance:
             zone=str(doc.get("zone", "")),
             subscription_id=str(doc.get("subscriptionId", "")),
             resource_group=str(doc.get("resourceGroupName", "")),
+            placement_group_id=str(doc.get("placementGroupId", "")),
+            platform_fault_domain=str(doc.get("platformFaultDomain", "")),
         )
 
 
-def fetch_instance(url: str = IMDS_URL, timeout: float = 0.5) -> AzureInstance | None:
-    """The VM's identity, or None when not on Azure (or IMDS is unreachable) within ``timeout``."""
-    request = urllib.request.Request(url, headers={"Metadata": "true"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # IMDS must bypass proxies
-    try:
-        with opener.open(request, timeout=timeout) as response:
-            doc = json.loads(response.read(1 << 20))
-    except (OSError, ValueError):
+@dataclass(frozen=True)
+class ScheduledEvent:
+    """One entry of the Scheduled Events document. ``not_before`` is Unix time, None when the
+    document's NotBefore is empty (the event has started) or unreadable; ``duration`` -1 is unknown."""
+
+    event_id: str
+    event_type: str
+    status: str
+    source: str
+    resource_type: str
+    resources: tuple[str, ...]
+    not_before: float | None
+    not_before_text: str
+    description: str
+    duration: int
+
+
+@dataclass(frozen=True)
+class ScheduledEvents:
+    incarnation: int
+    events: tuple[ScheduledEvent, ...]
+
+
+def parse_not_before(text: str) -> float | None:
+    """An RFC 1123 date (``Mon, 19 Sep 2016 18:29:47 GMT``) as Unix time; None if empty or unreadable."""
+    if not text.strip():
         return None
-    return AzureInstance.from_compute(doc) if isinstance(doc, dict) else None
+    try:
+        return email.utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _event(item: Any) -> ScheduledEvent:
+    if not isinstance(item, dict) or not isinstance(item.get("EventId"), str) or not item["EventId"]:
+        raise ImdsError("malformed", f"event without an EventId: {str(item)[:200]}")
+    resources = item.get("Resources") or []
+    try:
+        duration = int(item.get("DurationInSeconds", -1))
+    except (TypeError, ValueError):
+        duration = -1
+    not_before = str(item.get("NotBefore") or "")
+    return ScheduledEvent(
+        event_id=item["EventId"], event_type=str(item.get("EventType", "")),
+        status=str(item.get("EventStatus", "")), source=str(item.get("EventSource", "")),
+        resource_type=str(item.get("ResourceType", "")),
+        resources=tuple(str(r) for r in resources) if isinstance(resources, list) else (),
+        not_before=parse_not_before(not_before), not_before_text=not_before,
+        description=str(item.get("Description", "")), duration=duration)
+
+
+def parse_scheduled_events(doc: Any) -> ScheduledEvents:
+    """The documented shape ``{"DocumentIncarnation": int, "Events": [...]}``, else ImdsError."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("Events", []), list):
+        raise ImdsError("malformed", "scheduled events document is not {DocumentIncarnation, Events[]}")
+    try:
+        incarnation = int(doc.get("DocumentIncarnation", 0))
+    except (TypeError, ValueError):
+        raise ImdsError("malformed", "DocumentIncarnation is not an integer") from None
+    return ScheduledEvents(incarnation, tuple(_event(item) for item in doc.get("Events", [])))
+
+
+def base_url(url: str) -> str:
+    """``scheme://host[:port]`` of any IMDS URL: a sink's full compute URL and ``[azure] imds_url``
+    name the same IMDS, hence the same shared client."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))  # IMDS must bypass proxies
+
+
+class ImdsClient:
+    """One IMDS: cached compute metadata, cached absence, throttling, and log-once faults.
+
+    Thread-safe: collectors and sinks call it from their own threads.
+    """
+
+    def __init__(self, url: str = IMDS_ENDPOINT, timeout: float = 0.5, refresh: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.url = base_url(url)
+        self.timeout = timeout
+        self.refresh = refresh
+        self._clock = clock
+        self._opener = _opener()
+        self._lock = threading.Lock()        # the compute cache and the absence verdict
+        self._state = threading.Lock()       # throttle and log-once bookkeeping
+        self._instance: AzureInstance | None = None
+        self._compute_at = -float("inf")
+        self._absent_error: ImdsError | None = None
+        self._throttled_until = -float("inf")
+        self._logged: set[str] = set()
+
+    # -- the wire ----------------------------------------------------------------------------------
+
+    def request(self, path: str, body: Mapping[str, Any] | None = None, timeout: float | None = None) -> Any:
+        """GET (or POST ``body`` as JSON) ``path``; the parsed JSON answer (None for an empty one)."""
+        now = self._clock()
+        with self._state:
+            if now < self._throttled_until:
+                raise ImdsError("throttled", f"asked too often; waiting {self._throttled_until - now:.1f} s")
+        try:
+            doc = self._exchange(path, body, self.timeout if timeout is None else timeout)
+        except ImdsError as exc:
+            self._failed(path, exc)
+            raise
+        with self._state:
+            self._logged.clear()
+        return doc
+
+    def _exchange(self, path: str, body: Mapping[str, Any] | None, timeout: float) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Metadata": "true"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        req = urllib.request.Request(self.url + path, data=data, headers=headers,
+                                     method="GET" if data is None else "POST")
+        try:
+            with self._opener.open(req, timeout=timeout) as response:
+                raw = response.read(MAX_BODY)
+        except urllib.error.HTTPError as exc:
+            raise self._http_error(exc) from None
+        except TimeoutError as exc:
+            raise ImdsError("timeout", f"no answer within {timeout:g} s ({exc})") from None
+        except urllib.error.URLError as exc:
+            kind = "timeout" if isinstance(exc.reason, TimeoutError) else "unreachable"
+            raise ImdsError(kind, f"{self.url}: {exc.reason}") from None
+        except (OSError, ValueError) as exc:
+            raise ImdsError("unreachable", f"{self.url}: {exc}") from None
+        if not raw.strip():
+            return None
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise ImdsError("malformed", f"{path}: not JSON ({exc})") from None
+
+    def _http_error(self, exc: urllib.error.HTTPError) -> ImdsError:
+        status = exc.code
+        exc.close()
+        if status == 429:
+            pause = _retry_after(exc.headers.get("Retry-After") if exc.headers else None)
+            with self._state:
+                self._throttled_until = self._clock() + pause
+            return ImdsError("throttled", f"429 Too Many Requests; pausing {pause:g} s", 429)
+        return ImdsError("http_error", f"HTTP {status} {exc.reason}", status)
+
+    def _failed(self, path: str, exc: ImdsError) -> None:
+        key = f"{path.partition('?')[0]}:{exc.reason}"
+        with self._state:
+            if key in self._logged:
+                return
+            self._logged.add(key)
+        log.warning("%s (logged once until IMDS answers again, counted every time)", exc)
+
+    # -- compute metadata --------------------------------------------------------------------------
+
+    def instance(self) -> AzureInstance:
+        """The VM's compute metadata, cached for ``refresh`` seconds. A failed refresh keeps the
+        previous answer; with none, raises ImdsError (at once while "not on Azure" is cached)."""
+        with self._lock:
+            now = self._clock()
+            if self._instance is not None and now - self._compute_at < self.refresh:
+                return self._instance
+            if self._absent_error is not None and now - self._compute_at < self.refresh:
+                raise self._absent_error
+            try:
+                doc = self.request(COMPUTE_PATH)
+                if not isinstance(doc, dict):
+                    raise ImdsError("malformed", "compute metadata is not a JSON object")
+            except ImdsError as exc:
+                return self._keep_previous(exc, now)
+            self._instance, self._compute_at, self._absent_error = AzureInstance.from_compute(doc), now, None
+            return self._instance
+
+    def _keep_previous(self, exc: ImdsError, now: float) -> AzureInstance:
+        if exc.reason in ("unreachable", "timeout") and self._instance is None:
+            self._absent_error, self._compute_at = exc, now  # no IMDS here: do not ask again soon
+        if self._instance is None:
+            raise exc
+        return self._instance
+
+    def on_azure(self) -> tuple[bool, str]:
+        """Whether an IMDS answers here, from the cache where it can (one short probe at most):
+        (True, "") when it answered at all, even with an error; else (False, why)."""
+        try:
+            self.instance()
+        except ImdsError as exc:
+            if exc.reason in ("unreachable", "timeout"):
+                return False, f"not on Azure: no IMDS at {self.url} ({exc.detail})"
+        return True, ""
+
+    # -- Scheduled Events --------------------------------------------------------------------------
+
+    def scheduled_events(self, timeout: float | None = None) -> ScheduledEvents:
+        """The current Scheduled Events document (the first request enables the service)."""
+        return parse_scheduled_events(self.request(EVENTS_PATH, timeout=timeout))
+
+    def acknowledge(self, event_ids: list[str], timeout: float | None = None) -> None:
+        """Start the events now: POST ``{"StartRequests": [{"EventId": ...}]}``."""
+        self.request(EVENTS_PATH, {"StartRequests": [{"EventId": e} for e in event_ids]}, timeout)
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds to pause after a 429: Retry-After's delta-seconds, else one second, at most a minute."""
+    try:
+        seconds = float(value) if value else THROTTLE_PAUSE
+    except ValueError:
+        seconds = THROTTLE_PAUSE
+    return min(max(seconds, 0.0), 60.0) if seconds == seconds else THROTTLE_PAUSE
+
+
+_clients: dict[str, ImdsClient] = {}
+_clients_lock = threading.Lock()
+
+
+def client(url: str = IMDS_ENDPOINT, timeout: float | None = None, refresh: float | None = None) -> ImdsClient:
+    """The shared client for the IMDS at ``url`` (any URL on it). A timeout or refresh given here
+    replaces the client's (the latest configuration wins, as after a reload)."""
+    key = base_url(url)
+    with _clients_lock:
+        shared = _clients.get(key)
+        if shared is None:
+            shared = _clients[key] = ImdsClient(key)
+        if timeout is not None:
+            shared.timeout = float(timeout)
+        if refresh is not None:
+            shared.refresh = float(refresh)
+        return shared
+
+
+def configured(section: Mapping[str, Any] | None) -> ImdsClient:
+    """The shared client as ``[azure]`` configures it (defaults where the section is absent)."""
+    values = OPTIONS.values(section)
+    return client(values["imds_url"], values["imds_timeout"], values["compute_refresh"])
+
+
+def fetch_instance(url: str = IMDS_URL, timeout: float = 0.5) -> AzureInstance | None:
+    """The VM's identity through the shared client (``timeout`` applies if this makes the client),
+    or None when IMDS does not give it."""
+    with _clients_lock:
+        known = base_url(url) in _clients
+    try:
+        return (client(url) if known else client(url, timeout)).instance()
+    except ImdsError:
+        return None
