@@ -19,6 +19,7 @@ from typing import Any
 
 from gpumon import __version__, daemon, logs, registry, report, sdnotify
 from gpumon.config import DAEMON, Config, ConfigError, SectionSchema, load
+from gpumon.health.settings import HEALTH
 
 log = logging.getLogger("gpumon")
 
@@ -27,7 +28,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 def schemas() -> list[SectionSchema]:
     """The [daemon] section plus the section each installed collector and sink declares."""
-    found = [DAEMON]
+    found = [DAEMON, HEALTH]
     plugins = [(name, registry.collector_class) for name in registry.available_collectors()]
     plugins += [(name, registry.sink_class) for name in registry.available_sinks()]
     for name, lookup in plugins:
@@ -65,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     once.add_argument("--format", choices=("table", "json", "prometheus"), default="table")
     check = sub.add_parser("check", help="probe every enabled collector and sink and print a verdict")
     _common(check)
+    health = sub.add_parser("health", help="the node's health verdict (exit 0 healthy, 1 degraded or "
+                            "unhealthy); 'health clear RULE|--all' clears sticky verdicts")
+    _common(health)
+    health.add_argument("--format", choices=("table", "json"), default="table")
+    health.add_argument("action", nargs="?", choices=("clear",), help="clear sticky verdicts")
+    health.add_argument("rule", nargs="?", help="the rule id (or rule|subject key) to clear")
+    health.add_argument("--all", action="store_true", help="with clear: every sticky verdict")
     return parser
 
 
@@ -95,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpumon: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     logs.setup(_log_level(args, config), config.daemon.log_format)
-    command = {"run": cmd_run, "once": cmd_once, "check": cmd_check}[args.command]
+    command = {"run": cmd_run, "once": cmd_once, "check": cmd_check, "health": cmd_health}[args.command]
     try:
         return command(args, config)
     except daemon.StartupError as exc:
@@ -179,7 +187,7 @@ def cmd_once(args: argparse.Namespace, config: Config) -> int:
     ctx, tmp = _once_context(config)
     try:
         plan = daemon.plan_collectors(config, ctx)
-        snapshot = daemon.collect_once(config, plan, ctx)
+        snapshot = daemon.collect_once(config, plan, ctx, health=daemon.health_stage(config, ctx, persist=False))
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -192,6 +200,44 @@ def cmd_once(args: argparse.Namespace, config: Config) -> int:
     for problem in problems:
         print(f"gpumon: {problem}", file=sys.stderr)
     return EXIT_FAILED if problems else EXIT_OK
+
+
+def cmd_health(args: argparse.Namespace, config: Config) -> int:
+    """The verdict a running daemon would give now: saved sticky verdicts plus this moment's signals."""
+    if args.action == "clear":
+        return _health_clear(args, config)
+    if args.rule or args.all:
+        print("gpumon: error: a rule or --all goes with 'health clear'", file=sys.stderr)
+        return EXIT_USAGE
+    ctx, tmp = _once_context(config)
+    try:
+        stage = daemon.health_stage(config, ctx, persist=False)
+        if stage is None:
+            print("gpumon: error: [health] enabled = false: no verdict", file=sys.stderr)
+            return EXIT_USAGE
+        daemon.collect_once(config, daemon.plan_collectors(config, ctx), ctx, health=stage)
+        verdict = stage.verdict()
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    sys.stdout.write(report.health_json(verdict) if args.format == "json" else report.health_table(verdict))
+    return EXIT_OK if verdict.level == 0 else EXIT_FAILED
+
+
+def _health_clear(args: argparse.Namespace, config: Config) -> int:
+    from gpumon.health.state import clear
+
+    if bool(args.rule) == bool(args.all):
+        print("gpumon: error: 'health clear' takes a rule id or --all", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        gone = clear(config.daemon.state_dir, None if args.all else args.rule)
+    except OSError as exc:
+        print(f"gpumon: error: cannot clear the health state in {config.daemon.state_dir}: {exc}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    print(f"cleared {len(gone)} verdict(s){': ' if gone else ''}{', '.join(gone)}")
+    return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace, config: Config) -> int:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from gpumon import __version__, registry, statelock
 from gpumon.collectors.base import Collector, CollectorUnavailable, Context
 from gpumon.config import Config, ConfigError
+from gpumon.health.settings import health_settings
+from gpumon.health.stage import HealthStage
 from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot
 from gpumon.selfmetrics import CollectorBook, SelfMetrics, reason_code
 from gpumon.sinks.base import Sink, SinkContext, SinkHealth
@@ -283,8 +285,11 @@ class Loop:
     """Seconds after which a snapshot is published even without a new result (process metrics)."""
 
     def __init__(self, config: Config, plan: Plan, ctx: Context, sinks: list[Sink],
-                 reloads: dict[str, int] | None = None) -> None:
+                 reloads: dict[str, int] | None = None, health: HealthStage | None = None) -> None:
         self.config = config
+        self.health = health
+        self._health_seen: tuple[int, ...] | None = None
+        self._health_out: tuple[tuple[MetricFamily, ...], tuple[Event, ...]] = ((), ())
         self.reloads = reloads
         self.plan = plan
         self.ctx = ctx
@@ -483,13 +488,39 @@ class Loop:
                 reloads = {k: v for k, v in self.reloads.items() if k != "last_ok"}
                 reloads["last_ok"] = self.reloads["last_ok"]
             not_running = {p.name: p.reason for p in self.plan.collectors if p.name not in self._slots}
-            families.extend(self.self_metrics.families(books, self._sink_health, reloads, not_running))
             events, self._events = tuple(self._events), []
+            health_families, health_events = self._judge(families, events, statuses)
+            families.extend(health_families)
+            events += health_events
+            families.extend(self.self_metrics.families(books, self._sink_health, reloads, not_running))
             self._seq += 1
             snapshot = Snapshot(self.host, time.time(), _merged(families), events, tuple(statuses), self._seq)
             self.latest = snapshot
             self.snapshot_ready.notify_all()
         return snapshot
+
+    def _judge(self, families: list[MetricFamily], events: tuple[Event, ...],
+               statuses: list[CollectorStatus]) -> tuple[tuple[MetricFamily, ...], tuple[Event, ...]]:
+        """The health stage's view of the collectors' latest results: evaluated only when a collector
+        brought a new run (a status object is replaced per run), its series kept between."""
+        if self.health is None:
+            return (), ()
+        if any(slot.status is None for slot in self._slots.values()):
+            return (), ()  # no verdict before every collector has reported once
+        seen = tuple(slot.book.runs for slot in self._slots.values())
+        if seen == self._health_seen:
+            return self._health_out[0], ()
+        self._health_seen = seen
+        try:
+            result = self.health.update(Snapshot(self.host, time.time(), tuple(families), events,
+                                                 tuple(statuses)))
+        except Exception:  # a rule bug must not stop the loop: the verdict goes stale, counted in the log
+            log.exception("health: evaluating the rules failed")
+            return self._health_out[0], ()
+        for event in result.events:
+            log_event(event)
+        self._health_out = (result.families, result.events)
+        return result.families, result.events
 
     def publish_now(self) -> Snapshot:
         snapshot = self.compose()
@@ -501,9 +532,18 @@ class Loop:
         return snapshot
 
 
-def collect_once(config: Config, plan: Plan, ctx: Context, timeout: float | None = None) -> Snapshot:
+def health_stage(config: Config, ctx: Context, persist: bool = True) -> HealthStage | None:
+    """The health stage ``[health]`` asks for (None when disabled)."""
+    section = config.sections.get("health")
+    if section is None or not section["enabled"]:
+        return None
+    return HealthStage(ctx.state_dir, health_settings(section), vm_size=_vm_size_of(ctx), persist=persist)
+
+
+def collect_once(config: Config, plan: Plan, ctx: Context, timeout: float | None = None,
+                 health: HealthStage | None = None) -> Snapshot:
     """``gpumon once``: every running collector once, in parallel, each bounded by its deadline."""
-    loop = Loop(config, plan, ctx, [])
+    loop = Loop(config, plan, ctx, [], health=health)
     threads = []
     start = time.monotonic()
     for runner in loop.runners:
@@ -543,6 +583,7 @@ class _Build:
     sinks: list[Sink]
     fresh: list[Sink]
     holder: dict[str, Loop]
+    health: HealthStage | None = None
 
 
 class Daemon:
@@ -558,6 +599,7 @@ class Daemon:
         self.reloads = {"success": 0, "failure": 0, "last_ok": 1}
         self._fingerprints: dict[str, dict | None] = {}
         self._state_lock: statelock.StateLock | None = None
+        self._health_key: tuple | None = None
 
     def _build(self, config: Config, kept: dict[str, Sink]) -> _Build:
         ctx = make_context(config)
@@ -588,7 +630,7 @@ class Daemon:
         except BaseException:
             _close_plan(plan)
             raise
-        return _Build(config, ctx, plan, sinks, fresh, holder)
+        return _Build(config, ctx, plan, sinks, fresh, holder, self._health_for(config, ctx))
 
     def _launch(self, build: _Build, previous: Loop | None = None) -> None:
         """Start the new sinks (binding ports), then the loop. On a sink failure nothing is left
@@ -604,7 +646,7 @@ class Daemon:
                 reason = _start_failure(build.config, sink, exc)
                 raise StartupError(f"sink '{sink.name}' failed to start: {reason}") from exc
             started.append(sink)
-        loop = Loop(build.config, build.plan, build.ctx, build.sinks, self.reloads)
+        loop = Loop(build.config, build.plan, build.ctx, build.sinks, self.reloads, build.health)
         if previous is not None:
             loop.carry_over(previous)
         build.holder["loop"] = loop
@@ -617,6 +659,19 @@ class Daemon:
         log.info("gpumon %s running collectors: %s; sinks: %s", __version__,
                  ", ".join(p.name for p in build.plan.running) or "none",
                  ", ".join(s.name for s in build.sinks))
+
+    def _health_for(self, config: Config, ctx: Context) -> HealthStage | None:
+        """The health stage; a reload that changes neither ``[health]`` nor the state directory keeps
+        the running one (its memory of counters and of the last verdict)."""
+        section = config.sections.get("health")
+        if section is None or not section["enabled"]:
+            return None
+        key = (dict(section), ctx.state_dir)
+        running = self.loop.health if self.loop is not None else None
+        if running is not None and self._health_key == key:
+            return running
+        self._health_key = key
+        return health_stage(config, ctx)
 
     def start(self) -> Plan:
         """Lock the state directory, probe, start sinks, start collectors. Raises StartupError for
@@ -739,3 +794,9 @@ def _close_plan(plan: Plan) -> None:
     for planned in plan.collectors:
         if planned.collector is not None:
             planned.collector.close()
+
+
+def _vm_size_of(ctx: Context):
+    """Where the health stage learns the VM size: the simulated profile's, else none yet."""
+    size = getattr(getattr(ctx.simulation, "host", None), "vm_size", "") if ctx.simulation is not None else ""
+    return lambda: size

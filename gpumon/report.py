@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from gpumon import registry
 from gpumon.collectors.base import Table
+from gpumon.health.stage import Verdict
 from gpumon.model import Snapshot
 from gpumon.render import Renderer
 
@@ -69,3 +70,17 @@ def as_table(snapshot: Snapshot, width: int = WIDTH) -> str:
         for c in snapshot.collectors))
     parts.append(format_table(collectors, width))
     return "\n\n".join(parts) + "\n"
+
+
+def health_json(verdict: Verdict) -> str:
+    return json.dumps(verdict.as_dict(), indent=2) + "\n"
+
+
+def health_table(verdict: Verdict, width: int = WIDTH) -> str:
+    """``gpumon health``: the verdict in one line, then each finding and what to do about it."""
+    doc = verdict.as_dict()
+    head = f"{doc['status'].upper()}  action: {doc['action']}" + (f"  (held to: {doc['sku']})" if doc["sku"] else "")
+    findings = Table("Findings", ("rule", "subject", "severity", "action", "sticky", "reason"), tuple(
+        (f["rule"], " ".join(f"{k}={v}" for k, v in f["subject"].items()) or "node", f["severity"], f["action"],
+         "yes" if f["sticky"] else "no", f["reason"]) for f in doc["findings"]))
+    return head + "\n\n" + format_table(findings, width) + "\n"

@@ -115,7 +115,7 @@ def test_the_graph_sees_real_edges():
     """Guards the parser itself: a graph with no edges would make every other test pass."""
     edges = graph()
     assert "gpumon.config" in edges["gpumon.collectors.base"]
-    assert "gpumon.collectors.infiniband" in edges["gpumon.simulate.sysfs"]
+    assert "gpumon.sources.ib_sysfs" in edges["gpumon.simulate.sysfs"]
     assert "gpumon.simulate" in edges["gpumon.daemon"]  # imported inside make_context
     assert "gpumon.daemon" in edges["gpumon.cli"]       # `from gpumon import daemon`
 

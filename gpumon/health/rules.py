@@ -102,10 +102,10 @@ class Evaluator:
         out += self._gpu_rules(fams)
         out += self._xids(fams)
         out += self._ib_rules(fams, now)
-        out += self._inventory(fams)
+        out += self._inventory(fams, _judgeable(snapshot))
         out += self._collectors(snapshot)
-        return [f for f in out if f.rule.split(".xid.")[0] not in self.thresholds.disabled
-                and f.rule not in self.thresholds.disabled]
+        off = self.thresholds.disabled
+        return [f for f in out if f.rule not in off and not (f.rule.startswith("gpu.xid.") and "gpu.xid" in off)]
 
     # -- GPUs --------------------------------------------------------------------------------
     def _flag(self, rule: str, subject: Subject, bad: bool, reason: str, action: str | None = None,
@@ -245,21 +245,24 @@ class Evaluator:
         return out
 
     # -- inventory and collectors -------------------------------------------------------------
-    def _inventory(self, fams: Mapping[str, MetricFamily]) -> list[Finding]:
+    def _inventory(self, fams: Mapping[str, MetricFamily], judgeable: set[str]) -> list[Finding]:
+        """Counts against the VM size. A collector that is down says nothing about the hardware (its
+        series are withdrawn; ``collector.down`` reports it); one with no source at all (no driver,
+        no HCA) means the hardware is missing indeed."""
         exp = self.expected
         if exp is None:
             return []
         out = []
         info = _samples(fams, "gpumon_gpu_info")
-        if "gpumon_gpu_info" in fams or exp.gpus:
+        if "nvml" in judgeable and exp.gpus:
             out.append(self._flag("gpu.missing", (), len(info) < exp.gpus,
                                   f"{len(info)} of {exp.gpus} GPUs of a {exp.family} present"))
-        if exp.gpu_model:
+        if exp.gpu_model and "nvml" in judgeable:
             wrong = sorted({s.label("model") or "" for s in info} - {""})
             wrong = [m for m in wrong if exp.gpu_model not in m]
             out.append(self._flag("gpu.model", (), bool(wrong),
                                   f"GPU model {', '.join(wrong)}; a {exp.family} has {exp.gpu_model}"))
-        if exp.ib_ports:
+        if exp.ib_ports and "infiniband" in judgeable:
             ports = self._ib_ports(fams)
             out.append(self._flag("ib.port.missing", (), len(ports) < exp.ib_ports,
                                   f"{len(ports)} of {exp.ib_ports} InfiniBand ports of a {exp.family} present"))
@@ -272,6 +275,11 @@ class Evaluator:
                 out.append(self._flag("collector.down", (("collector", status.name),), not status.ok,
                                       f"collector {status.name} is down: {status.error}"))
         return out
+
+
+def _judgeable(snapshot: Snapshot) -> set[str]:
+    """Collectors whose view of the hardware can be trusted: up, or without any source at all."""
+    return {s.name for s in snapshot.collectors if s.ok or not s.available}
 
 
 def worst(findings: Iterable[Finding]) -> Level:

@@ -64,8 +64,9 @@ class HealthStage:
 
     def __init__(self, state_dir: str, settings: HealthSettings,
                  vm_size: Callable[[], str] = lambda: "", clock: Callable[[], float] = time.time,
-                 boot: str | None = None) -> None:
+                 boot: str | None = None, persist: bool = True) -> None:
         self.settings = settings
+        self.persist = persist  # ``gpumon once`` and ``gpumon health`` read the state, never write it
         self._vm_size = vm_size
         self._clock = clock
         self._store = StateStore(state_dir)
@@ -195,6 +196,8 @@ class HealthStage:
                        "findings": [dict(f) for f in verdict.findings]}),)
 
     def _save(self, now: float) -> None:
+        if not self.persist:
+            return
         self._state.history = self._evaluator.history.as_dict()
         try:
             with self._store.locked():
@@ -218,7 +221,7 @@ class HealthStage:
         for a in self._state.active.values():
             subject = dict(map(tuple, a.subject))
             levels[(a.rule, subject.get("gpu", ""), subject.get("device", ""), subject.get("port", ""))] = a.level
-        samples = tuple(Sample(tuple(zip(STATE.labels, key)), value) for key, value in sorted(levels.items()))
+        samples = tuple(Sample(tuple(zip(STATE.labels, key)), float(value)) for key, value in sorted(levels.items()))
         return (MetricFamily(STATE, samples), MetricFamily(NODE, (Sample((), float(verdict.level)),)))
 
 

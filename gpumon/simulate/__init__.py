@@ -33,18 +33,24 @@ class HostProfile:
     driver_version: str = "550.90.07"
     #: (low W, high W, Hz): the GPUs' power samples swing like a synchronous training step
     power_swing: tuple[float, float, float] | None = None
+    #: the Azure VM size IMDS would report for such a host (what the health stage holds it to)
+    vm_size: str = ""
 
 
 HOSTS: dict[str, HostProfile] = {
     "nd-h100-v5": HostProfile("Azure ND H100 v5: 8 x H100 80GB HBM3, 8 x NDR 400 IB + mlx5_an0",
-                              "h100-sxm5-80gb", 8, "nd-h100-v5", power_swing=(350.0, 700.0, 1.0)),
+                              "h100-sxm5-80gb", 8, "nd-h100-v5", power_swing=(350.0, 700.0, 1.0),
+                              vm_size="Standard_ND96isr_H100_v5"),
     "nd-gb200-v6": HostProfile("Azure ND GB200 v6: 4 x GB200 (NVLink 5 fabric), 2 x Grace (aarch64), "
                                "4 x NDR 400 IB + mlx5_an0", "gb200", 4, "nd-gb200-v6",
-                               driver_version="570.133.20", power_swing=(600.0, 1200.0, 1.0)),
+                               driver_version="570.133.20", power_swing=(600.0, 1200.0, 1.0),
+                               vm_size="Standard_ND128isr_NDR_GB200_v6"),
     "nd-a100-v4": HostProfile("Azure ND A100 v4: 8 x A100 80GB SXM, 8 x HDR 200 IB + mlx5_an0",
-                              "a100-sxm4-80gb", 8, "nd-a100-v4"),
-    "nv-a10-v5": HostProfile("Azure NVads A10 v5: 1 x A10, no InfiniBand", "a10", 1, None),
-    "hbv4": HostProfile("Azure HBv4: no GPU, 1 x NDR IB", None, 0, "hbv4"),
+                              "a100-sxm4-80gb", 8, "nd-a100-v4",
+                              vm_size="Standard_ND96amsr_A100_v4"),  # 80 GB A100s: the NDm size
+    "nv-a10-v5": HostProfile("Azure NVads A10 v5: 1 x A10, no InfiniBand", "a10", 1, None,
+                             vm_size="Standard_NV36ads_A10_v5"),
+    "hbv4": HostProfile("Azure HBv4: no GPU, 1 x NDR IB", None, 0, "hbv4", vm_size="Standard_HB176rs_v4"),
 }
 
 

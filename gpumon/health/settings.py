@@ -1,0 +1,47 @@
+"""The ``[health]`` config section: which rules run, their thresholds, and the VM size to hold the
+node to. Parsed once into :class:`~gpumon.health.stage.HealthSettings`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpumon.config import Option, SectionSchema
+from gpumon.health.catalogue import RULE_BY_ID
+from gpumon.health.rules import Thresholds
+from gpumon.health.stage import HealthSettings
+
+
+def _known_rules(value: Any) -> str | None:
+    unknown = [r for r in value if r not in RULE_BY_ID and not str(r).startswith("gpu.xid.")]
+    return f"unknown rule ids: {', '.join(map(str, unknown))} (known: {', '.join(RULE_BY_ID)})" if unknown else None
+
+
+HEALTH = SectionSchema("health", "The node's health verdict: rules over every snapshot, and what to hold "
+                       "the node to.", (
+    Option("enabled", bool, True, "Evaluate the health rules (`gpumon_health_state`, `gpumon_node_health`, "
+           "`/health`, `health_changed` events)."),
+    Option("disabled_rules", list, [], "Rule ids not evaluated (for example `gpu.thermal_slowdown`; "
+           "`gpu.xid` turns off every `gpu.xid.<n>`).", check=_known_rules),
+    Option("vm_size", str, "", "The Azure VM size whose inventory the node is held to; empty: IMDS's "
+           "`vmSize`, and on a size without data the first healthy run (a baseline)."),
+    Option("hold_seconds", float, 300.0, "Seconds a transient finding (a port down, a thermal slowdown) "
+           "must stay absent before it clears.", min=0.0, max=86400.0 * 7),
+    Option("flap_threshold", int, 5, "Flaps within `flap_window` that make a port flapping (NHC's check "
+           "drains at 5 in 24 h).", min=1, max=10000),
+    Option("flap_window", float, 86400.0, "Seconds of the flap window.", min=60.0, max=86400.0 * 30),
+    Option("ib_error_threshold", float, 100.0, "Growth of a port's physical error counters (symbol errors, "
+           "link error recoveries, local link integrity, excessive buffer overrun) that is unhealthy.",
+           min=1.0),
+    Option("ib_error_window", float, 3600.0, "Seconds over which `ib_error_threshold` counts.",
+           min=60.0, max=86400.0 * 7),
+))
+
+
+def health_settings(section: Mapping[str, Any] | None) -> HealthSettings:
+    v = HEALTH.values(section)
+    thresholds = Thresholds(flap_threshold=int(v["flap_threshold"]), flap_window=float(v["flap_window"]),
+                            ib_error_threshold=float(v["ib_error_threshold"]),
+                            ib_error_window=float(v["ib_error_window"]),
+                            disabled=frozenset(str(r) for r in v["disabled_rules"]))
+    return HealthSettings(thresholds, hold_seconds=float(v["hold_seconds"]), vm_size=str(v["vm_size"]))
