@@ -201,3 +201,16 @@ def test_401_is_a_configuration_fault_kept_and_retried(started, caplog):
         assert server.samples() == 4
     finally:
         server.close()
+
+
+def test_check_posts_an_empty_request_and_says_what_is_wrong(receiver, tmp_path):
+    ok = make_sink(tmp_path, receiver.url).check()
+    assert [r.ok for r in ok] == [True] and "accepts remote write" in ok[0].message
+    assert receiver.received[0].series == [] and receiver.received[0].headers["Content-Encoding"] == "snappy"
+    receiver.answer(Reply(404, body="not found"))
+    refused = make_sink(tmp_path, receiver.url).check()
+    assert not refused[0].ok and "HTTP 404: not found" in refused[0].message
+    down = make_sink(tmp_path, f"http://127.0.0.1:{free_port()}/api/v1/write").check()
+    assert not down[0].ok and "unreachable" in down[0].message
+    bad = make_sink(tmp_path, "ftp://127.0.0.1/x").check()
+    assert not bad[0].ok and "url" in bad[0].message

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from gpumon.render import Renderer
-from tests.conftest import wait_for
+from tests.conftest import http_get, wait_for
 from tests.remote_write_helpers import SimulatedHost, delivered, make_sink
 
 pytest.importorskip("cramjam")
@@ -87,3 +87,33 @@ def test_samples_sent_during_an_outage_arrive_after_the_receiver_restarts(promet
         assert all(same(stored[k], v) for k, v in expected.items())
     count = prometheus.query('count_over_time(gpumon_build_info{job="gpumon"}[1h])', at=during[-1].time + 0.001)
     assert float(count[0]["value"][1]) == 1 + len(during)
+
+
+def test_gpumon_run_writes_its_page_into_prometheus(prometheus_server, gpumon_run):
+    prometheus = prometheus_server(None, *RECEIVER)
+    gpumon = gpumon_run("--simulate", "nd-h100-v5", "--interval", "1", "--sinks", "prometheus,remote_write",
+                        env={"GPUMON_REMOTE_WRITE_URL": prometheus.url + "/api/v1/write"})
+
+    def series_match() -> bool:
+        status, _, body = http_get(gpumon.url + "/metrics")
+        stored = {frozenset(r["metric"].items()) for r in prometheus.query('{job="gpumon"}')}
+        instance = {dict(key).get("instance") for key in stored}
+        if status != 200 or len(instance) != 1:  # no collection yet
+            return False
+        return parser_keys(body.decode(), instance.pop()) == stored
+
+    wait_for(series_match, timeout=15, interval=0.25)
+    assert 'gpumon_sink_up{sink="remote_write"} 1' in gpumon.metrics()
+    code, _ = gpumon.stop()
+    assert code == 0
+
+
+def parser_keys(text: str, instance: str) -> set[frozenset]:
+    """The page's series as label sets, with the job and instance the sink adds."""
+    keys = set()
+    for family in parser.text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = {k: v for k, v in sample.labels.items() if v}
+            labels.update({"__name__": sample.name, "job": "gpumon", "instance": instance})
+            keys.add(frozenset(labels.items()))
+    return keys
