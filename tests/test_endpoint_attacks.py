@@ -8,12 +8,15 @@ and seconds.
 from __future__ import annotations
 
 import base64
+import multiprocessing
+import os
 import selectors
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import bcrypt
 import pytest
@@ -341,3 +344,132 @@ def test_throttled_source_gets_429_with_retry_after_and_others_are_unaffected(si
             while reply.count(b"HTTP/1.1 ") < 2 or not reply.endswith(b"\n"):
                 reply += c.recv(65536)
         assert b"HTTP/1.1 401" in reply and b"HTTP/1.1 429" in reply and b"Retry-After: 10" in reply
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+        return int(next(line.split()[1] for line in fh if line.startswith("VmRSS:")))
+
+
+def under_attack(daemon, attack: Callable[[Any], None], headers: dict[str, str] | None = None,
+                 seconds: float = 3.0) -> tuple[int, int, list[float]]:
+    """Run ``attack`` against a `gpumon run` for ``seconds`` while scraping it: (idle RSS KiB, peak
+    RSS KiB during the attack, sorted scrape latencies)."""
+    url = daemon.url + "/metrics"
+
+    def scraped() -> bool:
+        try:
+            return http_get(url, headers, timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    wait_for(scraped, timeout=15)  # started, and the first snapshot is published
+    for _ in range(5):  # warm: threads started, page served a few times
+        assert scraped()
+    idle = rss_kib(daemon.proc.pid)
+    context = multiprocessing.get_context("fork")  # the attacker's threads must not share the scraper's GIL
+    stop = context.Event()
+    peak = [idle]
+
+    def sample() -> None:
+        while not stop.wait(0.05):
+            peak[0] = max(peak[0], rss_kib(daemon.proc.pid))
+
+    attacker = context.Process(target=_niced, args=(attack, stop), daemon=True)
+    sampler = threading.Thread(target=sample)
+    attacker.start()
+    sampler.start()
+    latencies = []
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            status = http_get(url, headers, timeout=2)[0]
+            latencies.append(time.perf_counter() - t0)
+            assert status == 200
+    finally:
+        stop.set()
+        sampler.join(5)
+        attacker.join(20)
+        if attacker.is_alive():
+            attacker.kill()
+    return idle, peak[0], sorted(latencies)
+
+
+def _niced(attack: Callable[[Any], None], stop: Any) -> None:
+    """The load generator yields the CPU to the daemon: on a small machine its own cycles would
+    otherwise be what the scrape latency measures."""
+    os.nice(10)
+    attack(stop)
+
+
+def p99(latencies: list[float]) -> float:
+    return latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+
+
+def idle_flood(port: int) -> Callable[[threading.Event], None]:
+    def attack(stop: threading.Event) -> None:
+        with Flood(port, 200, ["127.0.0.2"]):
+            stop.wait(10)
+    return attack
+
+
+def header_flood(port: int, clients: int = 40) -> Callable[[threading.Event], None]:
+    """``clients`` connections each sending 100 header lines of 64 KB, again and again."""
+    line = b"X-Pad: " + b"a" * 65000 + b"\r\n"
+
+    def one(stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=2,
+                                              source_address=("127.0.0.4", 0)) as conn:
+                    conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                    for _ in range(100):
+                        conn.sendall(line)
+            except OSError:
+                pass  # the server answered 431 and closed: that is the point
+
+    def attack(stop: threading.Event) -> None:
+        workers = [threading.Thread(target=one, args=(stop,)) for _ in range(clients)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(20)
+    return attack
+
+
+def test_gpumon_run_keeps_memory_and_scrape_latency_under_floods(gpumon_run):
+    daemon = gpumon_run("--simulate", "nd-h100-v5")
+    for name, attack in (("idle", idle_flood(daemon.port)), ("headers", header_flood(daemon.port))):
+        idle, peak, latencies = under_attack(daemon, attack)
+        assert peak < 2 * idle, f"{name}: RSS {idle} KiB idle, {peak} KiB under attack"
+        assert len(latencies) >= 20 and p99(latencies) < 0.05, f"{name}: p99 {p99(latencies) * 1000:.1f} ms"
+
+
+def test_gpumon_run_keeps_memory_and_scrape_latency_under_a_wrong_password_flood(gpumon_run, tmp_path):
+    slow = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode()
+    (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  prometheus: '{slow}'\n")
+    daemon = gpumon_run("--simulate", "nd-h100-v5", ready=False,
+                        env={"GPUMON_PROMETHEUS_WEB_CONFIG_FILE": str(tmp_path / "web.yml")})
+
+    def attack(stop: threading.Event) -> None:
+        def one() -> None:
+            while not stop.is_set():
+                try:
+                    with socket.create_connection(("127.0.0.1", daemon.port), timeout=2,
+                                                  source_address=("127.0.0.5", 0)) as conn:
+                        conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                                     + WRONG.encode() + b"\r\n\r\n")
+                        conn.recv(4096)
+                except OSError:
+                    pass
+
+        workers = [threading.Thread(target=one) for _ in range(32)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(20)
+
+    idle, peak, latencies = under_attack(daemon, attack, {"Authorization": GOOD})
+    assert peak < 2 * idle, f"RSS {idle} KiB idle, {peak} KiB under attack"
+    assert len(latencies) >= 20 and p99(latencies) < 0.05, f"p99 {p99(latencies) * 1000:.1f} ms"
