@@ -20,6 +20,8 @@ from typing import Any
 
 from gpumon.collectors import nvml_metrics as M
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context, Table
+from gpumon.collectors.gpu_directory import KEY as DIRECTORY_KEY
+from gpumon.collectors.gpu_directory import GpuDirectory, GpuEntry, GpuProcess
 from gpumon.collectors.nvml_fabric import FABRIC_ITEM, FABRIC_LEGACY_ITEM, fabric_events
 from gpumon.collectors.nvml_session import Device, NvmlSession, classify, nvml_code, shared_session, text
 from gpumon.collectors.nvml_tables import (
@@ -100,6 +102,7 @@ class _Mig:
     handle: Any
     gpu_instance: int
     compute_instance: int
+    uuid: str = ""
 
 
 @dataclass
@@ -116,6 +119,8 @@ class _Gpu:
     slow_cache: dict[str, list[M.Row]] = field(default_factory=dict)
     slow_last: dict[str, int] = field(default_factory=dict)
     lost_checked: float = 0.0
+    #: The compute processes of the latest processes call (a slow call: kept between its runs).
+    processes: tuple[GpuProcess, ...] = ()
     #: Timestamp (µs) of the newest power sample read; 0 before the first read.
     power_seen: int = 0
     #: The fabric rows of the last good read, what the next one is compared with for events.
@@ -131,6 +136,7 @@ class NvmlCollector(Collector):
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
         self.session: NvmlSession = shared_session(ctx)
+        self._directory = ctx.get_shared(DIRECTORY_KEY, GpuDirectory)
         self.session.acquire()
         self._clock: Callable[[], float] = time.monotonic
         self._generation = -1
@@ -235,6 +241,10 @@ class NvmlCollector(Collector):
 
         for gpu in self._gpus:
             emit(gpu, [(M.LOST, (), 1.0 if gpu.dev.lost else 0.0)])
+        self._directory.publish(tuple(
+            GpuEntry(str(g.dev.index), g.dev.uuid, g.info[1] if len(g.info) > 1 else "",
+                     tuple((m.gpu_instance, m.uuid) for m in g.mig if m.uuid), g.processes)
+            for g in self._gpus if not g.dev.lost))
         for spec in M.ALL_SPECS:
             if spec in rows_by_spec:
                 out.add(spec, rows_by_spec[spec])
@@ -369,7 +379,11 @@ class NvmlCollector(Collector):
             self._handle_error(gpu, ("call", item.key), item.fn, exc, out)
             return None
         try:
-            return item.parse(value, self._parse_ctx)
+            self._parse_ctx.processes = None
+            rows = item.parse(value, self._parse_ctx)
+            if self._parse_ctx.processes is not None:
+                gpu.processes = tuple(GpuProcess(pid, gi) for pid, gi in self._parse_ctx.processes)
+            return rows
         except (TypeError, ValueError, AttributeError) as exc:
             out.count_error("nvml_parse")
             self._log_once(("parse", item.key), logging.WARNING, "%s returned %r: %s", item.fn, value, exc)
@@ -542,7 +556,8 @@ class NvmlCollector(Collector):
                     self._handle_error(gpu, ("static", "mig_dev", i), "nvmlDeviceGetMigDeviceHandleByIndex",
                                        exc, out)
                 continue
-            gpu.mig.append(_Mig(mh, gi, ci))
+            mig_uuid = self._try(gpu, ("static", "mig_uuid", i), "nvmlDeviceGetUUID", mh, out=out)
+            gpu.mig.append(_Mig(mh, gi, ci, text(mig_uuid or "")))
         present = {m.gpu_instance for m in gpu.mig}
         for gi in [gi for gi in gpu.mig_gpm if gi not in present]:   # an instance destroyed since
             self._free_samples(gpu.mig_gpm.pop(gi).samples)

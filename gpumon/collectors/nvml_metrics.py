@@ -234,6 +234,9 @@ Parser = Callable[[Any, "ParseContext"], list[Row]]
 @dataclass
 class ParseContext:
     per_process: bool = False
+    #: ``(pid, gpu_instance or None)`` of the processes the last processes call returned; set per
+    #: GPU by the collector (None before the call), read back to publish the GPU directory
+    processes: list[tuple[int, int | None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -287,6 +290,7 @@ def _pstate(v: Any, _c: ParseContext) -> list[Row]:
 
 def _processes(v: Any, ctx: ParseContext) -> list[Row]:
     procs = list(v or [])
+    ctx.processes = [(int(p.pid), _instance(getattr(p, "gpuInstanceId", None))) for p in procs]
     used = [p.usedGpuMemory for p in procs if getattr(p, "usedGpuMemory", None) is not None]
     rows: list[Row] = [(PROCS, (), float(len(procs))), (PROCS_MEM, (), float(sum(used)))]
     if ctx.per_process:
@@ -296,6 +300,11 @@ def _processes(v: Any, ctx: ParseContext) -> list[Row]:
                 per_pid[p.pid] = per_pid.get(p.pid, 0.0) + float(p.usedGpuMemory)
         rows.extend((PROC_MEM, (str(pid),), mem) for pid, mem in sorted(per_pid.items()))
     return rows
+
+
+def _instance(gi: Any) -> int | None:
+    """A process's MIG GPU instance; NVML answers 0xFFFFFFFF (NVML_VALUE_NOT_AVAILABLE) without MIG."""
+    return None if gi is None or int(gi) >= 0xFFFFFFFF else int(gi)
 
 
 def _remapped(v: Any, _c: ParseContext) -> list[Row]:

@@ -32,6 +32,7 @@ import functools
 import random
 import threading
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -654,6 +655,11 @@ class FakeNVML:
 
     @_api()
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        """A MIG device handle answers its own ``MIG-<uuid>`` (nvml.h: "For MIG devices, the UUID is
+        of the form MIG-..."); here derived from the parent's UUID and the instance ids."""
+        if self._is_mig_handle(handle):
+            g, m = self._mig(handle)
+            return "MIG-" + str(uuid.uuid5(uuid.NAMESPACE_OID, f"{g.uuid}/{m.gpu_instance}/{m.compute_instance}"))
         return self._device(handle).uuid
 
     @_api()
