@@ -707,6 +707,10 @@ class Daemon:
         running = {sink.name: sink for sink in self.loop.sinks} if self.loop is not None else {}
         kept = {name: sink for name, sink in running.items()
                 if name in new_config.daemon.sinks and self._fingerprints.get(name) == _fingerprint(new_config, name)}
+        for sink in kept.values():  # files a kept sink names (a certificate renewed in place) are re-read now
+            refresh = getattr(sink, "refresh", None)
+            if callable(refresh):
+                refresh()
         new_lock = None
         try:
             new_lock = self._lock_for(new_config)

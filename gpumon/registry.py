@@ -22,6 +22,7 @@ BUILTIN_COLLECTORS: dict[str, str] = {
     "linkflap": "gpumon.collectors.linkflap:LinkflapCollector",
     "kmsg": "gpumon.collectors.kmsg:KmsgCollector",
     "aer": "gpumon.collectors.aer:AerCollector",
+    "attribution": "gpumon.collectors.attribution:AttributionCollector",
 }
 
 BUILTIN_SINKS: dict[str, str] = {

@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.collectors.gpu_directory import KEY as DIRECTORY_KEY
@@ -41,7 +41,8 @@ ALLOCATION = MetricSpec(
     labels=("gpu", "uuid", "gpu_instance", "namespace", "pod", "container", "job_id"))
 SOURCE_UP = MetricSpec(
     "gpumon_attribution_source_up", MetricType.GAUGE,
-    "1 while an attribution source answers (kubelet, job_mapping, processes); 0 while it fails.",
+    "1 while an attribution source answers (kubelet, job_mapping, processes, simulation); 0 while it "
+    "fails.",
     labels=("source",))
 
 KEEP_STALE_INTERVALS = 3
@@ -93,6 +94,7 @@ class AttributionCollector(Collector):
         self._kube_last: list[kubelet.Allocation] = []
         self._kube_ok_at: float | None = None
         self._logged: set[str] = set()
+        self._waited = False
 
     # -- availability ---------------------------------------------------------------------------
     def _socket(self) -> str:
@@ -112,6 +114,9 @@ class AttributionCollector(Collector):
     # -- a run ----------------------------------------------------------------------------------
     def collect(self) -> Collection:
         out = Collection()
+        if not self._waited:  # the first run starts beside the NVML collector's: let it publish first
+            self._waited = True
+            self._directory.wait_first(min(2.0, float(self._o["interval"]) / 2))
         gpus, _ = self._directory.latest()
         holders: list[Holder] = []
         up: list[tuple[str, float]] = []
@@ -119,7 +124,10 @@ class AttributionCollector(Collector):
             ok = self._kubernetes(gpus, holders, out)
             up.append(("kubelet", 1.0 if ok else 0.0))
         mapping = str(self._o["job_mapping_dir"])
-        if mapping:
+        if not up and not mapping and self.ctx.simulation is not None:
+            holders.extend(simulated_holders(self.ctx.simulation.allocations, gpus))
+            up.append(("simulation", 1.0))
+        elif mapping:
             up.append(("job_mapping", 1.0 if self._job_mapping(mapping, gpus, holders, out) else 0.0))
         elif self._o["processes"]:
             self._processes(gpus, holders, pods_known=any(s == "kubelet" and v for s, v in up))
@@ -216,6 +224,17 @@ def kubernetes_holders(allocations: list[kubelet.Allocation], gpus: tuple[GpuEnt
         if target is not None:
             g, gi_label = target
             out.append(Holder(g.index, g.uuid, gi_label, a.namespace, a.pod, a.container))
+    return out
+
+
+def simulated_holders(allocations: list[dict[str, Any]], gpus: tuple[GpuEntry, ...]) -> list[Holder]:
+    """A simulated host's allocations (set through its control directory), as the real sources give."""
+    by_index = {g.index: g for g in gpus}
+    out = []
+    for a in allocations:
+        g = by_index.get(str(a["gpu"]))
+        if g is not None:
+            out.append(Holder(g.index, g.uuid, "", a["namespace"], a["pod"], a["container"], a["job_id"]))
     return out
 
 

@@ -40,10 +40,16 @@ class GpuDirectory:
         self._lock = threading.Lock()
         self._gpus: tuple[GpuEntry, ...] = ()
         self._at: float | None = None
+        self._first = threading.Event()
 
     def publish(self, gpus: tuple[GpuEntry, ...]) -> None:
         with self._lock:
             self._gpus, self._at = gpus, time.monotonic()
+        self._first.set()
+
+    def wait_first(self, timeout: float) -> bool:
+        """Wait for the NVML collector's first run (collectors start together)."""
+        return self._first.wait(timeout)
 
     def latest(self) -> tuple[tuple[GpuEntry, ...], float | None]:
         """The GPUs and the monotonic time they were read (None before the first NVML run)."""

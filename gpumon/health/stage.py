@@ -28,6 +28,7 @@ STATE = MetricSpec("gpumon_health_state", MetricType.GAUGE,
                    labels=("rule", "gpu", "device", "port"))
 NODE = MetricSpec("gpumon_node_health", MetricType.GAUGE,
                   "The node's verdict: 0 healthy, 1 degraded, 2 unhealthy (the worst of gpumon_health_state).")
+SPECS = (STATE, NODE)
 SAVE_EVERY = 60.0
 _SEVERITY = {Level.OK: Severity.INFO, Level.DEGRADED: Severity.WARNING, Level.UNHEALTHY: Severity.CRITICAL}
 

@@ -89,10 +89,23 @@ class Simulation:
 
             self.nvml = nvml.FakeNVML(self.host.gpu_profile, self.host.gpu_count,
                                       driver_version=self.host.driver_version, power_swing=self.host.power_swing)
+        #: who holds which GPU, as the control directory set it: dicts with ``gpu`` and any of
+        #: ``namespace``, ``pod``, ``container``, ``job_id`` (read by the attribution collector)
+        self.allocations: list[dict[str, Any]] = []
         self._tick = tick
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+
+    def _allocation(self, action: str, command: dict[str, Any]) -> None:
+        """Called under ``_lock`` (from ``step``); the list is replaced whole, so readers on other
+        threads see the old one or the new one, never half."""
+        if action == "allocate":
+            self.allocations = [*self.allocations, _allocation_of(command)]
+        elif "gpu" in command:
+            self.allocations = [a for a in self.allocations if a["gpu"] != int(command["gpu"])]
+        else:
+            self.allocations = []
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="simulate", daemon=True)
@@ -151,6 +164,9 @@ class Simulation:
         - ``{"action": "xid", "gpu": 3, "xid": 48}``: the GPU reports an XID event (XID 79 also
           makes it stop answering, as ``gpu_lost``);
         - ``{"action": "gpu_lost", "gpu": 2}``: every NVML call for that GPU raises GPU_IS_LOST;
+        - ``{"action": "allocate", "gpu": 0, "namespace": "ml", "pod": "train-0", "container": "main"}``
+          or ``{"action": "allocate", "gpu": 0, "job_id": "4242"}``: a pod or a Slurm job holds the GPU;
+          ``{"action": "release", "gpu": 0}`` (no ``gpu``: every GPU) ends it;
         - ``{"action": "fabric", "gpu": 1, "health": {"route_unhealthy": "true"}}``: what the NVLink
           fabric call reports, in NVML's words: ``health`` maps a NVML_GPU_FABRIC_HEALTH_MASK_<field>
           to one of its values (``degraded_bw``: true/false, ``incorrect_configuration``:
@@ -168,6 +184,8 @@ class Simulation:
                 self.fabric.set_down(device, port, float(command.get("seconds", 0)))
             else:
                 self.fabric.set_up(device, port)
+        elif action in ("allocate", "release"):
+            self._allocation(action, command)
         elif action == "fabric":
             if self.nvml is None:
                 raise ValueError(f"profile {self.profile} has no GPU")
@@ -182,6 +200,14 @@ class Simulation:
         else:
             raise ValueError(f"unknown action {action!r}")
         log.info("simulate: applied %s", command)
+
+
+def _allocation_of(command: dict[str, Any]) -> dict[str, Any]:
+    keys = ("namespace", "pod", "container", "job_id")
+    out = {k: str(command.get(k, "")) for k in keys}
+    if not (out["pod"] or out["job_id"]):
+        raise ValueError("allocate needs a pod or a job_id")
+    return {"gpu": int(command["gpu"]), **out}
 
 
 def fabric_change(command: dict[str, Any]) -> dict[str, Any]:

@@ -559,8 +559,9 @@ self-metrics publish as they come: listed here so that the docs table has their 
 def declared_specs() -> list[MetricSpec]:
     """Every metric the installed collectors and the daemon's self-metrics declare."""
     from gpumon import registry, selfmetrics
+    from gpumon.health import stage
 
-    specs: dict[str, MetricSpec] = {s.name: s for s in selfmetrics.SPECS + PROCESS_SPECS}
+    specs: dict[str, MetricSpec] = {s.name: s for s in selfmetrics.SPECS + PROCESS_SPECS + stage.SPECS}
     for name in registry.available_collectors():
         try:
             cls = registry.collector_class(name)

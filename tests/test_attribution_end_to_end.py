@@ -1,0 +1,45 @@
+"""`gpumon run --simulate` with attribution: pods and jobs from the control directory, a real kubelet
+socket when one is configured, and the join documented in docs/collectors/attribution.md."""
+
+from __future__ import annotations
+
+import re
+
+from gpumon.simulate import control
+from tests.conftest import wait_for
+from tests.kubelet_server import KubeletServer
+
+
+def allocation_rows(page: str) -> set[tuple[str, ...]]:
+    rows = set()
+    for line in page.splitlines():
+        if line.startswith("gpumon_gpu_allocation_info{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            rows.add((labels["gpu"], labels["namespace"], labels["pod"], labels["container"], labels["job_id"]))
+    return rows
+
+
+def test_simulated_pods_and_jobs_from_the_control_directory(gpumon_run, tmp_path) -> None:
+    process = gpumon_run("--simulate", "nd-h100-v5", "--interval", "1", env={"GPUMON_ATTRIBUTION_INTERVAL": "1"})
+    sim = str(tmp_path / "state" / "simulate" / "nd-h100-v5")
+    control(sim, {"action": "allocate", "gpu": 0, "namespace": "ml", "pod": "train-0", "container": "main"})
+    control(sim, {"action": "allocate", "gpu": 5, "job_id": "4242"})
+    wanted = {("0", "ml", "train-0", "main", ""), ("5", "", "", "", "4242")}
+    wait_for(lambda: allocation_rows(process.metrics()) == wanted, timeout=20)
+    control(sim, {"action": "release", "gpu": 0})
+    wait_for(lambda: allocation_rows(process.metrics()) == {("5", "", "", "", "4242")}, timeout=20)
+
+
+def test_a_configured_kubelet_socket_is_used_under_simulate(gpumon_run, tmp_path) -> None:
+    socket_path = str(tmp_path / "kubelet.sock")
+    with KubeletServer(socket_path) as kubelet:
+        process = gpumon_run("--simulate", "nd-h100-v5", "--interval", "1",
+                             env={"GPUMON_ATTRIBUTION_INTERVAL": "1", "GPUMON_ATTRIBUTION_KUBELET_SOCKET": socket_path})
+        page = process.metrics()
+        uuids = dict(re.findall(r'gpumon_gpu_info\{gpu="(\d+)",uuid="([^"]+)"', page))
+        wait_for(lambda: len(uuids) == 8 or uuids.update(
+            re.findall(r'gpumon_gpu_info\{gpu="(\d+)",uuid="([^"]+)"', process.metrics())), timeout=20)
+        kubelet.behaviour.pods = [kubelet.pod("ml", "trainer", {"main": [("nvidia.com/gpu", [uuids["2"], uuids["3"]])]})]
+        wanted = {("2", "ml", "trainer", "main", ""), ("3", "ml", "trainer", "main", "")}
+        wait_for(lambda: allocation_rows(process.metrics()) == wanted, timeout=20)
+        assert 'gpumon_attribution_source_up{source="kubelet"} 1' in process.metrics()
