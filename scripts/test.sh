@@ -39,6 +39,9 @@ for entry in "${COMMANDS[@]}"; do
         case " ${missing[*]-} " in *" $pkg "*) ;; *) missing+=("$pkg") ;; esac
     fi
 done
+# systemd-analyze verify checks that the unit's ExecReload=/bin/kill exists (kill is also a shell
+# builtin, so look for the file); minimal images lack it.
+[ -x /bin/kill ] || missing+=(procps)
 # venv with pip (ensurepip): Debian and Ubuntu split it off their python3 as python3-venv.
 if ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then missing+=(python3-venv); fi
 
