@@ -24,10 +24,11 @@ say() { printf 'test.sh: %s\n' "$*" >&2; }
 # Commands the tests run, and the Debian package of each. prometheus/promtool: end-to-end scrapes and
 # rule tests; prometheus-node-exporter: the benchmarks' peer; systemd-analyze: the unit; buildah,
 # debootstrap: the container image build; shellcheck: the VM installer; node, npm: the KQL checker;
-# ab: the benchmarks' load generator.
+# ab: the benchmarks' load generator; slurmctld, slurmd, scontrol, munged: the health actions' Slurm.
 COMMANDS=(prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter
           systemd-analyze:systemd buildah:buildah debootstrap:debootstrap shellcheck:shellcheck
-          node:nodejs npm:npm ab:apache2-utils)
+          node:nodejs npm:npm ab:apache2-utils
+          slurmctld:slurm-wlm slurmd:slurm-wlm scontrol:slurm-wlm munged:munge mungekey:munge)
 PATH_WITH_SBIN="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 PYTHON="${PYTHON:-python3}"

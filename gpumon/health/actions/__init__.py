@@ -1,0 +1,123 @@
+"""Acting on the health verdict (opt-in, every action off by default): drain the node in Slurm, set
+NodeConditions on its Kubernetes node, run an operator's hook.
+
+:class:`HealthActions` is fed every verdict by the loop and returns at once. It acts once per
+*transition* (a change of the level or of the set of findings), on one worker thread per action
+kind (:mod:`gpumon.health.actions.worker`). The last transition each action carried out is kept in
+``<state_dir>/health-actions.json``, so a restart with the same sticky verdict does not run the
+hook again, while a verdict that changed while gpumon was down is acted on at start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from gpumon.health.actions import hook, kubernetes, slurm
+from gpumon.health.actions.settings import ActionSettings
+from gpumon.health.actions.worker import Action, Worker
+from gpumon.health.stage import Verdict
+from gpumon.sinks.common import Backoff
+
+log = logging.getLogger("gpumon.health.actions")
+STATE_FILE = "health-actions.json"
+HEALTHY_KEY: list[Any] = [0, []]
+
+
+def transition_key(verdict: Verdict) -> list[Any]:
+    """What makes two verdicts the same transition: the level and the set of findings (rule, subject)."""
+    keys = sorted(str(f.get("rule", "")) + "".join(f"|{k}={v}" for k, v in sorted(dict(f.get("subject") or {})
+                                                                                   .items()))
+                  for f in verdict.findings)
+    return [int(verdict.level), keys]
+
+
+class HealthActions:
+    """The runner the loop calls: ``on_verdict`` after every health update, ``close`` at shutdown."""
+
+    def __init__(self, settings: ActionSettings, state_dir: str) -> None:
+        self.settings = settings
+        self._path = os.path.join(state_dir, STATE_FILE)
+        self._lock = threading.Lock()
+        self._done = self._load()
+        self._seen: list[Any] | None = None
+        self._workers: dict[str, Worker] = {}
+        for action in _actions(settings):
+            backoff = Backoff(settings.backoff_initial, settings.backoff_max)
+            self._workers[action.kind] = Worker(action, backoff, self._recorder(action.kind))
+
+    def on_verdict(self, verdict: Verdict) -> None:
+        """Hand a changed verdict to every action's slot; an unchanged one costs a comparison."""
+        key = transition_key(verdict)
+        with self._lock:
+            if key == self._seen:
+                return
+            first, self._seen = self._seen is None, key
+            done = dict(self._done)
+        for kind, worker in self._workers.items():
+            # At start, an action whose last carried-out transition is this one has nothing to do; the
+            # hook, never run before, treats a healthy start as no change. Slurm and Kubernetes
+            # reconcile at start: the node may have been left drained or its conditions stale.
+            last = done.get(kind, HEALTHY_KEY if kind == "hook" else None)
+            if not first or key != last:
+                worker.submit(verdict)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {kind: worker.stats() for kind, worker in self._workers.items()}
+
+    def close(self, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        for worker in self._workers.values():
+            worker.close(deadline)
+
+    # -- what was carried out, across restarts -----------------------------------------------------
+    def _recorder(self, kind: str):
+        def record(verdict: Verdict) -> None:
+            with self._lock:
+                self._done[kind] = transition_key(verdict)
+                self._save()
+        return record
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            with open(self._path, encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("health actions: cannot read %s (%s); every action reconciles at start", self._path, exc)
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def _save(self) -> None:
+        tmp = f"{self._path}.tmp.{os.getpid()}"
+        try:
+            os.makedirs(os.path.dirname(self._path), exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(self._done, fh, sort_keys=True)
+            os.replace(tmp, self._path)
+        except OSError as exc:
+            log.debug("health actions: cannot save %s: %s", self._path, exc)
+
+
+def _actions(settings: ActionSettings) -> list[Action]:
+    out: list[Action] = []
+    if settings.slurm:
+        out.append(slurm.SlurmAction(settings))
+    if settings.kubernetes:
+        out.append(kubernetes.KubernetesAction(settings))
+    if settings.hook:
+        out.append(hook.HookAction(settings))
+    return out
+
+
+def check(settings: ActionSettings) -> list[str]:
+    """Problems ``gpumon check`` prints: an action that is on but cannot work on this host."""
+    return slurm.check(settings) + kubernetes.check(settings) + hook.check(settings)
+
+
+__all__ = ["ActionSettings", "HealthActions", "check", "transition_key"]

@@ -1,0 +1,45 @@
+"""What the health actions do, as the ``[health]`` config section gives it: every action off by default.
+
+Kept apart from the runner so each action module can import it without importing the others.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@dataclass(frozen=True)
+class ActionSettings:
+    slurm: bool = False
+    slurm_node: str = ""  # default: the short hostname, as slurmd names itself
+    scontrol: str = "scontrol"
+    kubernetes: bool = False
+    node_name: str = ""  # default: env NODE_NAME (the downward API's spec.nodeName)
+    kube_api: str = ""  # default: in-cluster, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+    kube_token_file: str = f"{SERVICE_ACCOUNT}/token"
+    kube_ca_file: str = f"{SERVICE_ACCOUNT}/ca.crt"
+    hook: str = ""  # an executable given the verdict as JSON on stdin
+    timeout: float = 10.0
+    backoff_initial: float = 1.0
+    backoff_max: float = 300.0
+
+    def slurm_node_name(self) -> str:
+        return self.slurm_node or socket.gethostname().split(".")[0]
+
+    def kube_node_name(self) -> str:
+        return self.node_name or os.environ.get("NODE_NAME", "")
+
+    def kube_api_url(self) -> str:
+        """The API server: as configured, or the in-cluster address every pod is given."""
+        if self.kube_api:
+            return self.kube_api.rstrip("/")
+        host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+        if not host:
+            return ""
+        if ":" in host:  # an IPv6 service address
+            host = f"[{host}]"
+        return f"https://{host}:{os.environ.get('KUBERNETES_SERVICE_PORT', '443')}"
