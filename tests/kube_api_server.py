@@ -1,0 +1,197 @@
+"""A loopback HTTPS stand-in for the Kubernetes API server's ``PATCH /api/v1/nodes/<name>/status``.
+
+What it checks, as the real one would: the bearer token (401), the content type (415, only
+strategic-merge-patch is accepted here), the body and the patched Node against the Kubernetes
+OpenAPI schema in its strict form (422; kubernetes-validate's schemas, run by the tools venv's
+Python so no JSON-schema library is needed here), NodeCondition status values and RFC 3339 times.
+It applies strategic-merge-patch semantics to ``status.conditions`` (merge by ``type``). Faults for
+the tests: ``forbidden`` (403) and ``hang`` (no answer until released).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import http.server
+import json
+import os
+import ssl
+import subprocess
+import threading
+from typing import Any
+
+import trustme
+
+from tests.test_deploy_kubernetes import tool
+
+K8S_VERSION = "1.33.0"
+PATCH_TYPE = "application/strategic-merge-patch+json"
+_VALIDATOR = r"""
+import json, sys
+import kubernetes_validate
+for line in sys.stdin:
+    try:
+        kubernetes_validate.validate(json.loads(line), sys.argv[1], strict=True)
+        print("ok", flush=True)
+    except Exception as exc:
+        print(" ".join(str(getattr(exc, "message", exc)).split())[:500] or type(exc).__name__, flush=True)
+"""
+
+
+class SchemaValidator:
+    """kubernetes-validate in a co-process: one JSON document per line in, "ok" or the error out."""
+
+    def __init__(self, version: str = K8S_VERSION) -> None:
+        python = os.path.join(os.path.dirname(tool("kubernetes-validate")), "python")
+        self._proc = subprocess.Popen([python, "-c", _VALIDATOR, version], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+        self._lock = threading.Lock()
+
+    def errors(self, doc: dict[str, Any]) -> str:
+        with self._lock:
+            assert self._proc.stdin and self._proc.stdout
+            self._proc.stdin.write(json.dumps(doc) + "\n")
+            self._proc.stdin.flush()
+            answer = self._proc.stdout.readline().strip()
+        return "" if answer == "ok" else answer or "validator exited"
+
+    def close(self) -> None:
+        if self._proc.stdin:
+            self._proc.stdin.close()
+        self._proc.wait(10)
+
+
+def _rfc3339(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and value.endswith("Z") and bool(
+            datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return False
+
+
+def merge_conditions(current: list[dict], patch: list[dict]) -> list[dict]:
+    """Strategic merge of a list whose patchMergeKey is ``type``: each patched entry's fields replace
+    those of the entry with its type, new types are appended, the others are kept."""
+    out = [dict(c) for c in current]
+    for entry in patch:
+        same = next((c for c in out if c.get("type") == entry.get("type")), None)
+        if same is None:
+            out.append(dict(entry))
+        else:
+            same.update(entry)
+    return out
+
+
+class KubeApiServer:
+    def __init__(self, node: str, token: str) -> None:
+        self.ca = trustme.CA()
+        self.token = token
+        self.fault: str | None = None
+        self.requests: list[dict[str, Any]] = []
+        self.release = threading.Event()
+        self.validator = SchemaValidator()
+        self.nodes = {node: {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}, "status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status",
+                            "lastHeartbeatTime": "2025-01-01T00:00:00Z",
+                            "lastTransitionTime": "2025-01-01T00:00:00Z"}]}}}
+        self._lock = threading.Lock()
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd.daemon_threads = True
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ca.issue_cert("127.0.0.1").configure_cert(context)
+        self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def conditions(self, node: str) -> dict[str, dict]:
+        with self._lock:
+            return {c["type"]: dict(c) for c in self.nodes[node]["status"]["conditions"]}
+
+    def close(self) -> None:
+        self.release.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self.validator.close()
+
+    # -- one request -------------------------------------------------------------------------------
+    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict]:
+        self.requests.append({"method": method, "path": path, "headers": headers, "body": body})
+        if headers.get("authorization") != f"Bearer {self.token}":
+            return 401, status(401, "Unauthorized")
+        if self.fault == "forbidden":
+            return 403, status(403, 'nodes "x" is forbidden: User "system:serviceaccount:gpumon:gpumon" '
+                                    'cannot patch resource "nodes/status"', "Forbidden")
+        if self.fault == "hang":
+            self.release.wait(30)
+        parts = path.split("/")
+        if method != "PATCH" or len(parts) != 6 or parts[:4] != ["", "api", "v1", "nodes"] or parts[5] != "status":
+            return 405, status(405, f"{method} {path} is not served here")
+        if parts[4] not in self.nodes:
+            return 404, status(404, f'nodes "{parts[4]}" not found', "NotFound")
+        if headers.get("content-type") != PATCH_TYPE:
+            return 415, status(415, f"content type {headers.get('content-type')} not served here")
+        try:
+            patch = json.loads(body)
+        except ValueError as exc:
+            return 400, status(400, f"invalid JSON: {exc}", "BadRequest")
+        return self._apply(parts[4], patch)
+
+    def _apply(self, name: str, patch: Any) -> tuple[int, dict]:
+        if not isinstance(patch, dict) or set(patch) != {"status"}:
+            return 422, status(422, "only status may be patched through nodes/status", "Invalid")
+        problems = self.validator.errors({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                                          **patch})
+        for c in patch["status"].get("conditions", []):
+            if c.get("status") not in ("True", "False", "Unknown"):
+                problems += f" condition {c.get('type')}: status {c.get('status')!r}"
+            for field in ("lastHeartbeatTime", "lastTransitionTime"):
+                if field in c and not _rfc3339(c[field]):
+                    problems += f" condition {c.get('type')}: {field} {c[field]!r} is not RFC 3339"
+        if problems:
+            return 422, status(422, problems, "Invalid")
+        with self._lock:
+            node = copy.deepcopy(self.nodes[name])
+            node["status"]["conditions"] = merge_conditions(node["status"]["conditions"],
+                                                            patch["status"].get("conditions", []))
+            merged_errors = self.validator.errors(node)
+            if merged_errors:
+                return 422, status(422, merged_errors, "Invalid")
+            self.nodes[name] = node
+            return 200, node
+
+    def _handler(self):
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_PATCH(self) -> None:  # noqa: N802
+                self._serve()
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._serve()
+
+            def _serve(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                code, doc = server.handle(self.command, self.path, headers, body)
+                payload = json.dumps(doc).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except OSError:
+                    pass  # the client gave up (a hang test)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        return Handler
+
+
+def status(code: int, message: str, reason: str = "") -> dict:
+    """A metav1.Status, as the API server answers errors."""
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
