@@ -188,7 +188,7 @@ def make_sinks(config: Config, ctx: SinkContext) -> list[Sink]:
         except registry.BrokenPlugin as exc:
             raise StartupError(f"sink '{name}' cannot be loaded: {exc}") from None
         if cls.missing_dependencies():
-            raise StartupError(f"sink '{name}' needs: pip install 'gpumon[{cls.extra}]'")
+            raise StartupError(f"sink '{name}' needs: pip install 'gpumon-exporter[{cls.extra}]'")
         cls.validate(config)
         sinks.append(cls(ctx, config.sections.get(name)))
     return sinks
@@ -621,12 +621,16 @@ class Daemon:
             holder: dict[str, Loop] = {}
             sctx = sink_context(config, lambda: holder["loop"].alive() if "loop" in holder else True,
                                 ctx.simulation)
+            section = config.sections.get("health")
+            if section is not None and section["enabled"]:
+                sctx.health_verdict = lambda: _verdict_of(holder.get("loop"))
             fresh = make_sinks(config.replace("daemon", sinks=[n for n in config.daemon.sinks if n not in kept]),
                                sctx)
             pending = list(fresh)
             sinks = [kept[name] if name in kept else pending.pop(0) for name in config.daemon.sinks]
             for sink in kept.values():
                 sink.ctx.loop_alive = sctx.loop_alive
+                sink.ctx.health_verdict = sctx.health_verdict
         except BaseException:
             _close_plan(plan)
             raise
@@ -804,3 +808,11 @@ def _vm_size_of(ctx: Context):
     """Where the health stage learns the VM size: the simulated profile's, else none yet."""
     size = getattr(getattr(ctx.simulation, "host", None), "vm_size", "") if ctx.simulation is not None else ""
     return lambda: size
+
+
+def _verdict_of(loop: Loop | None) -> dict | None:
+    """The running loop's health verdict for the endpoint (None before its first evaluation)."""
+    if loop is None or loop.health is None:
+        return None
+    verdict = loop.health.verdict()
+    return verdict.as_dict() if verdict.time else None

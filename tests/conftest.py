@@ -171,11 +171,10 @@ class PrometheusServer:
 
 @pytest.fixture
 def prometheus_server(tmp_path):
-    """Start a real Prometheus (skips without the binary); stopped at the end of the test."""
+    """Start a real Prometheus (scripts/test.sh installs it); stopped at the end of the test."""
     import shutil
 
-    if shutil.which("prometheus") is None:
-        pytest.skip("needs the prometheus server")
+    assert shutil.which("prometheus"), "the prometheus server is missing: run ./scripts/test.sh, which installs it"
     started: list[PrometheusServer] = []
 
     def start(config: dict | None = None, *args: str) -> PrometheusServer:

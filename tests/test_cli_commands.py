@@ -142,7 +142,7 @@ def test_missing_sink_extra_names_the_pip_command(monkeypatch):
     try:
         make_sinks(config, sink_context(config))
     except StartupError as exc:
-        assert str(exc) == "sink 'azure_monitor' needs: pip install 'gpumon[azure]'"
+        assert str(exc) == "sink 'azure_monitor' needs: pip install 'gpumon-exporter[azure]'"
     else:
         raise AssertionError("a sink without its extra must not start")
 

@@ -121,3 +121,11 @@ def test_attributed_gpus_carry_pod_or_hpc_job_one_series_per_holder(snapshot) ->
 
 def test_no_gpu_no_compat_families() -> None:
     assert DcgmCompat("h").render(Snapshot("h", 0.0, (), (), ())) == ""
+
+
+def test_the_migration_guide_lists_every_name() -> None:
+    from gpumon.sinks.dcgm_compat import markdown_table
+    from tests.conftest import REPO
+
+    with open(os.path.join(REPO, "docs", "dcgm-exporter.md"), encoding="utf-8") as fh:
+        assert markdown_table() in fh.read(), "regenerate with python -m gpumon.sinks.dcgm_compat"

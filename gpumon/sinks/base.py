@@ -51,6 +51,9 @@ class SinkContext:
     loop_alive: Callable[[], bool] = lambda: True
     """True while the collector loop is running; the Prometheus sink's /healthz reads it."""
     simulation: Any = None
+    health_verdict: Callable[[], dict[str, Any] | None] | None = None
+    """The node's latest health verdict as a dict (None before the first); unset when ``[health]`` is
+    off. The Prometheus sink's /health serves it."""
 
 
 class Sink:
@@ -60,7 +63,7 @@ class Sink:
     requires: ClassVar[tuple[str, ...]] = ()
     """Importable modules the sink needs beyond the core (checked before the SDK is imported)."""
     extra: ClassVar[str] = ""
-    """The ``pip install 'gpumon[extra]'`` that provides ``requires``."""
+    """The ``pip install 'gpumon-exporter[extra]'`` that provides ``requires``."""
 
     def __init__(self, ctx: SinkContext, cfg: Section | None = None) -> None:
         self.ctx = ctx
@@ -81,7 +84,7 @@ class Sink:
     @classmethod
     def ensure_dependencies(cls) -> None:
         if cls.missing_dependencies():
-            raise SinkDependencyMissing(f"sink '{cls.name}' needs: pip install 'gpumon[{cls.extra}]'")
+            raise SinkDependencyMissing(f"sink '{cls.name}' needs: pip install 'gpumon-exporter[{cls.extra}]'")
 
     @classmethod
     def validate(cls, config: Config) -> None:

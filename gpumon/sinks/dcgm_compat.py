@@ -212,3 +212,23 @@ def _owners(fam: MetricFamily | None) -> dict[str, list[tuple[tuple[str, str], .
         if owner not in out.setdefault(gpu, []):
             out[gpu].append(owner)
     return out
+
+
+def markdown_table() -> str:
+    """The name-by-name table of docs/dcgm-exporter.md (kept in sync by a test)."""
+    rows = ["| dcgm-exporter | type | gpumon source | conversion |", "|---|---|---|---|"]
+    for f in FIELDS:
+        match = ", ".join(f'{k}="{v}"' for k, v in f.match)
+        source = f"`{f.source}{{{match}}}`" if match else f"`{f.source}`"
+        conversion = {1.0: "as is", 1e-6: "Hz to MHz", 1000.0: "J to mJ", 100.0: "ratio to %",
+                      1 / MIB: "bytes to MiB"}.get(f.scale, f"x {f.scale:g}")
+        if f.sum_over:
+            conversion += f", summed over `{f.sum_over}`"
+        rows.append(f"| `{f.name}` | {f.type} | {source} | {conversion} |")
+    rows.append(f"| `{XID_FIELD}` | gauge | `gpumon_gpu_xid_errors_total` | the last XID whose count rose "
+                "(0 before any), label `err_code` |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # python -m gpumon.sinks.dcgm_compat: the table in docs/dcgm-exporter.md
+    print(markdown_table(), end="")

@@ -734,7 +734,7 @@ def _grpc_retry_delay(trailing: Any) -> float | None:
 
 def _retry_info(status_details: bytes) -> float | None:
     """retry_delay of the RetryInfo in a serialized google.rpc.Status. The classes come with
-    googleapis-common-protos (which ``gpumon[otel]`` installs); without them, or on a body that
+    googleapis-common-protos (which ``gpumon-exporter[otel]`` installs); without them, or on a body that
     does not parse, the details are ignored."""
     try:
         from google.rpc import error_details_pb2, status_pb2
@@ -812,7 +812,7 @@ class OtelSink(Sink):
             try:
                 import grpc  # noqa: F401
             except ImportError as exc:
-                raise RuntimeError("otel protocol grpc needs grpcio: pip install 'gpumon[otel]'") from exc
+                raise RuntimeError("otel protocol grpc needs grpcio: pip install 'gpumon-exporter[otel]'") from exc
         _pb()  # fail start-up now, not on the first export, if the protobuf classes do not load
         self._resource = resource_attributes(self.ctx, self._opts["resource_attributes"], self._environ)
         if self._opts["azure_detect"]:
@@ -1048,7 +1048,7 @@ class OtelSink(Sink):
         except ValueError as exc:
             return [CheckResult("otel", False, str(exc))]
         if self.missing_dependencies():
-            return [CheckResult("otel", False, f"needs: pip install 'gpumon[{self.extra}]'")]
+            return [CheckResult("otel", False, f"needs: pip install 'gpumon-exporter[{self.extra}]'")]
         pb = _pb()
         results = []
         for signal, s in settings.items():

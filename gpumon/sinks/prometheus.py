@@ -11,8 +11,10 @@ from __future__ import annotations
 import gzip
 import html
 import ipaddress
+import json
 import logging
 import queue
+import re
 import select
 import socket
 import ssl
@@ -27,6 +29,7 @@ from gpumon.model import MetricFamily, Snapshot
 from gpumon.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
 from gpumon.sinks.base import CheckResult, Sink, SinkHealth
 from gpumon.sinks.common import LogOnce
+from gpumon.sinks.dcgm_compat import DcgmCompat
 from gpumon.sinks.webconfig import Auth, FailureLimiter, WebConfig, file_stamp, load_web_config
 
 log = logging.getLogger("gpumon.sinks.prometheus")
@@ -64,6 +67,9 @@ OPTIONS = SectionSchema(
                "with a burst of ten seconds' worth; beyond it the source gets `429` without a check. "
                "Credentials that were verified once are remembered and never limited.",
                min=1.0, max=60000.0),
+        Option("compat", str, "", "`dcgm-exporter`: also serve dcgm-exporter's default counters under its "
+               "names, units and labels (docs/dcgm-exporter.md), so its dashboards and alerts work unchanged.",
+               choices=("", "dcgm-exporter")),
         Option("web_config_check_interval", float, 10.0,
                "Seconds between checks of the web-config file and the certificate, key and CA files it "
                "names; a changed file is loaded and used for new connections without a restart.",
@@ -75,7 +81,7 @@ LANDING = """<!doctype html>
 <html><head><title>gpumon</title></head>
 <body><h1>gpumon {version}</h1>
 <p>GPU and InfiniBand telemetry for {host}.</p>
-<ul><li><a href="/metrics">/metrics</a></li><li><a href="/healthz">/healthz</a></li></ul>
+<ul><li><a href="/metrics">/metrics</a></li><li><a href="/health">/health</a> (verdict)</li><li><a href="/healthz">/healthz</a> (liveness)</li></ul>
 </body></html>
 """
 
@@ -96,11 +102,15 @@ def accepts_gzip(header: str) -> bool:
 
 
 class Page:
-    """One snapshot's exposition in every variant a scraper may ask for, built at most once each."""
+    """One snapshot's exposition in every variant a scraper may ask for, built at most once each.
 
-    def __init__(self, families: tuple[MetricFamily, ...], text: bytes) -> None:
+    ``extra`` is text appended after gpumon's families (dcgm-exporter's names in compat mode), in
+    text 0.0.4; OpenMetrics gets it with counters typed ``unknown`` (their names lack ``_total``)."""
+
+    def __init__(self, families: tuple[MetricFamily, ...], text: bytes, extra: str = "") -> None:
         self._families = families
-        self._bodies: dict[tuple[bool, bool], bytes] = {(False, False): text}
+        self._extra = extra
+        self._bodies: dict[tuple[bool, bool], bytes] = {(False, False): text + extra.encode("utf-8")}
         self._lock = threading.RLock()  # the gzip variant builds the plain one under the same lock
 
     def body(self, openmetrics: bool, gzipped: bool) -> bytes:
@@ -114,7 +124,11 @@ class Page:
                 if gzipped:
                     found = gzip.compress(self.body(openmetrics, False), 6, mtime=0)
                 else:  # OpenMetrics plain: rendered without the shared prefix cache (rarely asked)
-                    found = Renderer().render(self._families, openmetrics=True).encode("utf-8")
+                    text = Renderer().render(self._families, openmetrics=True)
+                    if self._extra:
+                        extra = re.sub(r"^(# TYPE \S+) counter$", r"\1 unknown", self._extra, flags=re.M)
+                        text = text[: -len("# EOF\n")] + extra + "# EOF\n"
+                    found = text.encode("utf-8")
                 self._bodies[key] = found
             return found
 
@@ -512,6 +526,8 @@ class _Handler(BaseHTTPRequestHandler):
                 extra["Content-Encoding"] = "gzip"
             self._send(200, body, OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE, head, extra)
             sink.count("scrapes")
+        elif path == "/health":
+            self._health(head)
         elif path == "/healthz":
             if sink.ctx.loop_alive():
                 self._send(200, b"ok\n", "text/plain; charset=utf-8", head)
@@ -522,6 +538,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, body.encode("utf-8"), "text/html; charset=utf-8", head)
         else:
             self._send(404, b"not found\n", "text/plain; charset=utf-8", head)
+
+    def _health(self, head: bool) -> None:
+        """The node's health verdict as JSON: a verdict for people and tools, not a liveness probe
+        (``/healthz`` is that): it answers 200 whatever the verdict, so a probe wired to it by
+        mistake does not restart gpumon on a sick node."""
+        verdict_of = self.server.sink.ctx.health_verdict
+        if verdict_of is None:
+            self._send(404, b"health verdicts are off ([health] enabled = false)\n", "text/plain; charset=utf-8",
+                       head)
+            return
+        verdict = verdict_of()
+        if verdict is None:
+            self._send(503, b"no verdict yet\n", "text/plain; charset=utf-8", head)
+            return
+        self._send(200, json.dumps(verdict).encode("utf-8") + b"\n", "application/json", head)
 
     def _send(self, code: int, body: bytes, content_type: str, head: bool,
               extra: dict[str, str] | None = None) -> None:
@@ -570,6 +601,7 @@ class PrometheusSink(Sink):
         self.limiter = FailureLimiter(float(values["auth_failures_per_minute"]))
         self.web_config_file = values["web_config_file"]
         self.web_config_check_interval = float(values["web_config_check_interval"])
+        self._compat = DcgmCompat(ctx.hostname) if values["compat"] == "dcgm-exporter" else None
         self.web = load_web_config(self.web_config_file) if self.web_config_file else WebConfig()
         self._stamp = file_stamp(self.web.files)
         self._reload_log = LogOnce(log)
@@ -624,7 +656,7 @@ class PrometheusSink(Sink):
 
     def publish(self, snapshot: Snapshot) -> None:
         text = self._renderer.render(snapshot.families).encode("utf-8")
-        self.page = Page(snapshot.families, text)
+        self.page = Page(snapshot.families, text, self._compat.render(snapshot) if self._compat else "")
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
