@@ -1,0 +1,119 @@
+"""Which Azure VM this is and where it sits: ``gpumon_host_info`` from IMDS compute metadata and the
+Hyper-V KVP pool.
+
+Placement is what a fleet operator groups by when something goes wrong on several hosts at once:
+the same placement group (one InfiniBand fabric), fault domain, or physical host. IMDS gives size,
+region, zone, scale set, placement group and fault domain (cached by the shared client, re-read every
+``[azure] compute_refresh``); the physical host's name only the KVP pool has. Either alone is enough
+for the series; neither makes the collector unavailable.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gpumon import imds
+from gpumon.collectors.base import Availability, Collector, Context, Table
+from gpumon.config import Option, Section, SectionSchema
+from gpumon.imds import AzureInstance, ImdsError
+from gpumon.model import Collection, MetricSpec, MetricType, Snapshot
+from gpumon.sources import kvp
+
+log = logging.getLogger("gpumon.collectors.host_info")
+
+LABELS = ("vm_size", "region", "zone", "vmss", "vm_id", "placement_group", "fault_domain", "physical_host")
+INFO = MetricSpec(
+    "gpumon_host_info", MetricType.INFO,
+    "The Azure VM and its placement (value 1): IMDS vmSize, location, zone, vmScaleSetName, vmId, "
+    "placementGroupId, platformFaultDomain, and the Hyper-V KVP PhysicalHostName; empty where unknown.",
+    labels=LABELS)
+
+OPTIONS = SectionSchema(
+    "host_info",
+    "Azure VM identity and placement (IMDS compute metadata, Hyper-V KVP pool).",
+    (
+        Option("interval", float, 60.0, "Seconds between runs (IMDS is asked only every "
+               "[azure] compute_refresh; the KVP pool is read every run).", min=1.0, max=86400.0),
+        Option("kvp_pool", str, kvp.DEFAULT_POOL,
+               "The Hyper-V KVP pool the host writes (pool 3); empty to not read it (/host/var/lib/hyperv/"
+               ".kvp_pool_3 in a container that mounts the host's /var/lib/hyperv)."),
+    ),
+)
+
+
+class HostInfoCollector(Collector):
+    name = "host_info"
+    description = "Azure VM identity and placement: size, region, zone, scale set, placement group, host."
+    options = OPTIONS
+
+    def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
+        super().__init__(ctx, cfg)
+        self._pool = str(OPTIONS.value(cfg, "kvp_pool"))
+        azure = ctx.config.sections.get("azure") if ctx.config is not None else None
+        self._client = imds.configured(azure)
+        self._kvp_logged = False
+
+    @classmethod
+    def metrics(cls) -> tuple[MetricSpec, ...]:
+        return (INFO,)
+
+    def interval(self, default: float) -> float:
+        """Identity changes rarely: its own slow pace, whatever the daemon's."""
+        return float(OPTIONS.value(self.cfg, "interval"))
+
+    def probe(self) -> Availability:
+        on, why = self._client.on_azure()
+        if on:
+            return Availability(True)
+        if self._pool:
+            try:
+                kvp.read_pool(self._pool)
+                return Availability(True)
+            except OSError:
+                pass
+        return Availability(False, f"{why}; no Hyper-V KVP pool at {self._pool or '(not read)'}")
+
+    def collect(self) -> Collection:
+        coll = Collection()
+        instance = self._instance(coll)
+        host = self._physical_host(coll)
+        if instance is not None or host:
+            coll.add(INFO, (INFO.sample(1, *_labels(instance, host)),))
+        return coll
+
+    def _instance(self, coll: Collection) -> AzureInstance | None:
+        try:
+            return self._client.instance()
+        except ImdsError as exc:  # the client logs it once
+            coll.count_error(f"imds_{exc.reason}")
+            return None
+
+    def _physical_host(self, coll: Collection) -> str:
+        if not self._pool:
+            return ""
+        try:
+            return kvp.physical_host(kvp.read_pool(self._pool))
+        except FileNotFoundError:
+            return ""
+        except OSError as exc:
+            coll.count_error("kvp_read")
+            if not self._kvp_logged:
+                self._kvp_logged = True
+                log.warning("KVP pool %s: %s (logged once, counted every time)", self._pool, exc)
+            return ""
+
+    @classmethod
+    def summarize(cls, snapshot: Snapshot) -> Table | None:
+        fam = snapshot.family(INFO.name)
+        if fam is None:
+            return None
+        rows = tuple(tuple(s.label(name) or "-" for name in LABELS) for s in fam.samples)
+        return Table("Azure host", ("Size", "Region", "Zone", "VMSS", "VM id", "Placement group", "FD", "Host"),
+                     rows)
+
+
+def _labels(instance: AzureInstance | None, host: str) -> tuple[str, ...]:
+    if instance is None:
+        return ("",) * (len(LABELS) - 1) + (host,)
+    return (instance.vm_size, instance.location, instance.zone, instance.vmss_name, instance.vm_id,
+            instance.placement_group_id, instance.platform_fault_domain, host)
