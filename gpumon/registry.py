@@ -23,6 +23,8 @@ BUILTIN_COLLECTORS: dict[str, str] = {
     "kmsg": "gpumon.collectors.kmsg:KmsgCollector",
     "aer": "gpumon.collectors.aer:AerCollector",
     "attribution": "gpumon.collectors.attribution:AttributionCollector",
+    "azure_events": "gpumon.collectors.azure_events:AzureEventsCollector",
+    "host_info": "gpumon.collectors.host_info:HostInfoCollector",
 }
 
 BUILTIN_SINKS: dict[str, str] = {

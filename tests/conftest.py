@@ -48,6 +48,7 @@ def http_get(url: str, headers: dict[str, str] | None = None, timeout: float = 5
 def clean_env(**extra: str) -> dict[str, str]:
     """The test's environment without any GPUMON_ variable leaking in from the caller."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMON_")}
+    env["GPUMON_AZURE_IMDS_URL"] = "http://127.0.0.1:1"  # a closed loopback port: never the real IMDS
     env.update(extra)
     return env
 
