@@ -126,3 +126,54 @@ def test_static_columns_repeat_hourly_or_on_change():
     b.add(snap(fam(INFO, (1, "0", "GPU-a", "H100", "00:18")), fam(limit, (650, "0", "GPU-a"))), 9.0)
     (row,) = b.close_interval(1_700_000_000.0 + 3600 + 180, 60.0)[GPU]
     assert row["Model"] == "H100"  # an hour later they come again unchanged
+
+
+ALLOC = MetricSpec("gpumon_gpu_allocation_info", MetricType.INFO, "a", "",
+                   ("gpu", "uuid", "gpu_instance", "namespace", "pod", "container", "job_id"))
+
+
+def test_gpu_rows_name_every_holder_of_the_interval_comma_joined():
+    b = RowBuilder("node-1")
+    held = fam(ALLOC, (1, "0", "GPU-a", "", "ml", "train-0", "main", ""), (1, "1", "GPU-b", "", "", "", "", "4242"))
+    b.add(snap(held, fam(POWER, (100, "0", "GPU-a"), (90, "1", "GPU-b"), (80, "2", "GPU-c"))), 0.0)
+    shared = fam(ALLOC, (1, "0", "GPU-a", "", "ml", "train-1", "main", ""))  # train-0 left, train-1 came
+    b.add(snap(shared, fam(POWER, (100, "0", "GPU-a"), (90, "1", "GPU-b"), (80, "2", "GPU-c"))), 1.0)
+    rows = {r["Gpu"]: r for r in b.close_interval(1_700_000_060.0, 60.0)[GPU]}
+    assert (rows[0]["Namespace"], rows[0]["Pod"], rows[0]["Container"]) == ("ml,ml", "train-0,train-1", "main,main")
+    assert "JobId" not in rows[0]
+    assert rows[1]["JobId"] == "4242" and "Pod" not in rows[1]
+    assert not {"Namespace", "Pod", "Container", "JobId"} & set(rows[2])
+    assert all(validate_row(r, DECLS["Custom-GpuMonGpu_CL"]) is None for r in rows.values())
+    b.add(snap(fam(POWER, (100, "0", "GPU-a"))), 2.0)  # next interval: nobody holds GPU 0 any more
+    (row,) = b.close_interval(1_700_000_120.0, 60.0)[GPU]
+    assert row["Pod"] == "train-1"  # it held the GPU when the interval began
+    b.add(snap(fam(POWER, (100, "0", "GPU-a"))), 3.0)
+    (row,) = b.close_interval(1_700_000_180.0, 60.0)[GPU]
+    assert "Pod" not in row
+
+
+def test_relabelled_copies_of_a_series_count_once():
+    """[attribution] labels = true: two holders make two copies of each series; the row is the same."""
+    from gpumon.attribution_labels import relabel
+
+    held = fam(ALLOC, (1, "0", "GPU-a", "", "ml", "a", "main", ""), (1, "0", "GPU-a", "", "ml", "b", "main", ""))
+    plain, copied = RowBuilder("node-1"), RowBuilder("node-1")
+    for t, (power, energy) in enumerate([(100, 1000), (300, 1500)]):
+        families = (held, fam(POWER, (power, "0", "GPU-a")), fam(ENERGY, (energy, "0", "GPU-a")))
+        plain.add(snap(*families), float(t))
+        copied.add(snap(*relabel(families, held)), float(t))
+    (want,) = plain.close_interval(1_700_000_060.0, 60.0)[GPU]
+    (got,) = copied.close_interval(1_700_000_060.0, 60.0)[GPU]
+    assert len(relabel((fam(POWER, (1, "0", "GPU-a")),), held)[0].samples) == 2
+    for key in ("PowerWattsAvg", "EnergyJoulesIncrease", "EnergyJoulesTotal", "Samples", "Pod"):
+        assert got[key] == want[key], key
+    assert got["Pod"] == "a,b"
+
+
+def test_event_rows_carry_the_holders_of_the_gpu():
+    b = RowBuilder("node-1")
+    event = Event("gpu_xid", Severity.ERROR, {"gpu": "3", "uuid": "GPU-d"}, "GPU 3: XID 79 (pod=train-0)",
+                  {"xid": 79, "namespace": "ml", "pod": "train-0", "container": "main"})
+    row = b.event_row(event)
+    assert (row["Namespace"], row["Pod"], row["Container"]) == ("ml", "train-0", "main") and "JobId" not in row
+    assert validate_row(row, DECLS["Custom-GpuMonEvents_CL"]) is None

@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from gpumon.generated import sync  # noqa: E402
 from gpumon.sinks.azure_rows import (  # noqa: E402
     DEFAULT_STREAMS,
+    HOLDER_COLUMNS,
     INFO_COLUMNS,
     METRIC_COLUMNS,
     TABLES,
@@ -175,6 +176,8 @@ def _sources() -> dict[str, str]:
            "Port": "port number", "Kind": "event kind", "Severity": "info, warning, error, critical",
            "Message": "one line for people", "Subject": "the event's subject labels",
            "Attributes": "the event's attributes", "Collector": "subject label collector"}
+    for label, column in HOLDER_COLUMNS:
+        out[column] = f"`{label}` of the GPU's holders, comma-joined (see [Who held the GPU](#who-held-the-gpu))"
     for info in INFO_COLUMNS:
         for label, column in info.labels:
             out.setdefault(column, f"`{info.metric}` label `{label}` (static)")

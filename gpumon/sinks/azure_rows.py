@@ -16,6 +16,11 @@ Aggregations per metric (a column suffix each):
 - ``flag`` (a boolean, bare name): last value non-zero.
 A metric with labels beyond the row's identity (an NVLink ``link``, an ECC ``type``) is either split
 into one column per listed label value (``split``) or, without ``split``, summed over them.
+
+Who held a GPU (``Namespace``, ``Pod``, ``Container``, ``JobId``) comes from the snapshots'
+``gpumon_gpu_allocation_info``: every holder seen during the interval, comma-joined in the same order
+in all four columns. The copies ``[attribution] labels = true`` makes of a per-GPU series are one
+series here, never summed twice.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon import attribution_labels
 from gpumon.model import Event, MetricFamily, MetricType, Snapshot
 from gpumon.sources.ib_sysfs import MLX5_QUEUE_COUNTERS, MLX5_ROCE_COUNTERS
 
@@ -272,10 +278,13 @@ COMMON_COLUMNS: tuple[tuple[str, str], ...] = (
     ("Region", "string"),
 )
 INTERVAL_COLUMNS: tuple[tuple[str, str], ...] = (("IntervalSeconds", "real"), ("Samples", "int"))
+HOLDER_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("namespace", "Namespace"), ("pod", "Pod"), ("container", "Container"), ("job_id", "JobId"))
+"""Attribution label -> column, on GPU rows and GPU event rows (comma-joined when several hold it)."""
 EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("Kind", "string"), ("Severity", "string"), ("Message", "string"), ("Subject", "dynamic"),
     ("Attributes", "dynamic"), ("Gpu", "int"), ("Uuid", "string"), ("Device", "string"), ("Port", "int"),
-    ("Collector", "string"),
+    ("Collector", "string"), *((column, "string") for _, column in HOLDER_COLUMNS),
 )
 
 BY_METRIC: dict[str, tuple[MetricColumns, ...]] = {}
@@ -290,6 +299,8 @@ def stream_columns() -> dict[str, list[tuple[str, str]]]:
     for table in (GPU, IB):
         cols = list(COMMON_COLUMNS) + list(INTERVAL_COLUMNS)
         cols += [(col, typ) for _, col, typ in IDENTITY[table]]
+        if table == GPU:
+            cols += [(col, "string") for _, col in HOLDER_COLUMNS]
         seen = {c for c, _ in cols}
         for info in INFO_COLUMNS:
             if info.table == table:
@@ -406,6 +417,9 @@ class RowBuilder:
         self._seen: dict[str, MetricFamily] = {}
         self._snapshots = 0
         self._unmapped: set[str] = set()
+        self._allocation: MetricFamily | None = None
+        self._holders: dict[str, dict[attribution_labels.Holding, None]] = {}
+        """Per GPU index: who held it during the interval, in the order first seen."""
         self.build_errors = 0
 
     @property
@@ -416,6 +430,8 @@ class RowBuilder:
     def add(self, snapshot: Snapshot, when: float) -> None:
         """Fold one snapshot in; ``when`` is a monotonic time for rates."""
         self._snapshots += 1
+        self._allocation = snapshot.family(attribution_labels.ALLOCATION_FAMILY)
+        self._add_holders(self._allocation)
         for fam in snapshot.families:
             # The loop hands the same family object again while a collector has not run anew;
             # counting it twice would weigh that collector's samples in min/avg/max.
@@ -431,7 +447,13 @@ class RowBuilder:
             if info is not None:
                 self._add_info(info, fam)
                 continue
-            self._unmapped.add(fam.name)
+            if fam.name != attribution_labels.ALLOCATION_FAMILY:
+                self._unmapped.add(fam.name)
+
+    def _add_holders(self, allocation: MetricFamily | None) -> None:
+        """Remember who holds each GPU now (no allocation family: nobody holds any)."""
+        for gpu, held in attribution_labels.holders(allocation).by_gpu.items():
+            self._holders.setdefault(gpu, {}).update(dict.fromkeys(held))
 
     def _row(self, table: str, labels: Mapping[str, str]) -> _Row | None:
         ident = tuple(labels.get(label, "") for label, _, _ in IDENTITY[table])
@@ -445,7 +467,8 @@ class RowBuilder:
 
     def _add_metric(self, mapping: MetricColumns, fam: MetricFamily, when: float) -> None:
         counter = fam.spec.type is MetricType.COUNTER
-        ident_labels = {label for label, _, _ in IDENTITY[mapping.table]}
+        ident_labels = {label for label, _, _ in IDENTITY[mapping.table]} | set(attribution_labels.LABELS)
+        done: set[tuple[int, tuple[MetricColumns, str, tuple]]] = set()
         for sample in fam.samples:
             labels = dict(sample.labels)
             if mapping.where and any(labels.get(k) != v for k, v in mapping.where):
@@ -464,6 +487,9 @@ class RowBuilder:
                 base = mapping.column
                 extra = tuple(sorted((k, v) for k, v in labels.items() if k not in ident_labels))
             key = (mapping, base, extra)
+            if (id(row), key) in done:
+                continue  # another holder's copy of a series already counted (attribution labels)
+            done.add((id(row), key))
             series = row.series.get(key)
             if series is None:
                 series = row.series[key] = _Series()
@@ -499,6 +525,8 @@ class RowBuilder:
                 for series in row.series.values():
                     series.restart()
         self._snapshots = 0
+        self._holders = {}
+        self._add_holders(self._allocation)
         return out
 
     def _common(self, wall_time: float) -> dict[str, Any]:
@@ -517,6 +545,8 @@ class RowBuilder:
         out["Samples"] = max(s.n for s in row.series.values())
         for (_label, column, typ), value in zip(IDENTITY[table], row.identity):
             out[column] = _int_or_none(value) if typ == "int" else value
+        if table == GPU:
+            out.update(_holder_columns(attribution_labels.joined(self._holders.get(row.identity[0], {}))))
         static: dict[str, Any] = dict(row.info)
         groups: dict[tuple[MetricColumns, str], list[_Series]] = {}
         for (mapping, base, _extra), series in row.series.items():
@@ -551,7 +581,13 @@ class RowBuilder:
                 value = _int_or_none(subject[label]) if typ == "int" else subject[label]
                 if value is not None:
                     row[column] = value
+        row.update(_holder_columns(event.attributes))
         return row
+
+
+def _holder_columns(values: Mapping[str, Any]) -> dict[str, str]:
+    """Namespace, Pod, Container, JobId from attribution labels (``attribution_labels.joined``)."""
+    return {column: str(values[label]) for label, column in HOLDER_COLUMNS if values.get(label)}
 
 
 def _aggregate(agg: str, members: list[_Series]) -> Any:
