@@ -211,7 +211,7 @@ def cmd_health(args: argparse.Namespace, config: Config) -> int:
         return EXIT_USAGE
     ctx, tmp = _once_context(config)
     try:
-        stage = daemon.health_stage(config, ctx, persist=False)
+        stage = daemon.health_stage(config, ctx, persist=False, state_dir=daemon.host_state_dir(config))
         if stage is None:
             print("gpumon: error: [health] enabled = false: no verdict", file=sys.stderr)
             return EXIT_USAGE
@@ -231,13 +231,35 @@ def _health_clear(args: argparse.Namespace, config: Config) -> int:
         print("gpumon: error: 'health clear' takes a rule id or --all", file=sys.stderr)
         return EXIT_USAGE
     try:
-        gone = clear(config.daemon.state_dir, None if args.all else args.rule)
+        gone = clear(daemon.host_state_dir(config), None if args.all else args.rule)
     except OSError as exc:
-        print(f"gpumon: error: cannot clear the health state in {config.daemon.state_dir}: {exc}",
+        print(f"gpumon: error: cannot clear the health state in {daemon.host_state_dir(config)}: {exc}",
               file=sys.stderr)
         return EXIT_FAILED
     print(f"cleared {len(gone)} verdict(s){': ' if gone else ''}{', '.join(gone)}")
     return EXIT_OK
+
+
+def _check_health_actions(config: Config) -> bool:
+    """The health actions that are on: each one's problems (scontrol missing, no node name, ...)."""
+    from gpumon.health.settings import action_settings, actions_on
+
+    section = config.sections.get("health")
+    if section is None or not section["enabled"]:
+        return False
+    settings = action_settings(section)
+    if not actions_on(settings):
+        return False
+    from gpumon.health.actions import check
+
+    problems = check(settings)
+    for problem in problems:
+        print(f"health    {'actions':<28} FAIL  {problem}")
+    if not problems:
+        on = [name for name, flag in (("slurm", settings.slurm), ("kubernetes", settings.kubernetes),
+                                      ("hook", bool(settings.hook))) if flag]
+        print(f"health    {'actions':<28} ok    {', '.join(on)}")
+    return bool(problems)
 
 
 def cmd_check(args: argparse.Namespace, config: Config) -> int:
@@ -269,6 +291,7 @@ def cmd_check(args: argparse.Namespace, config: Config) -> int:
             for result in results:
                 failed |= not result.ok
                 print(f"sink      {result.item:<28} {'ok' if result.ok else 'FAIL':<5} {result.message}")
+        failed |= _check_health_actions(config)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)

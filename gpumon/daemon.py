@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from gpumon import __version__, registry, statelock
 from gpumon.collectors.base import Collector, CollectorUnavailable, Context
 from gpumon.config import Config, ConfigError
-from gpumon.health.settings import health_settings
+from gpumon.health.settings import action_settings, actions_on, health_settings
 from gpumon.health.stage import HealthStage
 from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot
 from gpumon.selfmetrics import CollectorBook, SelfMetrics, reason_code
@@ -94,6 +94,13 @@ def make_context(config: Config) -> Context:
     else:
         _check_sysfs_root(config)
     return ctx
+
+
+def host_state_dir(config: Config) -> str:
+    """Where ``gpumon run`` keeps this host's state: the state directory, or a simulated host's own
+    under it (what ``gpumon health`` reads and ``gpumon health clear`` changes)."""
+    d = config.daemon
+    return os.path.join(d.state_dir, "simulate", d.simulate, "state") if d.simulate else d.state_dir
 
 
 def _check_sysfs_root(config: Config) -> None:
@@ -532,12 +539,21 @@ class Loop:
         return snapshot
 
 
-def health_stage(config: Config, ctx: Context, persist: bool = True) -> HealthStage | None:
-    """The health stage ``[health]`` asks for (None when disabled)."""
+def health_stage(config: Config, ctx: Context, persist: bool = True, act: bool = False,
+                 state_dir: str | None = None) -> HealthStage | None:
+    """The health stage ``[health]`` asks for (None when disabled); with ``act``, the health actions
+    it turns on (Slurm drain, NodeConditions, a hook) run on its verdicts."""
     section = config.sections.get("health")
     if section is None or not section["enabled"]:
         return None
-    return HealthStage(ctx.state_dir, health_settings(section), vm_size=_vm_size_of(ctx), persist=persist)
+    stage = HealthStage(state_dir or ctx.state_dir, health_settings(section), vm_size=_vm_size_of(ctx),
+                        persist=persist)
+    settings = action_settings(section)
+    if act and actions_on(settings):
+        from gpumon.health.actions import HealthActions
+
+        stage.attach(HealthActions(settings, ctx.state_dir))
+    return stage
 
 
 def collect_once(config: Config, plan: Plan, ctx: Context, timeout: float | None = None,
@@ -675,7 +691,7 @@ class Daemon:
         if running is not None and self._health_key == key:
             return running
         self._health_key = key
-        return health_stage(config, ctx)
+        return health_stage(config, ctx, act=True)
 
     def start(self) -> Plan:
         """Lock the state directory, probe, start sinks, start collectors. Raises StartupError for
@@ -691,7 +707,10 @@ class Daemon:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop everything and give the state directory up for the next instance."""
+        health = self.loop.health if self.loop is not None else None
         self._halt(timeout)
+        if health is not None:
+            health.close()
         if self._state_lock is not None:
             self._state_lock.release()
 
@@ -739,6 +758,8 @@ class Daemon:
             self.reload_rejected()
             self._launch(self._build(old, kept), previous)  # it worked before; if not, exit 1
             return
+        if previous is not None and previous.health is not None and previous.health is not build.health:
+            previous.health.close()  # its actions: the new stage has its own
         if new_lock is not None and self._state_lock is not None:
             self._state_lock.release()  # the state directory moved: the old one is free now
             self._state_lock = new_lock

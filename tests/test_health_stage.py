@@ -157,3 +157,34 @@ def test_a_corrupt_state_file_is_set_aside(tmp_path, host, caplog) -> None:
 def test_disabled_rules_are_not_evaluated(tmp_path, host) -> None:
     result = stage(tmp_path, Clock(), disabled=frozenset({"ib.port.down"})).update(host.snapshot())
     assert series(result, "ib.port.down") == {}
+
+
+def test_nvlink_fabric_faults_on_gb200(tmp_path) -> None:
+    """The fabric call is a slow one (about every 5th run): each step collects until it shows."""
+    host, clock = SimulatedHost(str(tmp_path / "gb"), profile="nd-gb200-v6"), Clock()
+    s = stage(tmp_path, clock, vm_size="Standard_ND128isr_NDR_GB200_v6")
+
+    def until(predicate):
+        for _ in range(12):
+            clock.now += 10
+            result = s.update(host.snapshot())
+            if predicate(result):
+                return result
+        raise AssertionError("the fabric fault never showed")
+
+    assert s.update(host.snapshot()).verdict.level is Level.OK
+    host.sim.apply({"action": "fabric", "gpu": 1, "health": {"degraded_bw": "true"}})
+    degraded = until(lambda r: series(r, "gpu.fabric.health").get(("1", "", "")) == 1.0)
+    assert degraded.verdict.level is Level.DEGRADED and degraded.verdict.action == "check_fabric"
+    host.sim.apply({"action": "fabric", "gpu": 2, "health": {"route_unhealthy": "true"}})
+    assert until(lambda r: r.verdict.level is Level.UNHEALTHY).verdict.action == "check_fabric"
+    host.sim.apply({"action": "fabric", "gpu": 3, "state": "in_progress"})
+    until(lambda r: series(r, "gpu.fabric.registration").get(("3", "", "")) == 1.0)
+
+
+def test_the_guide_lists_every_rule_xid_and_vm_size() -> None:
+    from gpumon.health.doc import markdown
+    from tests.conftest import REPO
+
+    with open(os.path.join(REPO, "docs", "health.md"), encoding="utf-8") as fh:
+        assert markdown() in fh.read(), "regenerate with python -m gpumon.health.doc"

@@ -57,6 +57,11 @@ RULES: tuple[Rule, ...] = (
     Rule("gpu.pcie.degraded", Level.DEGRADED, "reboot", False,
          "A GPU's PCIe link is narrower, or capable of a lower generation, than this VM size has."),
     Rule("gpu.thermal_slowdown", Level.DEGRADED, "none", False, "A GPU is slowed down for temperature."),
+    Rule("gpu.fabric.health", Level.UNHEALTHY, "check_fabric", False,
+         "The NVLink fabric reports a GPU's route unhealthy, its configuration incorrect or its fabric "
+         "manager gone (unhealthy); degraded bandwidth or a recovery in progress (degraded)."),
+    Rule("gpu.fabric.registration", Level.DEGRADED, "check_fabric", False,
+         "A GPU has not completed NVLink fabric registration, or completed it with an error."),
     Rule("ib.port.down", Level.UNHEALTHY, "check_fabric", False, "An InfiniBand port is not up."),
     Rule("ib.port.flapping", Level.DEGRADED, "check_fabric", False,
          "An InfiniBand port flapped [health] flap_threshold times within flap_window."),

@@ -21,7 +21,9 @@ IB_ERROR_COUNTERS = ("gpumon_ib_port_symbol_errors_total", "gpumon_ib_port_link_
                      "gpumon_ib_port_excessive_buffer_overrun_errors_total")
 THERMAL_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown")
 WATCHED_COLLECTORS = ("nvml", "infiniband")
-IB_STATE_ACTIVE = 4  # /sys/class/infiniband/*/ports/*/state "4: ACTIVE"
+IB_STATE_ACTIVE = 4
+# NVLink fabric conditions that stop a GPU's NVLink traffic; the others slow it (nvml.h healthMask)
+FABRIC_UNHEALTHY = frozenset({"route_unhealthy", "incorrect_configuration", "gfm_disconnected"})  # /sys/class/infiniband/*/ports/*/state "4: ACTIVE"
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,37 @@ class Evaluator:
             out.append(self._flag("gpu.thermal_slowdown", subject, hot,
                                   f"GPU {subject[0][1]} is slowed down for temperature"))
         out += self._pcie(fams)
+        out += self._fabric(fams)
+        return out
+
+    def _fabric(self, fams: Mapping[str, MetricFamily]) -> list[Finding]:
+        """NVLink fabric (GB200 and later; an H100 with NVSwitch answers COMPLETED and no health)."""
+        out = []
+        worst: dict[Subject, tuple[Level, list[str]]] = {}
+        for s in _samples(fams, "gpumon_gpu_fabric_health_condition"):
+            level, names = worst.get(_gpu(s), (Level.OK, []))
+            if s.value >= 1:
+                cond = s.label("condition") or ""
+                names.append(cond)
+                level = max(level, Level.UNHEALTHY if cond in FABRIC_UNHEALTHY else Level.DEGRADED)
+            worst[_gpu(s)] = (level, names)
+        for s in _samples(fams, "gpumon_gpu_fabric_health_overall"):
+            level, names = worst.get(_gpu(s), (Level.OK, []))
+            summary = {2: (Level.UNHEALTHY, "summary unhealthy"), 3: (Level.DEGRADED, "limited capacity")}
+            if int(s.value) in summary:
+                extra, text = summary[int(s.value)]
+                level, names = max(level, extra), [*names, text]
+            worst[_gpu(s)] = (level, names)
+        for subject, (level, names) in sorted(worst.items()):
+            out.append(self._flag("gpu.fabric.health", subject, level > Level.OK,
+                                  f"GPU {subject[0][1]}: NVLink fabric {', '.join(names)}", level=level))
+        status = {_gpu(s): s.value for s in _samples(fams, "gpumon_gpu_fabric_status")}
+        for s in _samples(fams, "gpumon_gpu_fabric_state"):
+            state, code = int(s.value), status.get(_gpu(s), 0.0)
+            bad = state in (1, 2) or (state == 3 and code != 0)
+            what = {1: "not started", 2: "in progress"}.get(state, f"completed with NVML error {code:g}")
+            out.append(self._flag("gpu.fabric.registration", _gpu(s), bad,
+                                  f"GPU {s.label('gpu')}: NVLink fabric registration {what}"))
         return out
 
     def _pcie(self, fams: Mapping[str, MetricFamily]) -> list[Finding]:

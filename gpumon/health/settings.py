@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpumon.config import Option, SectionSchema
+from gpumon.health.actions.settings import ActionSettings
 from gpumon.health.catalogue import RULE_BY_ID
 from gpumon.health.rules import Thresholds
 from gpumon.health.stage import HealthSettings
@@ -35,6 +36,23 @@ HEALTH = SectionSchema("health", "The node's health verdict: rules over every sn
            min=1.0),
     Option("ib_error_window", float, 3600.0, "Seconds over which `ib_error_threshold` counts.",
            min=60.0, max=86400.0 * 7),
+    Option("slurm", bool, False, "Drain this Slurm node when the verdict is unhealthy with a drain-worthy "
+           "action, and resume it when it clears (only a drain gpumon made). docs/health-actions.md."),
+    Option("slurm_node", str, "", "The Slurm node name; empty: the short host name, as slurmd uses."),
+    Option("scontrol", str, "scontrol", "The scontrol command (a path, or a name on PATH)."),
+    Option("kubernetes", bool, False, "Set NodeConditions on this pod's node (needs the node-conditions "
+           "component: RBAC patch on nodes/status)."),
+    Option("node_name", str, "", "The Kubernetes node name; empty: the NODE_NAME variable (downward API)."),
+    Option("kube_api", str, "", "The API server URL; empty: in-cluster (KUBERNETES_SERVICE_HOST/PORT)."),
+    Option("kube_token_file", str, ActionSettings.kube_token_file, "Service account token, re-read on each "
+           "call (it rotates)."),
+    Option("kube_ca_file", str, ActionSettings.kube_ca_file, "CA bundle that verifies the API server."),
+    Option("hook", str, "", "An executable run on each change of the verdict, the verdict as JSON on stdin."),
+    Option("action_timeout", float, 10.0, "Seconds an action (scontrol, an API call, the hook) may take "
+           "before it is killed.", min=0.1, max=600.0),
+    Option("action_backoff_initial", float, 1.0, "Seconds before retrying a failed action; doubles with "
+           "jitter.", min=0.01, max=600.0),
+    Option("action_backoff_max", float, 300.0, "Longest wait between retries.", min=0.01, max=86400.0),
 ))
 
 
@@ -45,3 +63,17 @@ def health_settings(section: Mapping[str, Any] | None) -> HealthSettings:
                             ib_error_window=float(v["ib_error_window"]),
                             disabled=frozenset(str(r) for r in v["disabled_rules"]))
     return HealthSettings(thresholds, hold_seconds=float(v["hold_seconds"]), vm_size=str(v["vm_size"]))
+
+
+def action_settings(section: Mapping[str, Any] | None) -> ActionSettings:
+    v = HEALTH.values(section)
+    return ActionSettings(
+        slurm=bool(v["slurm"]), slurm_node=str(v["slurm_node"]), scontrol=str(v["scontrol"]),
+        kubernetes=bool(v["kubernetes"]), node_name=str(v["node_name"]), kube_api=str(v["kube_api"]),
+        kube_token_file=str(v["kube_token_file"]), kube_ca_file=str(v["kube_ca_file"]), hook=str(v["hook"]),
+        timeout=float(v["action_timeout"]), backoff_initial=float(v["action_backoff_initial"]),
+        backoff_max=float(v["action_backoff_max"]))
+
+
+def actions_on(settings: ActionSettings) -> bool:
+    return settings.slurm or settings.kubernetes or bool(settings.hook)

@@ -28,7 +28,13 @@ STATE = MetricSpec("gpumon_health_state", MetricType.GAUGE,
                    labels=("rule", "gpu", "device", "port"))
 NODE = MetricSpec("gpumon_node_health", MetricType.GAUGE,
                   "The node's verdict: 0 healthy, 1 degraded, 2 unhealthy (the worst of gpumon_health_state).")
-SPECS = (STATE, NODE)
+ACTION_RUNS = MetricSpec("gpumon_health_action_runs_total", MetricType.COUNTER,
+                         "Attempts of a health action (slurm, kubernetes, hook), retries included.",
+                         labels=("action",))
+ACTION_FAILURES = MetricSpec("gpumon_health_action_failures_total", MetricType.COUNTER,
+                             "Failed attempts of a health action (each retried with backoff).",
+                             labels=("action",))
+SPECS = (STATE, NODE, ACTION_RUNS, ACTION_FAILURES)
 SAVE_EVERY = 60.0
 _SEVERITY = {Level.OK: Severity.INFO, Level.DEGRADED: Severity.WARNING, Level.UNHEALTHY: Severity.CRITICAL}
 
@@ -83,6 +89,16 @@ class HealthStage:
         self._saved_at = 0.0
         self._verdict = Verdict(Level.OK, "none", (), "", 0.0)
         self._node_key: tuple[int, tuple[str, ...]] | None = None
+        self._actions: Any = None
+
+    def attach(self, actions: Any) -> None:
+        """Hand every verdict to ``actions`` (``on_verdict``, ``stats``, ``close``: the health actions'
+        runner); their counts join the health series."""
+        self._actions = actions
+
+    def close(self) -> None:
+        if self._actions is not None:
+            self._actions.close()
 
     def verdict(self) -> Verdict:
         with self._lock:
@@ -122,7 +138,20 @@ class HealthStage:
             self._verdict = verdict
             if changed or events or now - self._saved_at >= SAVE_EVERY:
                 self._save(now)
-            return HealthResult(self._families(findings, verdict), events, verdict)
+            families = self._families(findings, verdict)
+        if self._actions is not None:
+            try:  # returns at once: the actions run on their own threads
+                self._actions.on_verdict(verdict)
+            except Exception:
+                log.exception("health: handing the verdict to the actions failed")
+            families += self._action_families()
+        return HealthResult(families, events, verdict)
+
+    def _action_families(self) -> tuple[MetricFamily, ...]:
+        stats = self._actions.stats()
+        return (MetricFamily(ACTION_RUNS, tuple(ACTION_RUNS.sample(v["runs"], k) for k, v in sorted(stats.items()))),
+                MetricFamily(ACTION_FAILURES, tuple(ACTION_FAILURES.sample(v["failures"], k)
+                                                    for k, v in sorted(stats.items()))))
 
     def _unhealthy_without_inventory(self, snapshot: Snapshot, now: float) -> bool:
         if self._state.baseline is not None or self._evaluator.expected is not None:

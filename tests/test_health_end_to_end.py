@@ -1,0 +1,83 @@
+"""The health stage inside `gpumon run`: an XID 79 on a simulated host reaches /health, the hook and a
+real Slurm's drain; `gpumon health clear` undoes the verdict, and the node is resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpumon.simulate import control
+from tests.conftest import clean_env, http_get, wait_for
+from tests.slurm_cluster import SlurmCluster
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm-e2e"))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def verdict(process) -> dict:
+    status, _, body = http_get(process.url + "/health")
+    return json.loads(body) if status == 200 else {}
+
+
+def test_xid_79_drains_slurm_runs_the_hook_and_clear_resumes(gpumon_run, cluster, tmp_path) -> None:
+    if cluster.state() != "idle":
+        cluster.resume()
+    calls = tmp_path / "hook-calls"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ncat >> {calls}\necho >> {calls}\n")
+    hook.chmod(hook.stat().st_mode | stat.S_IXUSR)
+    env = {"SLURM_CONF": str(cluster.conf), "GPUMON_HEALTH_SLURM": "true", "GPUMON_HEALTH_HOOK": str(hook)}
+    process = gpumon_run("--simulate", "nd-h100-v5", "--interval", "1", env=env)
+    wait_for(lambda: verdict(process).get("status") == "healthy", timeout=20)
+    start = time.monotonic()
+    control(str(tmp_path / "state" / "simulate" / "nd-h100-v5"), {"action": "xid", "gpu": 3, "xid": 79})
+    wait_for(lambda: verdict(process).get("status") == "unhealthy", timeout=10)
+    to_health = time.monotonic() - start
+    wait_for(lambda: cluster.state().startswith("drain"), timeout=10)
+    to_drain = time.monotonic() - start
+    assert cluster.reason().startswith("gpumon: gpu.lost: GPU 3")
+    wait_for(lambda: calls.exists() and '"unhealthy"' in calls.read_text(), timeout=10)
+    page = process.metrics()
+    assert 'gpumon_health_action_runs_total{action="slurm"}' in page and "gpumon_node_health 2" in page
+    print(f"XID 79 to /health unhealthy: {to_health:.2f} s; to the Slurm drain: {to_drain:.2f} s")
+
+    # the operator takes the node out, repairs it (the simulated host comes back whole on a restart),
+    # clears gpumon's sticky verdict and starts it again: gpumon resumes the node it drained
+    code, output = process.stop()
+    assert code == 0, output
+    status = subprocess.run([sys.executable, "-m", "gpumon", "health", "--simulate", "nd-h100-v5"],
+                            env=clean_env(GPUMON_DAEMON_STATE_DIR=str(tmp_path / "state")),
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 1 and status.stdout.startswith("UNHEALTHY"), status.stdout  # sticky
+    cleared = subprocess.run([sys.executable, "-m", "gpumon", "health", "clear", "--all", "--simulate",
+                              "nd-h100-v5"], env=clean_env(GPUMON_DAEMON_STATE_DIR=str(tmp_path / "state")),
+                             capture_output=True, text=True, timeout=30)
+    assert cleared.returncode == 0 and "gpu.lost|gpu=3" in cleared.stdout, cleared.stdout + cleared.stderr
+    restarted = gpumon_run("--simulate", "nd-h100-v5", "--interval", "1", env=env)
+    wait_for(lambda: verdict(restarted).get("status") == "healthy", timeout=20)
+    wait_for(lambda: cluster.state() == "idle", timeout=15)
+
+
+def test_gpumon_check_names_a_missing_scontrol(tmp_path) -> None:
+    result = subprocess.run([sys.executable, "-m", "gpumon", "check", "--simulate", "nd-h100-v5"],
+                            env=clean_env(GPUMON_DAEMON_STATE_DIR=str(tmp_path), GPUMON_HEALTH_SLURM="true",
+                                          GPUMON_HEALTH_SCONTROL=os.path.join(str(tmp_path), "no-scontrol"),
+                                          GPUMON_PROMETHEUS_LISTEN="127.0.0.1:0"),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "health    actions" in result.stdout and "no-scontrol" in result.stdout
