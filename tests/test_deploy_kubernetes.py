@@ -21,6 +21,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 KUSTOMIZE = REPO / "deploy" / "kubernetes"
 OVERLAYS = ["base", "overlays/prometheus-operator", "overlays/azure-managed-prometheus", "overlays/azure-logs"]
+COMPONENTS = {"kubelet-attribution+base": ("base", "components/kubelet-attribution"),
+              "kubelet-attribution+azure-logs": ("overlays/azure-logs", "components/kubelet-attribution")}
+"""Compositions of a component with an overlay, rendered beside the overlays (name: (overlay, component))."""
 # The oldest and newest Kubernetes minor versions AKS supports at the time of writing.
 K8S_VERSIONS = ["1.30.0", "1.33.0"]
 
@@ -63,6 +66,15 @@ def built(tmp_path_factory) -> dict[str, Path]:
     path = out_dir / "gpu-operator_prometheus-operator.yaml"
     path.write_text(kustomize(combo))
     rendered["gpu-operator+prometheus-operator"] = path
+    for name, component in COMPONENTS.items():  # schema and policy scan cover each composition
+        combo = tmp_path_factory.mktemp(name.replace("+", "_"))
+        (combo / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [os.path.relpath(KUSTOMIZE / component[0], combo)],
+            "components": [os.path.relpath(KUSTOMIZE / component[1], combo)]}))
+        path = out_dir / (name.replace("+", "_") + ".yaml")
+        path.write_text(kustomize(combo))
+        rendered[name] = path
     return rendered
 
 
@@ -279,3 +291,35 @@ def test_gpu_operator_component_asks_for_the_nvidia_runtime_class(built):
     spec = pod_spec(built["gpu-operator+prometheus-operator"])
     assert spec["runtimeClassName"] == "nvidia"
     assert "runtimeClassName" not in pod_spec(built["base"])
+
+
+@pytest.mark.parametrize("name", list(COMPONENTS))
+def test_kubelet_attribution_runs_as_uid_0_with_nothing_else(built, name):
+    """The PodResources socket only accepts its owner, uid 0: root, with no capability, no escalation,
+    a read-only root file system, and the kubelet's directory mounted read-only."""
+    spec = pod_spec(built[name])
+    (container,) = spec["containers"]
+    sc = container["securityContext"]
+    assert spec["securityContext"]["runAsUser"] == sc["runAsUser"] == 0
+    assert sc["runAsNonRoot"] is False and spec["securityContext"]["runAsNonRoot"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+    assert sc["readOnlyRootFilesystem"] is True and sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    kubelet = mounts["/var/lib/kubelet/pod-resources"]
+    assert kubelet["readOnly"] is True
+    assert volumes[kubelet["name"]]["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUMON_ATTRIBUTION_KUBELET_SOCKET"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    annotations = find(built[name], "DaemonSet", "gpumon")["metadata"]["annotations"]
+    skipped = {v.split("=", 1)[0] for k, v in annotations.items() if k.startswith("checkov.io/skip")}
+    assert skipped == {"CKV_K8S_43", "CKV_K8S_23", "CKV_K8S_40"}  # the reasons sit next to them
+
+
+def test_the_base_daemonset_stays_non_root_without_the_kubelet_socket(built):
+    spec = pod_spec(built["base"])
+    (container,) = spec["containers"]
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert not any("pod-resources" in m["mountPath"] for m in container["volumeMounts"])
