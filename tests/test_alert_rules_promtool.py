@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from gpumon import selfmetrics
+from gpumon.health import stage as health_stage
 from gpumon.registry import available_collectors, collector_class
 from tests.conftest import REPO
 
@@ -32,7 +33,7 @@ def rules(kind: str) -> list[dict]:
 
 def known_metrics() -> set[str]:
     """Every metric name gpumon can export (counters with and without _total), plus the recording rules."""
-    names = {spec.name for spec in selfmetrics.SPECS}
+    names = {spec.name for spec in selfmetrics.SPECS + health_stage.SPECS}
     for name in available_collectors():
         names |= {spec.name for spec in collector_class(name).metrics()}
     names |= {r["record"] for r in rules("record")}

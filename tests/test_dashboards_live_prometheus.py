@@ -46,6 +46,8 @@ EXPECTED_ALERTS = {
     ("GpumonIBPortErrorsHigh", STUCK_PORT),
     ("GpumonGpuXidCritical", str(XID_GPU)),
     ("GpumonGpuLost", str(XID_GPU)),
+    # The health rules judge the host unhealthy (a port down, a GPU lost): keyed by instance, see firing().
+    ("GpumonNodeUnhealthy", "HOST"),
 }
 # The flapping port's link error recoveries (one per flap) may still be above the error-rate threshold
 # when the alerts are read, or no longer: either is right.
@@ -106,7 +108,7 @@ class Live:
         for alert in json.loads(body)["data"]["alerts"]:
             if alert["state"] == "firing":
                 labels = alert["labels"]
-                key = labels.get("device") or labels.get("gpu") or labels.get("collector") or labels.get("instance")
+                key = labels.get("device") or labels.get("gpu") or labels.get("collector") or "HOST"
                 out.add((labels["alertname"], key))
         return out
 
