@@ -56,11 +56,14 @@ def clean_env(**extra: str) -> dict[str, str]:
 class GpumonProcess:
     """A real `gpumon run` child process listening on a loopback port."""
 
-    def __init__(self, args: list[str], env: dict[str, str], port: int) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], port: int, command: list[str] | None = None,
+                 cwd: str | None = None) -> None:
+        """``command`` runs another gpumon than this checkout's (a venv's ``bin/gpumon``)."""
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpumon", "run", "--listen", f"127.0.0.1:{port}", *args],
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen([*(command or [sys.executable, "-m", "gpumon"]), "run",
+                                      "--listen", f"127.0.0.1:{port}", *args],
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
 
     def wait_ready(self, timeout: float = 15.0) -> None:
         def ready() -> bool:
