@@ -447,8 +447,11 @@ def event_attributes(event: Event) -> dict[str, Any]:
         attrs["hw.type"] = "network"
         attrs["hw.id"] = f"{subject['device']}:{subject['port']}"
     attrs.update(subject)
+    if "gpu" in subject:  # the pod, container and job holding it, in the conventions' names
+        attrs.update(mapping.holder_attributes(event.attributes))
     for key, value in event.attributes.items():
-        attrs.setdefault(str(key), value)
+        if not ("gpu" in subject and key in mapping.HOLDER_LABELS):
+            attrs.setdefault(str(key), value)
     return attrs
 
 

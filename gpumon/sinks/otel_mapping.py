@@ -430,12 +430,31 @@ def _component_attributes(domain: Domain, labels: Mapping[str, str], identity: I
 
 PROCESS_PID = os.getpid()
 
+HOLDER_ATTRIBUTES = (("namespace", "k8s.namespace.name"), ("pod", "k8s.pod.name"),
+                     ("container", "k8s.container.name"), ("job_id", "gpumon.job.id"))
+"""Attribution label -> attribute: the Kubernetes semantic conventions, and gpumon's own for the job."""
+HOLDER_LABELS = frozenset(label for label, _ in HOLDER_ATTRIBUTES)
+
+
+def holder_attributes(values: Mapping[str, Any]) -> dict[str, str]:
+    """Who holds a GPU, as attributes; empty values are left out, so an unheld GPU's series keep the
+    identity they have without attribution. A container with no pod is a container id read from a
+    cgroup (no kubelet): ``container.id``, not a Kubernetes name."""
+    out = {attr: str(values[label]) for label, attr in HOLDER_ATTRIBUTES if values.get(label)}
+    if "k8s.container.name" in out and "k8s.pod.name" not in out:
+        out["container.id"] = out.pop("k8s.container.name")
+    return out
+
 
 def attributes(metric: OtelMetric, labels: Mapping[str, str], identity: Identity) -> tuple[tuple[str, Any], ...]:
     """The point attributes for one sample: hw.* identity for semantic-convention metrics; the
     Prometheus labels plus hw.id / hw.type for the rest (so they join the hw.* series and still join
     on ``gpu``/``uuid``/``device``/``port``)."""
     selected = {k for k, _ in metric.select}
+    holders: dict[str, str] = {}
+    if "gpu" in labels and not HOLDER_LABELS.isdisjoint(labels):
+        holders = holder_attributes(labels)
+        selected |= HOLDER_LABELS
     labels = {k: v for k, v in labels.items() if k not in selected}
     if metric.domain is Domain.PROCESS:
         out: dict[str, Any] = {**labels, "process.pid": PROCESS_PID}
@@ -454,6 +473,7 @@ def attributes(metric: OtelMetric, labels: Mapping[str, str], identity: Identity
         out.update((k, v) for k, v in labels.items() if k not in renamed and k not in identity_labels)
         out.update(_renamed(metric, labels))
     out.update(metric.attributes)
+    out.update(holders)
     return tuple(out.items())
 
 
@@ -530,6 +550,8 @@ def describe_attributes(metric: OtelMetric, spec: MetricSpec) -> str:
     if not metric.semconv:
         renamed.setdefault("direction", "network.io.direction")
     selected = {k for k, _ in metric.select}
+    if "gpu" in spec.labels:
+        renamed.update((k, v) for k, v in HOLDER_ATTRIBUTES if k in spec.labels)
     for label in spec.labels:
         if label in identity or label in selected or f"`{renamed.get(label)}`" in parts[0]:
             continue
