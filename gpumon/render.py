@@ -1,7 +1,8 @@
 """Prometheus exposition: text format 0.0.4 and OpenMetrics 1.0, rendered from a Snapshot.
 
 Rendering is the most expensive step of a run (see docs/performance.md), so a :class:`Renderer`
-keeps each series' ``name{labels} `` prefix between snapshots and only formats the values anew.
+keeps each family's text between snapshots and renders again only a family whose samples changed;
+within it, each series' ``name{labels} `` prefix is kept and only the values are formatted anew.
 The output stays byte-compatible with both formats (``promtool check metrics`` clean, ``# EOF``).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from gpumon.model import Labels, MetricFamily, MetricType
+from gpumon.model import Labels, MetricFamily, MetricSpec, MetricType, Sample
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -44,44 +45,68 @@ def series_prefix(name: str, labels: Labels) -> str:
 
 
 class Renderer:
-    """Renders families to text 0.0.4 or OpenMetrics, caching per-series prefixes across calls.
+    """Renders families to text 0.0.4 or OpenMetrics, caching each family's text and series prefixes.
 
-    Not thread-safe: one renderer per rendering thread. The cache keeps only the series of the
+    Not thread-safe: one renderer per rendering thread. The cache keeps only the families of the
     latest render, so a churning label set cannot grow it without bound.
     """
 
     def __init__(self) -> None:
-        self._prefixes: dict[tuple[str, Labels], str] = {}
-        self._headers: dict[tuple[str, bool], str] = {}
+        self._blocks: dict[tuple[str, bool], _Block] = {}
 
-    def _header(self, fam: MetricFamily, openmetrics: bool) -> str:
-        key = (fam.spec.name, openmetrics)
-        header = self._headers.get(key)
-        if header is None:
-            header = _family_header(fam, openmetrics)
-            self._headers[key] = header
-        return header
+    @property
+    def _prefixes(self) -> dict[tuple[str, Labels], str]:
+        """Every cached series prefix, by (name, labels): what the cache holds, for inspection."""
+        return {(block.spec.name, labels): prefix for block in self._blocks.values()
+                for labels, prefix in block.prefixes.items()}
 
     def render(self, families: Iterable[MetricFamily], openmetrics: bool = False) -> str:
-        old, new = self._prefixes, {}
+        old, blocks = self._blocks, {}
         parts: list[str] = []
-        append = parts.append
         for fam in families:
-            if not fam.samples:
+            samples = fam.samples
+            if not samples:
                 continue
-            append(self._header(fam, openmetrics))
-            name = fam.spec.name
-            for labels, value in fam.samples:
-                key = (name, labels)
-                prefix = old.get(key)
-                if prefix is None:
-                    prefix = series_prefix(name, labels)
-                new[key] = prefix
-                append(prefix + format_value(value) + "\n")
+            key = (fam.spec.name, openmetrics)
+            block = old.get(key)
+            if block is None or (block.spec is not fam.spec and block.spec != fam.spec):
+                block = _Block(fam.spec, _family_header(fam, openmetrics)).again(samples)
+            elif block.samples is not samples and block.samples != samples:
+                block = block.again(samples)  # same family, new values: only the values are formatted
+            blocks[key] = block
+            parts.append(block.text)
         if openmetrics:
-            append("# EOF\n")
-        self._prefixes = new
+            parts.append("# EOF\n")
+        self._blocks = blocks
         return "".join(parts)
+
+
+class _Block:
+    """One family's rendered text and the ``name{labels} `` prefix of each of its series."""
+
+    __slots__ = ("spec", "header", "samples", "prefixes", "text")
+
+    def __init__(self, spec: MetricSpec, header: str) -> None:
+        self.spec, self.header = spec, header
+        self.samples: tuple[Sample, ...] | None = None
+        self.prefixes: dict[Labels, str] = {}
+        self.text = ""
+
+    def again(self, samples: tuple[Sample, ...]) -> _Block:
+        """This family rendered with ``samples``: a new block, so a cached one is never changed."""
+        block = _Block(self.spec, self.header)
+        old, new = self.prefixes, block.prefixes
+        name = self.spec.name
+        lines = [self.header]
+        append = lines.append
+        for labels, value in samples:
+            prefix = old.get(labels)
+            if prefix is None:
+                prefix = series_prefix(name, labels)
+            new[labels] = prefix
+            append(prefix + format_value(value) + "\n")
+        block.samples, block.text = samples, "".join(lines)
+        return block
 
 
 def _family_header(fam: MetricFamily, openmetrics: bool) -> str:

@@ -7,6 +7,8 @@ bookkeeping into metric families.
 from __future__ import annotations
 
 import platform
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client.process_collector import ProcessCollector
@@ -102,12 +104,19 @@ def reason_code(message: str) -> str:
     return "error"
 
 
+PROCESS_EVERY = 1.0
+"""Seconds between readings of the process_* metrics (/proc): the loop may publish many times a
+second, and a CPU or memory figure fresher than a second tells a scraper nothing more."""
+
+
 class SelfMetrics:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._build = MetricFamily(BUILD_INFO, (BUILD_INFO.sample(1, __version__, platform.python_version()),))
         registry = CollectorRegistry(auto_describe=False)
         self._process = ProcessCollector(registry=registry)
         self._process_specs: dict[str, MetricSpec] = {}
+        self._clock = clock
+        self._process_cache: tuple[float, list[MetricFamily]] | None = None
 
     def families(self, collectors: dict[str, CollectorBook], sinks: dict[str, SinkHealth],
                  reloads: dict[str, int] | None = None,
@@ -156,6 +165,14 @@ class SelfMetrics:
         return spec
 
     def _process_families(self) -> list[MetricFamily]:
+        """The process_* metrics, read again at most every PROCESS_EVERY seconds."""
+        now = self._clock()
+        cached = self._process_cache
+        if cached is None or now - cached[0] >= PROCESS_EVERY or now < cached[0]:
+            cached = self._process_cache = (now, self._read_process())
+        return cached[1]
+
+    def _read_process(self) -> list[MetricFamily]:
         """The process_* metrics prometheus-client computes from /proc, in gpumon's model."""
         out = []
         for metric in self._process.collect():
