@@ -290,6 +290,11 @@ class Loop:
     TICK = 0.25
     REFRESH = 5.0
     """Seconds after which a snapshot is published even without a new result (process metrics)."""
+    SOFT = 1.0
+    """Seconds a publish may wait when only bookkeeping moved (run counts, durations)."""
+    HEALTH_EVERY = 1.0
+    """Seconds between health evaluations: new runs are judged at most this often (the watch
+    interval), so a fast collector does not pay the rules on every run."""
 
     def __init__(self, config: Config, plan: Plan, ctx: Context, sinks: list[Sink],
                  reloads: dict[str, int] | None = None, health: HealthStage | None = None) -> None:
@@ -297,6 +302,9 @@ class Loop:
         self.health = health
         self._health_seen: tuple[int, ...] | None = None
         self._health_out: tuple[tuple[MetricFamily, ...], tuple[Event, ...]] = ((), ())
+        self._health_at = -self.HEALTH_EVERY
+        self._health_owed = False
+        self._shown: dict[str, tuple[tuple[MetricFamily, ...], tuple]] = {}
         self.reloads = reloads
         self.plan = plan
         self.ctx = ctx
@@ -452,18 +460,26 @@ class Loop:
 
     # -- composing ---------------------------------------------------------------------------
     def _run(self) -> None:
+        """Publish at once when a collector's series, state or events changed (a flap reaches the page
+        within one watch run); when only bookkeeping moved (run counts, durations), at most every
+        SOFT seconds; with nothing new, every REFRESH seconds (process metrics)."""
         last = time.monotonic()
+        pending = False
         while not self._stop.is_set():
             self.heartbeat = time.monotonic()
-            woken = self._wake.wait(self.TICK)
+            woken = self._wake.wait(self._sleep_for(last, pending))
             self._wake.clear()
             self._check_deadlines()
             if self._stop.is_set():
                 break
-            if not (woken or self._dirty) and time.monotonic() - last < self.REFRESH:
+            now = time.monotonic()
+            pending = pending or woken or self._dirty or self._health_owed
+            if not pending and now - last < self.REFRESH:
                 continue  # nothing new: keep the page (and its cached gzip body) as it is
-            self._dirty = False
-            last = time.monotonic()
+            if now - last < self.SOFT and not (self._dirty or self._changed()):
+                continue  # only bookkeeping moved: it waits for the next publish, at most SOFT s
+            self._dirty = pending = False
+            last = now
             try:
                 self.publish_now()
             except Exception:  # a sink bug must not kill the loop; /healthz would go red
@@ -472,6 +488,29 @@ class Loop:
             self.publish_now()
         except Exception:
             log.exception("publishing the last snapshot failed")
+
+    def _sleep_for(self, last: float, pending: bool) -> float:
+        """Until the next deadline check, or until an owed bookkeeping publish is due."""
+        if not pending:
+            return self.TICK
+        return max(0.0, min(self.TICK, last + self.SOFT - time.monotonic()))
+
+    def _changed(self) -> bool:
+        """Whether the page would differ in more than bookkeeping from the last snapshot: new events,
+        a collector's series or state. A run that brought the same series as the last one shown
+        gives its slot the shown tuple back, so the renderer sees the very same object."""
+        with self._lock:
+            if self._events:
+                return True
+            for name, slot in self._slots.items():
+                shown = self._shown.get(name)
+                if shown is None or (slot.book.up, slot.book.state, slot.book.reason) != shown[1]:
+                    return True
+                if slot.families is not shown[0]:
+                    if slot.families != shown[0]:
+                        return True
+                    slot.families = shown[0]
+        return False
 
     def compose(self) -> Snapshot:
         for sink in self.sinks:
@@ -488,6 +527,7 @@ class Loop:
                     statuses.append(CollectorStatus(planned.name, False, 0.0, planned.reason, available=False))
                     continue
                 families.extend(slot.families)
+                self._shown[planned.name] = (slot.families, (slot.book.up, slot.book.state, slot.book.reason))
                 statuses.append(slot.status or CollectorStatus(planned.name, False, 0.0, "no run yet"))
             books = {name: slot.book for name, slot in self._slots.items()}
             reloads = None
@@ -517,7 +557,11 @@ class Loop:
         seen = tuple(slot.book.runs for slot in self._slots.values())
         if seen == self._health_seen:
             return self._health_out[0], ()
-        self._health_seen = seen
+        now = time.monotonic()
+        if now - self._health_at < self.HEALTH_EVERY:
+            self._health_owed = True  # judged on a publish within HEALTH_EVERY (see _run)
+            return self._health_out[0], ()
+        self._health_seen, self._health_at, self._health_owed = seen, now, False
         try:
             result = self.health.update(Snapshot(self.host, time.time(), tuple(families), events,
                                                  tuple(statuses)))
