@@ -11,12 +11,10 @@ import time
 
 import pytest
 
-pytest.importorskip("opentelemetry.proto")
-
-from tests import test_otel_receiver as receivers  # noqa: E402
-from tests.conftest import wait_for  # noqa: E402
-from tests.test_otel_export_wire import snapshot  # noqa: E402
-from tests.test_otel_receiver import make_sink  # noqa: E402
+from tests import test_otel_receiver as receivers
+from tests.conftest import wait_for
+from tests.test_otel_export_wire import snapshot
+from tests.test_otel_receiver import make_sink
 
 grpc_receiver = receivers.grpc_receiver
 

@@ -8,14 +8,12 @@ import time
 
 import pytest
 
-pytest.importorskip("opentelemetry.proto")
-
-from gpumon.model import Event, Severity  # noqa: E402
-from gpumon.sinks import otel  # noqa: E402
-from tests import test_otel_receiver as receivers  # noqa: E402
-from tests.conftest import free_port, wait_for  # noqa: E402
-from tests.test_otel_export_wire import POINTS, snapshot  # noqa: E402
-from tests.test_otel_receiver import make_sink  # noqa: E402
+from gpumon.model import Event, Severity
+from gpumon.sinks import otel
+from tests import test_otel_receiver as receivers
+from tests.conftest import free_port, wait_for
+from tests.test_otel_export_wire import POINTS, snapshot
+from tests.test_otel_receiver import make_sink
 
 # The receivers' fixtures, shared with this module.
 grpc_receiver = receivers.grpc_receiver
@@ -202,7 +200,6 @@ def test_a_full_queue_during_a_slow_send_loses_only_what_it_counts(answer, more,
 
 
 def test_grpc_resource_exhausted_with_retry_info_waits_the_servers_delay(grpc_receiver, tmp_path):
-    pytest.importorskip("google.rpc.error_details_pb2")
     grpc_receiver.answers = [429]  # RESOURCE_EXHAUSTED
     grpc_receiver.retry_after = "0.6"  # as RetryInfo.retry_delay in grpc-status-details-bin
     sink = make_sink(grpc_receiver.endpoint, tmp_path, protocol="grpc", logs=False,
@@ -243,7 +240,6 @@ def test_grpc_resource_exhausted_without_retry_info_gives_events_a_few_attempts(
     """An event is not carried by the next export the way a counter is, so a log batch refused without
     RetryInfo gets THROTTLED_LOG_ATTEMPTS tries with backoff; after that it is dropped (counted), so a
     batch that can never pass does not hold the events behind it."""
-    pytest.importorskip("grpc")
     logs, metrics = receivers.OtlpGrpcReceiver(), receivers.OtlpGrpcReceiver()
     logs.answers = [429] * refusals
     with running_split_sink(logs, metrics, tmp_path, protocol="grpc") as sink:
@@ -262,7 +258,6 @@ def test_grpc_resource_exhausted_without_retry_info_gives_events_a_few_attempts(
 
 
 def test_retry_info_is_read_from_the_status_details():
-    pytest.importorskip("google.rpc.error_details_pb2")
     import grpc
 
     details = receivers.retry_info_status(grpc.StatusCode.RESOURCE_EXHAUSTED, 2.25)

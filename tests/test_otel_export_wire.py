@@ -6,15 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-pytest.importorskip("opentelemetry.proto")
-
-from opentelemetry.proto.metrics.v1 import metrics_pb2  # noqa: E402
-
-from gpumon.model import CollectorStatus, Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot  # noqa: E402
-from gpumon.sinks import otel  # noqa: E402
-from tests import test_otel_receiver as receivers  # noqa: E402
-from tests.test_otel_receiver import make_sink  # noqa: E402
+from gpumon.model import CollectorStatus, Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
+from gpumon.sinks import otel
+from tests import test_otel_receiver as receivers
+from tests.test_otel_receiver import make_sink
 
 # The receivers' fixtures, shared with this module.
 grpc_receiver = receivers.grpc_receiver
@@ -236,8 +233,8 @@ def test_log_records_without_the_event_name_field_still_carry_the_name(receiver,
                                                                        tmp_path):
     """opentelemetry-proto before 1.35 has no LogRecord.event_name and refuses it as a keyword; the
     records must still encode, arrive, and name their event (as the ``event.name`` attribute)."""
-    if with_event_name and not receivers.LOG_RECORD_HAS_EVENT_NAME:
-        pytest.skip("the installed opentelemetry-proto has no LogRecord.event_name")
+    assert receivers.LOG_RECORD_HAS_EVENT_NAME or not with_event_name, \
+        "the test extra's opentelemetry-proto (1.35 or later) has LogRecord.event_name"
     flap = Event("ib_link_flap", Severity.WARNING, {"device": "mlx5_ib3", "port": "1"}, "flapped", time=1.5)
     request = otel.encode_logs([flap], {"service.name": "gpumon"}, "9.9.9", with_event_name=with_event_name)
     settings = otel.resolve_settings({"endpoint": receiver.endpoint, "protocol": protocol}, "logs", {})

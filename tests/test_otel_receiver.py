@@ -13,15 +13,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.logs.v1 import logs_pb2
 
-pytest.importorskip("opentelemetry.proto")
-
-from opentelemetry.proto.collector.logs.v1 import logs_service_pb2  # noqa: E402
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2  # noqa: E402
-from opentelemetry.proto.logs.v1 import logs_pb2  # noqa: E402
-
-from gpumon.sinks.base import SinkContext  # noqa: E402
-from gpumon.sinks.otel import OtelSink  # noqa: E402
+from gpumon.sinks.base import SinkContext
+from gpumon.sinks.otel import OtelSink
 
 
 class Received:
@@ -227,7 +224,6 @@ def http_receiver():
 
 @pytest.fixture
 def grpc_receiver():
-    pytest.importorskip("grpc")
     receiver = OtlpGrpcReceiver()
     yield receiver
     receiver.close()

@@ -8,16 +8,12 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import pytest
-
-pytest.importorskip("opentelemetry.proto")
-
-from gpumon.sinks.base import SinkContext  # noqa: E402
-from gpumon.sinks.otel import resource_attributes  # noqa: E402
-from tests import test_otel_receiver as receivers  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
-from tests.test_otel_export_wire import attrs, snapshot  # noqa: E402
-from tests.test_otel_receiver import make_sink  # noqa: E402
+from gpumon.sinks.base import SinkContext
+from gpumon.sinks.otel import resource_attributes
+from tests import test_otel_receiver as receivers
+from tests.conftest import free_port
+from tests.test_otel_export_wire import attrs, snapshot
+from tests.test_otel_receiver import make_sink
 
 # The receivers' fixtures, shared with this module.
 http_receiver = receivers.http_receiver

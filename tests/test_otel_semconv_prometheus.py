@@ -20,14 +20,12 @@ import time
 
 import pytest
 
-pytest.importorskip("opentelemetry.proto")
-
-from gpumon.model import MetricFamily  # noqa: E402
-from gpumon.sinks import otel_mapping as mapping  # noqa: E402
-from tests import test_otel_receiver as receivers  # noqa: E402
-from tests.test_otel_export_wire import attrs  # noqa: E402
-from tests.test_otel_receiver import make_sink  # noqa: E402
-from tests.test_otel_simulated_host import Host  # noqa: E402
+from gpumon.model import MetricFamily
+from gpumon.sinks import otel_mapping as mapping
+from tests import test_otel_receiver as receivers
+from tests.test_otel_export_wire import attrs
+from tests.test_otel_receiver import make_sink
+from tests.test_otel_simulated_host import Host
 
 http_receiver = receivers.http_receiver
 

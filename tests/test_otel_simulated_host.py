@@ -12,18 +12,15 @@ import time
 
 import pytest
 
-pytest.importorskip("opentelemetry.proto")
-pytest.importorskip("gpumon.simulate.nvml")
-
-from gpumon import registry  # noqa: E402
-from gpumon.collectors.base import Context  # noqa: E402
-from gpumon.model import CollectorStatus, MetricFamily, Snapshot  # noqa: E402
-from gpumon.simulate import Simulation, control  # noqa: E402
-from gpumon.sinks import otel_mapping as mapping  # noqa: E402
-from tests import test_otel_receiver as receivers  # noqa: E402
-from tests.conftest import REPO, clean_env  # noqa: E402
-from tests.test_otel_export_wire import attrs  # noqa: E402
-from tests.test_otel_receiver import OtlpHttpReceiver, event_name, make_sink  # noqa: E402
+from gpumon import registry
+from gpumon.collectors.base import Context
+from gpumon.model import CollectorStatus, MetricFamily, Snapshot
+from gpumon.simulate import Simulation, control
+from gpumon.sinks import otel_mapping as mapping
+from tests import test_otel_receiver as receivers
+from tests.conftest import clean_env
+from tests.test_otel_export_wire import attrs
+from tests.test_otel_receiver import OtlpHttpReceiver, event_name, make_sink
 
 # The receivers' fixtures, shared with this module.
 grpc_receiver = receivers.grpc_receiver
@@ -136,8 +133,6 @@ def test_every_family_of_the_host_arrives_mapped(receiver, tmp_path):
 
 def test_gpumon_run_with_the_otel_sink_delivers_every_family(tmp_path):
     """`gpumon run --simulate nd-h100-v5 --sinks otel` against the test receiver."""
-    if not os.path.exists(os.path.join(REPO, "gpumon", "cli.py")):
-        pytest.skip("the CLI is not installed")
     expected_host = Host(tmp_path / "reference")
     try:
         expected = {o.name for f in expected_host.snapshot().families for o in mapping.routes(f.spec)

@@ -7,12 +7,10 @@ from __future__ import annotations
 import base64
 
 import pytest
+import trustme
 
 from tests.conftest import wait_for
 from tests.remote_write_helpers import Receiver, delivered, make_sink, small_snapshot
-
-pytest.importorskip("cramjam")
-trustme = pytest.importorskip("trustme")
 
 T0 = 1_760_000_000.0
 DCR = "dcr-00000000000000000000000000000001"
@@ -102,7 +100,6 @@ def test_an_untrusted_certificate_is_refused(tmp_path, ca):
 
 
 def test_entra_id_managed_identity_token_for_an_azure_monitor_workspace(tmp_path, ca, monkeypatch):
-    pytest.importorskip("azure.identity")
     from tests.azure_ingestion_server import AUDIENCE, ImdsServer, token_audience
 
     def accepts(header):
@@ -129,7 +126,6 @@ def test_entra_id_managed_identity_token_for_an_azure_monitor_workspace(tmp_path
 
 
 def test_entra_id_without_an_identity_is_a_configuration_fault_that_keeps_the_samples(tmp_path, ca, monkeypatch):
-    pytest.importorskip("azure.identity")
     from tests.azure_ingestion_server import ImdsServer
 
     imds = ImdsServer()

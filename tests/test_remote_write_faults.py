@@ -16,8 +16,6 @@ from gpumon.model import CollectorStatus
 from tests.conftest import free_port, wait_for
 from tests.remote_write_helpers import Receiver, Reply, delivered, make_sink, small_snapshot
 
-pytest.importorskip("cramjam")
-
 T0 = 1_760_000_000.123
 
 

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import math
 
-import pytest
+from prometheus_client import parser
 
 from gpumon.render import Renderer
 from tests.conftest import http_get, wait_for
 from tests.remote_write_helpers import SimulatedHost, delivered, make_sink
-
-pytest.importorskip("cramjam")
-parser = pytest.importorskip("prometheus_client.parser")
 
 RECEIVER = ("--web.enable-remote-write-receiver",)
 
