@@ -16,6 +16,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context, Table
 from gpumon.config import Option, Section, SectionSchema
@@ -30,6 +31,7 @@ from gpumon.sources.ib_sysfs import (
     Attr,
     Fault,
     FaultLog,
+    Parsed,
     PortPaths,
     Signature,
     class_dir,
@@ -163,6 +165,24 @@ class _CounterFile:
     spec: MetricSpec | None
     scale: int
     hw: bool
+    raw: bytes | None = None
+    """The bytes behind ``value`` and the samples below; None until read, and after any fault."""
+    value: int = 0
+    sample: Sample | None = None
+    stuck: Sample | None = None
+    """The saturated series' sample while the counter is stuck at its width's maximum."""
+
+    def read(self, labels: Labels) -> int:
+        """The counter's value, its samples made again only when its bytes changed; raises Fault."""
+        raw = self.attr.read_bytes()
+        if raw != self.raw:
+            self.raw = None
+            value = parse_counter(raw.decode("utf-8", "replace"), self.width)
+            series = labels if self.spec is not None else labels + (("counter", self.name),)
+            self.sample = Sample(series, float(value * self.scale))
+            self.stuck = Sample(labels + (("counter", self.name),), 1.0) if saturated(value, self.width) else None
+            self.raw, self.value = raw, value
+        return self.value
 
 
 @dataclass
@@ -175,6 +195,13 @@ class _Port:
     rate: Attr
     counters: list[_CounterFile] = field(default_factory=list)
     link_downed: _CounterFile | None = None
+    parsed: tuple[Parsed, Parsed, Parsed] = ()  # type: ignore[assignment]
+    """state, phys_state and rate with their last values (set in __post_init__)."""
+
+    def __post_init__(self) -> None:
+        self.parsed = (Parsed(self.state, lambda t: parse_state(t, STATE_NAMES)),
+                       Parsed(self.phys_state, lambda t: parse_state(t, PHYS_STATE_NAMES)),
+                       Parsed(self.rate, parse_rate))
 
     def attrs(self) -> list[Attr]:
         return [self.state, self.phys_state, self.rate] + [c.attr for c in self.counters]
@@ -327,45 +354,32 @@ class InfinibandCollector(Collector):
         up_s: list[Sample] = []
         rate_s: list[Sample] = []
         info_s: list[Sample] = []
-        per_spec: dict[str, list[Sample]] = {}
+        per_spec: dict[str, list[Sample]] = {name: [] for name in PMA_SPECS}
         other_s: list[Sample] = []
         hw_s: list[Sample] = []
         sat_s: list[Sample] = []
         for port in self._ports:
             labels = port.labels
             info_s.append(port.info)
-            state = phys = None
-            try:
-                state = parse_state(port.state.read(), STATE_NAMES)
+            state, phys, rate = (self._value(coll, parsed) for parsed in port.parsed)
+            if state is not None:
                 state_s.append(Sample(labels, float(state)))
-            except Fault as fault:
-                self._fault(coll, fault, port.state.path)
-            try:
-                phys = parse_state(port.phys_state.read(), PHYS_STATE_NAMES)
+            if phys is not None:
                 phys_s.append(Sample(labels, float(phys)))
-            except Fault as fault:
-                self._fault(coll, fault, port.phys_state.path)
             if state is not None:
                 up_s.append(Sample(labels, 1.0 if is_up(state, phys) else 0.0))
-            try:
-                rate_s.append(Sample(labels, parse_rate(port.rate.read())))
-            except Fault as fault:
-                self._fault(coll, fault, port.rate.path)
+            if rate is not None:
+                rate_s.append(Sample(labels, rate))
             link_downed: int | None = None
             for cf in port.counters:
                 try:
-                    value = parse_counter(cf.attr.read(), cf.width)
+                    value = cf.read(labels)
                 except Fault as fault:
                     self._fault(coll, fault, cf.attr.path)
                     continue
-                if saturated(value, cf.width):
-                    sat_s.append(Sample(labels + (("counter", cf.name),), 1.0))
-                if cf.spec is not None:
-                    per_spec.setdefault(cf.name, []).append(Sample(labels, float(value * cf.scale)))
-                elif cf.hw:
-                    hw_s.append(Sample(labels + (("counter", cf.name),), float(value)))
-                else:
-                    other_s.append(Sample(labels + (("counter", cf.name),), float(value)))
+                if cf.stuck is not None:
+                    sat_s.append(cf.stuck)
+                (per_spec[cf.name] if cf.spec is not None else hw_s if cf.hw else other_s).append(cf.sample)
                 if cf is port.link_downed:
                     link_downed = value
             if link_downed is not None:
@@ -377,10 +391,18 @@ class InfinibandCollector(Collector):
         coll.add(SPEC_UP, up_s)
         coll.add(SPEC_RATE, rate_s)
         for name, spec in PMA_SPECS.items():
-            coll.add(spec, per_spec.get(name, ()))
+            coll.add(spec, per_spec[name])
         coll.add(SPEC_PMA_OTHER, other_s)
         coll.add(SPEC_HW, hw_s)
         coll.add(SPEC_SATURATED, sat_s)
+
+    def _value(self, coll: Collection, parsed: Parsed) -> Any:
+        """One parsed attribute's value, or None (the fault counted and logged once)."""
+        try:
+            return parsed.get()
+        except Fault as fault:
+            self._fault(coll, fault, parsed.attr.path)
+            return None
 
     def _fault(self, coll: Collection, fault: Fault, path: str) -> None:
         self._faults.report(coll, fault, path)

@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gpumon.config import Option, regex_check
 from gpumon.model import Collection
@@ -151,6 +152,11 @@ class Attr:
 
     def read(self) -> str:
         """The attribute's text; raises :class:`Fault`."""
+        return self.read_bytes().decode("utf-8", "replace")
+
+    def read_bytes(self) -> bytes:
+        """The attribute's bytes, undecoded: a reader that compares them with the previous read parses
+        only what changed. Raises :class:`Fault`."""
         try:
             if not self.cached:
                 fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -165,7 +171,7 @@ class Attr:
         except OSError as exc:
             self.close()
             raise Fault(classify_oserror(exc), exc.strerror or str(exc)) from None
-        return data.decode("utf-8", "replace")
+        return data
 
     def close(self) -> None:
         if self.fd is not None:
@@ -220,6 +226,27 @@ def parse_rate(text: str) -> float:
     if gbps > MAX_RATE_GBPS:
         raise Fault("absurd", f"rate {gbps} Gb/s")
     return gbps * 1e9 / 8
+
+
+class Parsed:
+    """An attribute and its last parsed value: the value is parsed again only when the bytes changed
+    (most counters of a healthy port do not move between runs)."""
+
+    __slots__ = ("attr", "parse", "raw", "value")
+
+    def __init__(self, attr: Attr, parse: Callable[[str], Any]) -> None:
+        self.attr, self.parse = attr, parse
+        self.raw: bytes | None = None
+        self.value: Any = None
+
+    def get(self) -> Any:
+        """The parsed value; raises :class:`Fault` (on every read that fails, as an uncached one)."""
+        raw = self.attr.read_bytes()
+        if raw != self.raw:
+            self.raw = None
+            self.value = self.parse(raw.decode("utf-8", "replace"))
+            self.raw = raw
+        return self.value
 
 
 class FaultLog:
