@@ -19,9 +19,10 @@ from tests.test_dashboards_live_prometheus import dashboards, walk_panels
 GRAFANA = os.path.join(REPO, "dashboards", "grafana")
 DS = {"type": "prometheus", "uid": "${datasource}"}
 VARIABLES = {
-    "gpumon-fleet.json": ["datasource", "cluster", "instance"],
-    "gpumon-node.json": ["datasource", "cluster", "instance", "gpu", "device"],
+    "gpumon-fleet.json": ["datasource", "cluster", "instance", "job_id", "pod"],
+    "gpumon-node.json": ["datasource", "cluster", "instance", "gpu", "device", "job_id", "pod"],
     "gpumon-infiniband-fabric.json": ["datasource", "cluster", "instance", "device"],
+    "gpumon-job.json": ["datasource", "cluster", "job_id", "pod"],
 }
 
 
@@ -31,10 +32,10 @@ def test_committed_dashboards_are_generated() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_all_three_dashboards_exist_with_stable_uids() -> None:
+def test_all_four_dashboards_exist_with_stable_uids() -> None:
     uids = {name: d["uid"] for name, d in dashboards().items()}
     assert uids == {"gpumon-fleet.json": "gpumon-fleet", "gpumon-node.json": "gpumon-node",
-                    "gpumon-infiniband-fabric.json": "gpumon-ib-fabric"}
+                    "gpumon-infiniband-fabric.json": "gpumon-ib-fabric", "gpumon-job.json": "gpumon-job"}
 
 
 @pytest.mark.parametrize("name", sorted(VARIABLES))
@@ -117,6 +118,27 @@ def test_each_issue_item_has_a_panel() -> None:
             "XIDs in range"} <= titles["gpumon-node.json"]
     assert {"Throughput", "Error rates ranked", "Port state", "Flapping ports",
             "Saturated counters"} <= titles["gpumon-infiniband-fabric.json"]
+    # Health (21.6), attribution (20.4), placement (19.5), hardware depth (22.5).
+    assert {"Hosts unhealthy", "Hosts degraded", "Node health", "Failing health rules", "GPU allocations",
+            "Pending Azure scheduled events", "Workloads on hosts with pending maintenance",
+            "Link flaps by placement group", "XIDs by physical host", "Health by physical host", "Hosts by placement",
+            "NVLink domains", "Widest power swings", "PCIe AER errors", "Kernel log"} <= titles["gpumon-fleet.json"]
+    assert {"Verdict", "Health findings", "GPU allocations", "Fabric registration", "Fabric health conditions",
+            "Fabric membership", "Power swings", "PCIe AER errors", "Kernel log records"} <= titles["gpumon-node.json"]
+    assert {"GPUs and hosts", "GPU utilization", "Clock event reasons", "XIDs in range", "Health of the hosts",
+            "Pending Azure scheduled events", "Link utilization", "Port error rates"} <= titles["gpumon-job.json"]
+
+
+def test_allocation_joins_keep_every_pod_of_a_shared_gpu() -> None:
+    """A per-GPU value is brought to an allocation with the allocation on the left (`alloc * on(..., gpu)
+    group_left () metric`): two pods sharing a GPU (MIG) would make the other direction a many-to-many error."""
+    joins = [t["expr"] for d in dashboards().values() for p in walk_panels(d["panels"]) for t in p.get("targets", [])
+             if "gpumon_gpu_allocation_info" in t["expr"]]
+    assert len(joins) >= 10
+    for expr in joins:
+        assert "group_right" not in expr, expr
+        for m in re.finditer(r"group_left\s*\(([^)]*)\)", expr):
+            assert m.group(1).strip() == "", f"allocation labels pulled onto a GPU series: {expr}"
 
 
 def _json_roundtrip(value: Any) -> Any:

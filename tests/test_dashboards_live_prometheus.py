@@ -1,5 +1,13 @@
-"""A real Prometheus scrapes a simulated ND H100 v5 host with injected faults; every dashboard panel's
-query returns data and every alert the faults provoke fires (and no other).
+"""A real Prometheus scrapes three gpumon daemons with injected faults; every dashboard panel's query
+returns data and every alert the faults provoke fires (and no other).
+
+- host a: a simulated ND H100 v5 with link faults, an XID 79 and GPU allocations (a pod on GPU 0, job 4242
+  on GPUs 3 and 5), behind its own IMDS stand-in (identity, placement, a pending Freeze) and KVP pool
+  (physical host);
+- host b: a simulated ND GB200 v6 in the same placement group on another physical host, whose GPU 1
+  reports an unhealthy NVLink route;
+- host c: gpumon's kmsg and aer collectors, not simulated, on this machine's kernel log and a synthetic
+  PCI tree (tests/test_aer_collector.py); off Azure, so without host identity.
 
 Time is compressed for the test only: Prometheus scrapes and evaluates every second, and a copy of the
 rules has each group's interval set to 1 s and each alert's `for:` set to 1 s. Grafana's built-in
@@ -11,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -23,7 +32,14 @@ import pytest
 import yaml
 
 from gpumon.simulate import control
+from gpumon.sources import kvp
 from tests.conftest import REPO, GpumonProcess, clean_env, free_port, http_get, wait_for
+from tests.test_aer_collector import build as build_pci_tree
+
+try:  # the IMDS stand-in moves into the simulation package
+    from gpumon.simulate import imds as imds_server
+except ImportError:
+    from tests import imds_server  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server")
 
@@ -35,24 +51,35 @@ FLAPPED_ONCE = "mlx5_ib2"
 DOWN_PORT = "mlx5_ib3"
 STUCK_PORT = "mlx5_ib4"  # its 16-bit port_xmit_discards counter is stuck at 65535
 XID_GPU = 3
+FABRIC_GPU = 1  # host b's GPU with an unhealthy NVLink route
+POD, JOB_ID = "train-0", "4242"
+ALLOCATIONS = [{"action": "allocate", "gpu": 0, "namespace": "ml", "pod": POD, "container": "main"},
+               {"action": "allocate", "gpu": XID_GPU, "job_id": JOB_ID},
+               {"action": "allocate", "gpu": 5, "job_id": JOB_ID}]
+PLACEMENT_GROUP = "pg-sim-1"
+KMSG = os.access("/dev/kmsg", os.R_OK)
+"""Host c reads this machine's kernel log; where it cannot, the kernel-log panels are skipped."""
 
-# What the injected faults must set off, as (alertname, identifying label) pairs, and nothing else.
+# What the injected faults must set off, as (alertname, host, identifying label) and nothing else.
 EXPECTED_ALERTS = {
-    ("GpumonIBPortDown", DOWN_PORT),
-    ("GpumonIBPortFlapping", FLAPPING_PORT),
-    ("GpumonIBLinkFlapped", FLAPPING_PORT),
-    ("GpumonIBLinkFlapped", FLAPPED_ONCE),
-    ("GpumonIBCounterSaturated", STUCK_PORT),
-    ("GpumonIBPortErrorsHigh", STUCK_PORT),
-    ("GpumonGpuXidCritical", str(XID_GPU)),
-    ("GpumonGpuLost", str(XID_GPU)),
-    # The health rules judge the host unhealthy (a port down, a GPU lost): keyed by instance, see firing().
-    ("GpumonNodeUnhealthy", "HOST"),
+    ("GpumonIBPortDown", "a", DOWN_PORT),
+    ("GpumonIBPortFlapping", "a", FLAPPING_PORT),
+    ("GpumonIBLinkFlapped", "a", FLAPPING_PORT),
+    ("GpumonIBLinkFlapped", "a", FLAPPED_ONCE),
+    ("GpumonIBCounterSaturated", "a", STUCK_PORT),
+    ("GpumonIBPortErrorsHigh", "a", STUCK_PORT),
+    ("GpumonGpuXidCritical", "a", str(XID_GPU)),
+    ("GpumonGpuLost", "a", str(XID_GPU)),
+    # The health rules judge host a unhealthy (a port down, a GPU lost).
+    ("GpumonNodeUnhealthy", "a", ""),
+    ("GpumonGpuFabricUnhealthy", "b", str(FABRIC_GPU)),
+    # An unhealthy NVLink route makes host b unhealthy too (health rule gpu.fabric).
+    ("GpumonNodeUnhealthy", "b", ""),
 }
 # The flapping port's link error recoveries (one per flap) may still be above the error-rate threshold
 # when the alerts are read, or no longer: either is right.
 # The linkflap collector also counts the down port's link_downed step as a flap.
-MAY_FIRE = {("GpumonIBPortErrorsHigh", FLAPPING_PORT), ("GpumonIBLinkFlapped", DOWN_PORT)}
+MAY_FIRE = {("GpumonIBPortErrorsHigh", "a", FLAPPING_PORT), ("GpumonIBLinkFlapped", "a", DOWN_PORT)}
 
 
 def dashboards() -> dict[str, dict[str, Any]]:
@@ -94,6 +121,7 @@ def inject(workdir: str, commands: list[dict[str, Any]]) -> None:
 class Live:
     url: str
     variables: dict[str, str]
+    hosts: dict[str, str]  # instance -> a, b, c
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         status, _, body = http_get(f"{self.url}/api/v1/query?query={urllib.parse.quote(expr)}", timeout=5)
@@ -102,14 +130,14 @@ class Live:
             raise AssertionError(f"{expr}: {payload.get('errorType')}: {payload.get('error')}")
         return payload["data"]["result"]
 
-    def firing(self) -> set[tuple[str, str]]:
+    def firing(self) -> set[tuple[str, str, str]]:
         _, _, body = http_get(f"{self.url}/api/v1/alerts", timeout=5)
         out = set()
         for alert in json.loads(body)["data"]["alerts"]:
             if alert["state"] == "firing":
                 labels = alert["labels"]
-                key = labels.get("device") or labels.get("gpu") or labels.get("collector") or "HOST"
-                out.add((labels["alertname"], key))
+                key = labels.get("device") or labels.get("gpu") or labels.get("collector") or ""
+                out.add((labels["alertname"], self.hosts.get(labels.get("instance", ""), "?"), key))
         return out
 
     def substitute(self, expr: str) -> str:
@@ -139,21 +167,53 @@ def fast_rules(tmp: str) -> list[str]:
     return paths
 
 
+def kvp_pool(path: str, physical_host: str) -> str:
+    """A Hyper-V KVP pool file as hv_kvp_daemon writes it, naming the physical host."""
+    def record(key: str, value: str) -> bytes:
+        return key.encode().ljust(kvp.KEY_SIZE, b"\0") + value.encode().ljust(kvp.VALUE_SIZE, b"\0")
+
+    with open(path, "wb") as fh:
+        fh.write(record("PhysicalHostName", physical_host))
+    return path
+
+
+def imds(name: str, vm_size: str, vm_id: str) -> imds_server.ImdsServer:
+    return imds_server.ImdsServer({**imds_server.COMPUTE, "name": name, "vmSize": vm_size, "vmId": vm_id,
+                                   "placementGroupId": PLACEMENT_GROUP, "vmScaleSetName": "sim"})
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory) -> Iterator[Live]:
     tmp = str(tmp_path_factory.mktemp("live"))
-    state = os.path.join(tmp, "state")
-    exporter = GpumonProcess(["--simulate", "nd-h100-v5", "--interval", "1"],
-                             clean_env(GPUMON_DAEMON_STATE_DIR=state), free_port())
+    states = {h: os.path.join(tmp, f"state-{h}") for h in "abc"}
+    imds_a = imds("node-a", "Standard_ND96isr_H100_v5", "00000000-0000-4000-8000-00000000000a")
+    imds_b = imds("node-b", "Standard_ND128isr_NDR_GB200_v6", "00000000-0000-4000-8000-00000000000b")
+    imds_a.set_events(imds_server.scheduled_event("sim-freeze-1", "Freeze", resources=("node-a",),
+                                                  not_before=imds_server.rfc1123(4102444800)))
+    pci = pathlib.Path(tmp) / "pci"
+    build_pci_tree(pci)
+    exporters = {
+        "a": GpumonProcess(["--simulate", "nd-h100-v5", "--interval", "1"], clean_env(
+            GPUMON_DAEMON_STATE_DIR=states["a"], GPUMON_AZURE_IMDS_URL=imds_a.url,
+            GPUMON_HOST_INFO_KVP_POOL=kvp_pool(os.path.join(tmp, "kvp-a"), "SIM-RACK1-N01"),
+            GPUMON_HOST_INFO_INTERVAL="1", GPUMON_AZURE_EVENTS_INTERVAL="1"), free_port()),
+        "b": GpumonProcess(["--simulate", "nd-gb200-v6", "--interval", "1"], clean_env(
+            GPUMON_DAEMON_STATE_DIR=states["b"], GPUMON_AZURE_IMDS_URL=imds_b.url,
+            GPUMON_HOST_INFO_KVP_POOL=kvp_pool(os.path.join(tmp, "kvp-b"), "SIM-RACK1-N02"),
+            GPUMON_HOST_INFO_INTERVAL="1", GPUMON_AZURE_EVENTS_INTERVAL="1"), free_port()),
+        "c": GpumonProcess(["--collectors", "aer,kmsg" if KMSG else "aer", "--sysfs-root", str(pci),
+                            "--interval", "1"], clean_env(GPUMON_DAEMON_STATE_DIR=states["c"]), free_port()),
+    }
     prometheus = None
     try:
-        exporter.wait_ready(timeout=30)
+        for exporter in exporters.values():
+            exporter.wait_ready(timeout=30)
         rules = fast_rules(tmp)
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": rules,
             "scrape_configs": [{"job_name": "gpumon", "static_configs": [
-                {"targets": [f"127.0.0.1:{exporter.port}"], "labels": {"cluster": "sim"}}]}],
+                {"targets": [f"127.0.0.1:{e.port}" for e in exporters.values()], "labels": {"cluster": "sim"}}]}],
         }
         with open(os.path.join(tmp, "prometheus.yml"), "w", encoding="utf-8") as fh:
             yaml.safe_dump(config, fh)
@@ -162,7 +222,7 @@ def live(tmp_path_factory) -> Iterator[Live]:
             prometheus = subprocess.Popen(
                 ["prometheus", f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/data",
                  f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=log)
-        lv = Live(f"http://127.0.0.1:{port}", {})
+        lv = Live(f"http://127.0.0.1:{port}", {}, {f"127.0.0.1:{e.port}": h for h, e in exporters.items()})
 
         def query_quietly(expr: str) -> list[dict[str, Any]]:
             try:
@@ -171,8 +231,9 @@ def live(tmp_path_factory) -> Iterator[Live]:
                 return []
 
         # A few clean scrapes first, so counters have a baseline before the faults.
-        wait_for(lambda: query_quietly('count_over_time(up{job="gpumon"}[1m]) >= 4'), timeout=40, interval=0.2)
-        workdir = os.path.join(state, "simulate", "nd-h100-v5")
+        wait_for(lambda: len(query_quietly('count_over_time(up{job="gpumon"}[1m]) >= 4')) == 3, timeout=40,
+                 interval=0.2)
+        workdir = os.path.join(states["a"], "simulate", "nd-h100-v5")
         # A stuck counter is written into the synthetic tree by hand (the simulation never grows discards,
         # so it leaves the file alone); the other faults go through the simulation's control files.
         discards = os.path.join(workdir, "sys", "class", "infiniband", STUCK_PORT, "ports", "1", "counters",
@@ -184,28 +245,42 @@ def live(tmp_path_factory) -> Iterator[Live]:
             {"action": "port_down", "device": DOWN_PORT, "port": 1, "seconds": 0},
             {"action": "xid", "gpu": XID_GPU, "xid": 79},
         ]
-        inject(workdir, faults)
+        inject(workdir, faults + ALLOCATIONS)
+        inject(os.path.join(states["b"], "simulate", "nd-gb200-v6"),
+               [{"action": "fabric", "gpu": FABRIC_GPU, "health": {"route_unhealthy": "true"}}])
         try:
             wait_for(lambda: lv.firing() >= EXPECTED_ALERTS, timeout=40, interval=0.2)
         except AssertionError:
             raise AssertionError(f"alerts not firing within 40 s: {sorted(EXPECTED_ALERTS - lv.firing())}") from None
+        # The series the newer panels read, before any panel is asked.
+        for expr in ("count(gpumon_host_info) == 2", "gpumon_azure_scheduled_event",
+                     "count(gpumon_gpu_allocation_info) == 3", "gpu:gpumon_power_swing:ratio",
+                     "instance:gpumon_node_health:max", "gpumon_pcie_aer_errors_total"):
+            wait_for(lambda expr=expr: query_quietly(expr), timeout=30, interval=0.2)
 
         cluster = [r["metric"]["cluster"] for r in lv.query("count by (cluster) (gpumon_build_info)")]
         instance = [r["metric"]["instance"] for r in lv.query("count by (instance) (gpumon_build_info)")]
-        assert cluster == ["sim"] and len(instance) == 1
-        lv.variables = {"datasource": "prometheus", "cluster": "sim", "instance": re.escape(instance[0]).replace("\\", "\\\\"),
-                        "gpu": f"(0|{XID_GPU})", "device": f"({FLAPPING_PORT}|{DOWN_PORT}|{STUCK_PORT})"}
+        assert cluster == ["sim"] and len(instance) == 3
+        hosts = "(" + "|".join(re.escape(i).replace("\\", "\\\\") for i in instance) + ")"
+        lv.variables = {"datasource": "prometheus", "cluster": "sim", "instance": hosts,
+                        "gpu": f"(0|{FABRIC_GPU}|{XID_GPU})", "device": f"({FLAPPING_PORT}|{DOWN_PORT}|{STUCK_PORT})",
+                        "job_id": f"({JOB_ID}|)", "pod": f"({POD}|)"}
         yield lv
     finally:
         if prometheus is not None:
             prometheus.terminate()
             prometheus.wait(10)
-        exporter.stop()
+        for exporter in exporters.values():
+            exporter.stop()
+        imds_a.close()
+        imds_b.close()
 
 
 @pytest.mark.parametrize(("dashboard", "title", "ref", "expr"), panel_queries(),
                          ids=[f"{d}:{t}:{r}" for d, t, r, _ in panel_queries()])
 def test_panel_query_returns_data(live: Live, dashboard: str, title: str, ref: str, expr: str) -> None:
+    if "gpumon_kmsg_" in expr and not KMSG:
+        pytest.skip("no readable /dev/kmsg here for the kmsg collector")
     result = live.query(live.substitute(expr))
     assert result, f"{dashboard} / {title} / {ref}: no data for {live.substitute(expr)}"
 
@@ -231,9 +306,10 @@ def test_provoked_alerts_fire_and_nothing_else(live: Live) -> None:
 def test_host_inventory_counts_keep_a_lost_gpu(live: Live) -> None:
     """The count alerts' recording rules on a real exposition: 8 GPUs and 9 RDMA ports (8 NDR + the Ethernet
     VF), and GPU 3, lost by the injected XID 79, still counted (GpumonGpuLost reports it, not a lower count)."""
-    assert ("GpumonGpuLost", str(XID_GPU)) in live.firing()
-    gpus = live.query("instance:gpumon_gpus:count")
-    ports = live.query("instance:gpumon_ib_ports:count")
+    assert ("GpumonGpuLost", "a", str(XID_GPU)) in live.firing()
+    a = next(i for i, h in live.hosts.items() if h == "a")
+    gpus = live.query(f'instance:gpumon_gpus:count{{instance="{a}"}}')
+    ports = live.query(f'instance:gpumon_ib_ports:count{{instance="{a}"}}')
     assert [float(r["value"][1]) for r in gpus] == [8.0], gpus
     assert [float(r["value"][1]) for r in ports] == [9.0], ports
     assert {k: v for k, v in gpus[0]["metric"].items() if k != "__name__"} == {

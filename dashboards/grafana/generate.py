@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Writes the Grafana dashboards (fleet, node, InfiniBand fabric) as importable JSON.
+"""Writes the Grafana dashboards (fleet, node, InfiniBand fabric, job) as importable JSON.
 
-    python dashboards/grafana/generate.py           # rewrite the three JSON files
+    python dashboards/grafana/generate.py           # rewrite the four JSON files
     python dashboards/grafana/generate.py --check   # exit 1 if a committed file is stale
 
 The dashboards are built from code so that every panel gets the same data source variable, the same
@@ -24,7 +24,7 @@ from gpumon.generated import sync  # noqa: E402
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 SCHEMA_VERSION = 39
-UIDS = {"fleet": "gpumon-fleet", "node": "gpumon-node", "fabric": "gpumon-ib-fabric"}
+UIDS = {"fleet": "gpumon-fleet", "node": "gpumon-node", "fabric": "gpumon-ib-fabric", "job": "gpumon-job"}
 TAGS = ["gpumon", "gpu", "infiniband"]
 
 # Data links: from a row of a table to the node dashboard of that host, keeping data source and time.
@@ -39,6 +39,32 @@ FABRIC_LINK = {
            "&${__url_time_range}",
 }
 
+JOB_LINK = {
+    "title": "Job dashboard for ${__data.fields.pod}${__data.fields.job_id}",
+    "url": "/d/" + UIDS["job"] + "/gpumon-job?var-job_id=${__data.fields.job_id}&var-pod=${__data.fields.pod}"
+           "&${datasource:queryparam}&${cluster:queryparam}&${__url_time_range}",
+}
+"""From an allocation to the job dashboard: a pod's row has an empty job_id and a job's an empty pod, and
+an empty value selects exactly the allocations without it, so the link shows that pod or that job."""
+HEALTH_MAPPINGS = [{"type": "value", "options": {
+    "0": {"text": "healthy", "color": "green", "index": 0},
+    "1": {"text": "degraded", "color": "orange", "index": 1},
+    "2": {"text": "unhealthy", "color": "red", "index": 2},
+}}]
+FABRIC_STATE_MAPPINGS = [{"type": "value", "options": {
+    "0": {"text": "not supported", "color": "transparent", "index": 0},
+    "1": {"text": "not started", "color": "red", "index": 1},
+    "2": {"text": "in progress", "color": "orange", "index": 2},
+    "3": {"text": "completed", "color": "green", "index": 3},
+}}]
+CONDITION_MAPPINGS = [{"type": "value", "options": {
+    "0": {"text": "-", "color": "green", "index": 0},
+    "1": {"text": "holds", "color": "red", "index": 1},
+}}]
+HOST_JOIN = "on (cluster, job, instance)"
+GPU_JOIN = "on (cluster, job, instance, gpu)"
+"""Joins of a series with gpumon_gpu_allocation_info: by host, or by GPU (the target's labels and the index)."""
+UTIL = 'gpumon_gpu_utilization_ratio{engine="gpu"}'
 IB_STATE_MAPPINGS = [{"type": "value", "options": {
     "1": {"text": "DOWN", "color": "red", "index": 0},
     "2": {"text": "INIT", "color": "orange", "index": 1},
@@ -293,6 +319,33 @@ def var_device() -> dict[str, Any]:
                      multi=True, include_all=True)
 
 
+def var_job_id(host_filter: bool) -> dict[str, Any]:
+    sel = 'cluster=~"$cluster", instance=~"$instance"' if host_filter else 'cluster=~"$cluster"'
+    v = var_query("job_id", "Job", f"label_values(gpumon_gpu_allocation_info{{{sel}}}, job_id)",
+                  multi=True, include_all=True)
+    v["description"] = "A batch job holding GPUs (gpumon_gpu_allocation_info job_id: Slurm job id, job mapping)."
+    return v
+
+
+def var_pod(host_filter: bool) -> dict[str, Any]:
+    sel = 'cluster=~"$cluster", instance=~"$instance"' if host_filter else 'cluster=~"$cluster"'
+    v = var_query("pod", "Pod", f"label_values(gpumon_gpu_allocation_info{{{sel}}}, pod)", multi=True,
+                  include_all=True)
+    v["description"] = "A Kubernetes pod holding GPUs (gpumon_gpu_allocation_info pod)."
+    return v
+
+
+def allocations(host: str) -> str:
+    """The GPU allocations the job and pod variables select (All: every allocation)."""
+    return f'gpumon_gpu_allocation_info{{{host}, job_id=~"$job_id", pod=~"$pod"}}'
+
+
+def per_allocation(alloc: str, metric: str) -> str:
+    """A per-GPU series (one per GPU) for each selected allocation, carrying the allocation's labels.
+    The allocation is on the left, so two pods sharing a GPU (MIG) each get the GPU's value."""
+    return f"{alloc} * {GPU_JOIN} group_left () {metric}"
+
+
 def dashboard(key: str, title: str, description: str, board: Board, variables: list[dict[str, Any]],
               links: list[dict[str, Any]]) -> dict[str, Any]:
     return {
@@ -316,7 +369,7 @@ def dashboard(key: str, title: str, description: str, board: Board, variables: l
 
 
 def dash_links(*keys: str) -> list[dict[str, Any]]:
-    titles = {"fleet": "Fleet", "node": "Node", "fabric": "InfiniBand fabric"}
+    titles = {"fleet": "Fleet", "node": "Node", "fabric": "InfiniBand fabric", "job": "Job"}
     return [{"title": titles[k], "type": "link", "url": f"/d/{UIDS[k]}", "icon": "dashboard",
              "includeVars": False, "keepTime": True, "targetBlank": False, "tooltip": "", "tags": [],
              "asDropdown": False} for k in keys]
@@ -401,6 +454,11 @@ def fleet() -> dict[str, Any]:
                    maximum=1, links=[NODE_LINK],
                    description="Symbol, receive, recovery and discard errors per second (recording rule)."), 12, 8)
 
+    fleet_health(b, sel)
+    fleet_workloads(b, sel)
+    fleet_placement(b, sel)
+    fleet_hardware(b, sel)
+
     b.row("Hosts")
     b.add(table("Hosts", [
         target(f"instance:gpumon_gpu_utilization:avg{{{sel}}}"),
@@ -417,7 +475,119 @@ def fleet() -> dict[str, Any]:
 
     return dashboard("fleet", "gpumon / Fleet",
                      "GPU and InfiniBand health of every host running gpumon.", b,
-                     [var_datasource(), var_cluster(), var_instance(multi=True)], dash_links("node", "fabric"))
+                     [var_datasource(), var_cluster(), var_instance(multi=True), var_job_id(True), var_pod(True)],
+                     dash_links("node", "fabric", "job"))
+
+
+def fleet_health(b: Board, sel: str) -> None:
+    b.row("Health")
+    b.add(stat("Hosts unhealthy", f"count(gpumon_node_health{{{sel}}} == 2) or vector(0)", "none", bad_above=1,
+               description="Hosts whose health verdict is unhealthy (gpumon_node_health 2): drain or repair."), 4, 4)
+    b.add(stat("Hosts degraded", f"count(gpumon_node_health{{{sel}}} == 1) or vector(0)", "none", bad_above=1,
+               description="Hosts whose verdict is degraded (1): still running, repair at the next drain."), 4, 4)
+    b.add(bargauge("Failing rules across the fleet", f"count by (rule) (gpumon_health_state{{{sel}}} > 0)", "none",
+                   "{{rule}}", maximum=None,
+                   description="How many GPUs, ports or hosts each health rule finds degraded or unhealthy now."),
+          16, 8)
+    b.add(status_history("Node health", [target(f"gpumon_node_health{{{sel}}}", "{{instance}}")], "none",
+                         mappings=HEALTH_MAPPINGS, kind="state-timeline", continuous=False,
+                         description="Each host's verdict over time: healthy, degraded, unhealthy."), 12, 9)
+    b.add(table("Failing health rules", [target(f"gpumon_health_state{{{sel}}} > 0")], "none",
+                rename={"Value": "verdict"}, links=[NODE_LINK], sort="verdict",
+                overrides=[{"matcher": {"id": "byName", "options": "verdict"}, "properties": [
+                    {"id": "mappings", "value": HEALTH_MAPPINGS},
+                    {"id": "custom.cellOptions", "value": {"type": "color-background"}}]}],
+                description="Each rule failing now, with the GPU (gpu) or port (device, port) it judges; "
+                            "`gpumon health` on the host says why and since when."), 12, 9)
+
+
+def fleet_workloads(b: Board, sel: str) -> None:
+    alloc = allocations(sel)
+    b.row("Workloads")
+    b.add(table("GPU allocations", [
+        target(per_allocation(alloc, UTIL)),
+    ], "percentunit", rename={"Value": "GPU utilization"}, sort="GPU utilization", links=[JOB_LINK, NODE_LINK],
+        hide=("Time", "__name__", "job", "uuid", "cluster"),
+        description="The GPUs each pod or job holds (gpumon_gpu_allocation_info, filtered by the Job and Pod "
+                    "variables) and how busy they are; click for the job dashboard."), 12, 9)
+    b.add(timeseries("GPU utilization by workload", [
+        target(f"avg by (namespace, pod, job_id) ({per_allocation(alloc, UTIL)})",
+               "{{namespace}}/{{pod}} {{job_id}}"),
+    ], "percentunit", minimum=0, maximum=1, description="Mean utilization of each pod's or job's GPUs."), 12, 9)
+    b.add(stat("Hosts with pending maintenance",
+               f"count(count by (cluster, job, instance) (gpumon_azure_scheduled_event{{{sel}}} > 0)) or vector(0)",
+               "none", bad_above=1, description="Hosts with an Azure Scheduled Event (Freeze, Reboot, Redeploy, "
+                                                "Preempt, Terminate) scheduled or started."), 4, 8)
+    b.add(table("Pending Azure scheduled events", [
+        target(f"gpumon_azure_scheduled_event{{{sel}}} > 0"),
+    ], "none", rename={"Value": "events"}, links=[NODE_LINK],
+        description="Scheduled Events from IMDS by type, source and status (collector azure_events)."), 10, 8)
+    b.add(table("Workloads on hosts with pending maintenance", [
+        target(f"{alloc} * {HOST_JOIN} group_left () "
+               f"count by (cluster, job, instance) (gpumon_azure_scheduled_event{{{sel}}} > 0)"),
+    ], "none", rename={"Value": "pending events"}, links=[JOB_LINK, NODE_LINK],
+        hide=("Time", "__name__", "job", "uuid", "cluster"),
+        description="The pods and jobs whose GPUs sit on a host the platform is about to freeze, reboot or "
+                    "take away: checkpoint or move them."), 10, 8)
+
+
+def fleet_placement(b: Board, sel: str) -> None:
+    b.row("Placement")
+    b.add(timeseries("Link flaps by placement group", [
+        target(f"sum by (placement_group) (instance:gpumon_ib_link_flaps:rate5m{{{sel}}})", "{{placement_group}}"),
+    ], "cps", minimum=0, description="InfiniBand link flaps per second summed by placement group (one "
+                                      "InfiniBand fabric): a bad switch shows as one group rising."), 12, 8)
+    b.add(timeseries("XIDs by physical host", [
+        target(f"sum by (physical_host) (instance:gpumon_gpu_xid_errors:rate5m{{{sel}}})", "{{physical_host}}"),
+    ], "cps", minimum=0, description="XID errors per second summed by the physical host under the VMs (Hyper-V "
+                                      "KVP): a bad host shows as one line rising."), 12, 8)
+    b.add(timeseries("Unhealthy hosts by placement group", [
+        target(f"sum by (placement_group) (instance:gpumon_node_health:max{{{sel}}} == bool 2)",
+               "{{placement_group}}"),
+    ], "none", minimum=0, stack=True, description="Hosts judged unhealthy, by placement group."), 12, 8)
+    b.add(status_history("Health by physical host", [
+        target(f"max by (physical_host) (instance:gpumon_node_health:max{{{sel}}})", "{{physical_host}}"),
+    ], "none", mappings=HEALTH_MAPPINGS, kind="state-timeline", continuous=False,
+        description="The worst verdict of the VMs on each physical host over time."), 12, 8)
+    b.add(table("Hosts by placement", [
+        target(f"gpumon_host_info{{{sel}}}"),
+        target(f"max by (cluster, job, instance) (gpumon_node_health{{{sel}}})"),
+        target(f"sum by (cluster, job, instance) (increase(gpumon_ib_link_flaps_total{{{sel}}}[$__range]))"),
+    ], "none", hide=("Time", "__name__", "job", "Value #A"),
+        rename={"Value #B": "health", "Value #C": "flaps in range"}, links=[NODE_LINK], sort="health",
+        overrides=[{"matcher": {"id": "byName", "options": "health"}, "properties": [
+            {"id": "mappings", "value": HEALTH_MAPPINGS},
+            {"id": "custom.cellOptions", "value": {"type": "color-background"}}]}],
+        description="Each host's Azure size, region, zone, scale set, placement group, fault domain and physical "
+                    "host (gpumon_host_info) beside its verdict and flaps."), 24, 8)
+
+
+def fleet_hardware(b: Board, sel: str) -> None:
+    b.row("NVLink fabric, PCIe and power")
+    b.add(stat("GPUs not on the NVLink fabric", f"count(gpumon_gpu_fabric_state{{{sel}}} != 3) or vector(0)", "none",
+               bad_above=1, description="GPUs whose fabric registration is not completed (Hopper with NVSwitch, "
+                                        "GB200)."), 4, 8)
+    b.add(table("NVLink domains", [
+        target(f"count by (cluster_uuid, clique_id) (gpumon_gpu_fabric_info{{{sel}}})"),
+    ], "none", rename={"Value": "GPUs"},
+        description="GPUs per NVLink domain (cluster UUID and clique): GB200 racks."), 8, 8)
+    b.add(bargauge("Widest power swings", f"topk(10, gpu:gpumon_power_swing:ratio{{{sel}}})", "percentunit",
+                   "{{instance}} GPU {{gpu}}", maximum=1, links=[NODE_LINK],
+                   description="Highest minus lowest power sample within one gpumon run over the power limit "
+                               "(recording rule)."), 12, 8)
+    b.add(timeseries("PCIe AER errors", [
+        target(f'sum by (instance, severity) (rate(gpumon_pcie_aer_errors_total{{{sel}}}[$__rate_interval]))',
+               "{{instance}} {{severity}}"),
+    ], "cps", minimum=0, description="PCIe Advanced Error Reporting: correctable, non-fatal and fatal errors of "
+                                      "the GPUs, HCAs and bridges above them, per second."), 12, 8)
+    b.add(timeseries("Kernel log", [
+        target(f"sum by (instance, kind) (rate(gpumon_kmsg_records_total{{{sel}}}[$__rate_interval]))",
+               "{{instance}} {{kind}}"),
+        target(f"sum by (instance) (rate(gpumon_kmsg_lost_records_total{{{sel}}}[$__rate_interval]))",
+               "{{instance}} lost"),
+    ], "cps", minimum=0, description="Kernel log records per second by the driver message recognised (XID, SXID, "
+                                      "mlx5, link up/down), and records the ring buffer lost before gpumon read "
+                                      "them."), 12, 8)
 
 
 # ----------------------------------------------------------------------------------------- node
@@ -439,6 +609,7 @@ def node() -> dict[str, Any]:
     b.add(table("Identity", [target(f"gpumon_gpu_info{{{host}}}")], "none",
                 hide=("Time", "__name__", "job", "Value", "cluster", "instance"),
                 description="Model, driver, VBIOS and serial of each GPU (gpumon_gpu_info)."), 6, 4)
+    node_health(b, host)
 
     b.row("GPUs")
     b.add(timeseries("GPU utilization", [
@@ -521,6 +692,8 @@ def node() -> dict[str, Any]:
         rename={"Value #A": "gen", "Value #B": "gen max", "Value #C": "width", "Value #D": "width max"},
         description="Negotiated PCIe generation and width against the maximum."), 8, 8)
 
+    node_hardware(b, host, sel)
+
     b.row("InfiniBand ports")
     b.add(timeseries("Received vs link rate", [
         target(f"rate(gpumon_ib_port_data_received_bytes_total{{{ib}}}[$__rate_interval])", "{{device}} rx"),
@@ -569,8 +742,77 @@ def node() -> dict[str, Any]:
 
     return dashboard("node", "gpumon / Node",
                      "Every GPU and InfiniBand port of one host, and what happened to them recently.", b,
-                     [var_datasource(), var_cluster(), var_instance(multi=False), var_gpu(), var_device()],
-                     dash_links("fleet", "fabric"))
+                     [var_datasource(), var_cluster(), var_instance(multi=False), var_gpu(), var_device(),
+                      var_job_id(True), var_pod(True)],
+                     dash_links("fleet", "fabric", "job"))
+
+
+def node_health(b: Board, host: str) -> None:
+    b.row("Health and workloads")
+    b.add(panel("stat", "Verdict", [target(f"gpumon_node_health{{{host}}}", "{{instance}}", instant=True)], "none",
+                mappings=HEALTH_MAPPINGS, thresholds=[(None, "green"), (1, "orange"), (2, "red")],
+                description="gpumon's health verdict for the host (gpumon_node_health).",
+                options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                         "colorMode": "background", "graphMode": "none", "textMode": "value"}), 4, 8)
+    b.add(table("Health findings", [target(f"gpumon_health_state{{{host}}} > 0")], "none",
+                hide=("Time", "__name__", "job", "cluster", "instance"), rename={"Value": "verdict"},
+                overrides=[{"matcher": {"id": "byName", "options": "verdict"}, "properties": [
+                    {"id": "mappings", "value": HEALTH_MAPPINGS},
+                    {"id": "custom.cellOptions", "value": {"type": "color-background"}}]}],
+                description="The health rules failing now and what they judge (GPU, or device and port)."), 8, 8)
+    b.add(table("GPU allocations", [target(per_allocation(allocations(host), UTIL))], "percentunit",
+                hide=("Time", "__name__", "job", "uuid", "cluster", "instance"), rename={"Value": "GPU utilization"},
+                links=[JOB_LINK],
+                description="Which pod or job holds each GPU (gpumon_gpu_allocation_info, filtered by the Job and "
+                            "Pod variables), with the GPU's utilization."), 12, 8)
+
+
+def node_hardware(b: Board, host: str, sel: str) -> None:
+    b.row("NVLink fabric")
+    b.add(status_history("Fabric registration", [
+        target(f"gpumon_gpu_fabric_state{{{sel}}}", "GPU {{gpu}}"),
+    ], "none", mappings=FABRIC_STATE_MAPPINGS, kind="state-timeline", continuous=False,
+        description="Registration of each GPU with the NVLink fabric manager (Hopper with NVSwitch, GB200)."), 8, 8)
+    b.add(status_history("Fabric health conditions", [
+        target(f"gpumon_gpu_fabric_health_condition{{{sel}}}", "GPU {{gpu}} {{condition}}"),
+    ], "none", mappings=CONDITION_MAPPINGS, kind="state-timeline", continuous=False,
+        description="The driver's NVLink fabric health conditions (degraded bandwidth, route recovery or unhealthy, "
+                    "access timeout, incorrect configuration, partition unassigned, GFM disconnected)."), 8, 8)
+    b.add(table("Fabric membership", [
+        target(f"gpumon_gpu_fabric_info{{{sel}}}"),
+        target(f"gpumon_gpu_fabric_status{{{sel}}}"),
+    ], "none", hide=("Time", "__name__", "job", "uuid", "cluster", "instance", "Value #A"),
+        rename={"Value #B": "status"}, thresholds=[(None, "green"), (1, "red")],
+        description="NVLink domain (cluster UUID, clique) of each GPU and its registration status (an NVML return "
+                    "code, 0 success)."), 8, 8)
+
+    b.row("Power swings, kernel log and PCIe AER")
+    b.add(timeseries("Power swings", [
+        target(f"gpumon_gpu_power_max_watts{{{sel}}}", "GPU {{gpu}} max"),
+        target(f"gpumon_gpu_power_mean_watts{{{sel}}}", "GPU {{gpu}} mean"),
+        target(f"gpumon_gpu_power_min_watts{{{sel}}}", "GPU {{gpu}} min"),
+        target(f"gpumon_gpu_power_watts{{{sel}}}", "GPU {{gpu}} now"),
+    ], "watt", minimum=0, description="Lowest, mean and highest of the driver's power samples between two gpumon "
+                                       "runs beside the instant reading: a training step's swing shows as a wide "
+                                       "band the instant reading hides."), 12, 8)
+    b.add(timeseries("Power swing vs limit", [
+        target(f"gpu:gpumon_power_swing:ratio{{{sel}}}", "GPU {{gpu}}"),
+    ], "percentunit", minimum=0, maximum=1,
+        description="Highest minus lowest power sample over the power limit (recording rule); "
+                    "GpumonGpuPowerSwing fires above 60 %."), 12, 8)
+    b.add(timeseries("PCIe AER errors", [
+        target(f"rate(gpumon_pcie_aer_errors_total{{{host}}}[$__rate_interval])",
+               "{{role}} {{device}} {{pci_bus_id}} {{severity}}"),
+    ], "cps", minimum=0, description="AER errors per second of the GPUs, HCAs and bridges above them."), 8, 8)
+    b.add(table("AER errors since boot", [target(f"gpumon_pcie_aer_errors_total{{{host}}}")], "none",
+                hide=("Time", "__name__", "job", "cluster", "instance"), rename={"Value": "errors"}, sort="errors",
+                thresholds=[(None, "green"), (1, "orange")],
+                description="AER totals per PCI function and severity since boot (aer_dev_*)."), 8, 8)
+    b.add(timeseries("Kernel log records", [
+        target(f"rate(gpumon_kmsg_records_total{{{host}}}[$__rate_interval])", "{{kind}}"),
+        target(f"rate(gpumon_kmsg_lost_records_total{{{host}}}[$__rate_interval])", "lost"),
+    ], "cps", minimum=0, description="Kernel log records per second by driver message (xid, sxid, mlx5, netdev "
+                                      "link) and records lost before gpumon read them."), 8, 8)
 
 
 # ----------------------------------------------------------------------------------------- fabric
@@ -649,10 +891,99 @@ def fabric() -> dict[str, Any]:
                      dash_links("fleet", "node"))
 
 
+# ----------------------------------------------------------------------------------------- job
+
+
+def job() -> dict[str, Any]:
+    """One job or pod: its GPUs and hosts, how they run, and the ports and health of those hosts."""
+    cl = 'cluster=~"$cluster"'
+    alloc = f'gpumon_gpu_allocation_info{{{cl}, job_id=~"$job_id", pod=~"$pod"}}'
+    on_gpus = f"and {GPU_JOIN} {alloc}"
+    on_hosts = f"and {HOST_JOIN} {alloc}"
+    b = Board()
+    b.row("Selection")
+    b.add(stat("GPUs", f"count({alloc})", "none", description="GPUs (or MIG instances) the selection holds."), 4, 4)
+    b.add(stat("Hosts", f"count(count by (cluster, job, instance) ({alloc}))", "none"), 4, 4)
+    b.add(stat("Mean GPU utilization", f"avg({per_allocation(alloc, UTIL)})", "percentunit", decimals=1), 4, 4)
+    b.add(stat("XIDs in range", f"sum(({xids_in_range(cl)}) {on_gpus}) or vector(0)", "none", bad_above=1,
+               description="XIDs on the selection's GPUs within the time range."), 4, 4)
+    b.add(stat("Hosts unhealthy", f"count((gpumon_node_health{{{cl}}} == 2) {on_hosts}) or vector(0)", "none",
+               bad_above=1, description="Hosts of the selection whose health verdict is unhealthy."), 4, 4)
+    b.add(stat("Hosts with pending maintenance",
+               f"count(count by (cluster, job, instance) ((gpumon_azure_scheduled_event{{{cl}}} > 0) {on_hosts}))"
+               " or vector(0)", "none", bad_above=1,
+               description="Hosts of the selection with an Azure Scheduled Event scheduled or started."), 4, 4)
+    b.add(table("GPUs and hosts", [target(per_allocation(alloc, UTIL))], "percentunit",
+                hide=("Time", "__name__", "job", "cluster"), rename={"Value": "GPU utilization"}, links=[NODE_LINK],
+                description="Each GPU of the selection: host, index, UUID, pod or job, and utilization now."), 24, 8)
+
+    b.row("GPUs")
+    b.add(timeseries("GPU utilization", [
+        target(per_allocation(alloc, UTIL), "{{instance}} GPU {{gpu}}"),
+    ], "percentunit", minimum=0, maximum=1), 8, 8)
+    b.add(timeseries("Power", [
+        target(per_allocation(alloc, f"gpumon_gpu_power_watts{{{cl}}}"), "{{instance}} GPU {{gpu}}"),
+    ], "watt", minimum=0), 8, 8)
+    b.add(timeseries("Memory used", [
+        target(per_allocation(alloc, f"gpumon_gpu_memory_used_bytes{{{cl}}}"), "{{instance}} GPU {{gpu}}"),
+    ], "bytes", minimum=0), 8, 8)
+    b.add(status_history("Clock event reasons", [
+        target(f'gpumon_gpu_clock_event_reason_active{{{cl}, reason=~"{THROTTLE_REASONS}"}} {on_gpus}',
+               "{{instance}} GPU {{gpu}} {{reason}}"),
+    ], "none", mappings=ON_OFF_MAPPINGS, kind="state-timeline", continuous=False,
+        description="Why the selection's GPUs run below their maximum clocks: power cap, thermal or hardware "
+                    "slowdown."), 12, 8)
+    b.add(timeseries("Time throttled", [
+        target(f'rate(gpumon_gpu_clock_event_violation_seconds_total{{{cl}, reason=~"{VIOLATION_REASONS}"}}'
+               f"[$__rate_interval]) {on_gpus}", "{{instance}} GPU {{gpu}} {{reason}}"),
+    ], "percentunit", minimum=0, description="Share of time each reason held the clocks down (the reasons overlap: "
+                                              "do not add the lines)."), 12, 8)
+    b.add(table("XIDs in range", [target(f"({xids_in_range(cl)}) {on_gpus}")], "none",
+                hide=("Time", "__name__", "job", "uuid", "cluster"), rename={"Value": "count"},
+                thresholds=[(None, "red")], links=[NODE_LINK],
+                description="XID errors on the selection's GPUs within the time range."), 24, 6)
+
+    b.row("Hosts")
+    b.add(table("Health of the hosts", [target(f"(gpumon_health_state{{{cl}}} > 0) {on_hosts}")], "none",
+                hide=("Time", "__name__", "job", "cluster"), rename={"Value": "verdict"}, links=[NODE_LINK],
+                overrides=[{"matcher": {"id": "byName", "options": "verdict"}, "properties": [
+                    {"id": "mappings", "value": HEALTH_MAPPINGS},
+                    {"id": "custom.cellOptions", "value": {"type": "color-background"}}]}],
+                description="Health rules failing on the selection's hosts (any GPU or port of them)."), 12, 8)
+    b.add(table("Pending Azure scheduled events", [
+        target(f"(gpumon_azure_scheduled_event{{{cl}}} > 0) {on_hosts}"),
+    ], "none", hide=("Time", "__name__", "job", "cluster"), rename={"Value": "events"}, links=[NODE_LINK],
+        description="Maintenance the platform has scheduled on the selection's hosts: checkpoint before it."), 12, 8)
+
+    b.row("InfiniBand ports of the hosts")
+    b.add(status_history("Link utilization", [
+        target(f"port:gpumon_ib_utilization:ratio_rate5m{{{cl}}} {on_hosts}", "{{instance}} {{device}}/{{port}}"),
+    ], "percentunit", minimum=0, maximum=1, description="Busier direction over the link rate, per port of the "
+                                                          "selection's hosts."), 24, 8)
+    b.add(timeseries("Port error rates", [
+        target(f"port:gpumon_ib_errors:rate5m{{{cl}}} {on_hosts}", "{{instance}} {{device}}/{{port}}"),
+    ], "cps", minimum=0), 8, 8)
+    b.add(timeseries("Link flaps", [
+        target(f"increase(gpumon_ib_link_flaps_total{{{cl}}}[$__rate_interval]) {on_hosts}",
+               "{{instance}} {{device}}/{{port}}"),
+    ], "none", bars=True, minimum=0), 8, 8)
+    b.add(table("Ports down or flapping", [
+        target(f"(gpumon_ib_port_down_seconds{{{cl}}} > 0 or gpumon_ib_port_flaps_in_window{{{cl}}} > 0) {on_hosts}"),
+    ], "none", hide=("Time", "__name__", "job", "cluster"), rename={"Value": "down s / flaps"},
+        links=[NODE_LINK, FABRIC_LINK], thresholds=[(None, "orange")]), 8, 8)
+
+    return dashboard("job", "gpumon / Job",
+                     "One job or pod: its GPUs and hosts, their utilization, throttling, XIDs and health, and the "
+                     "InfiniBand ports of those hosts.", b,
+                     [var_datasource(), var_cluster(), var_job_id(False), var_pod(False)],
+                     dash_links("fleet", "node", "fabric"))
+
+
 # ----------------------------------------------------------------------------------------- main
 
-BUILDERS = {"fleet": fleet, "node": node, "fabric": fabric}
-FILES = {"fleet": "gpumon-fleet.json", "node": "gpumon-node.json", "fabric": "gpumon-infiniband-fabric.json"}
+BUILDERS = {"fleet": fleet, "node": node, "fabric": fabric, "job": job}
+FILES = {"fleet": "gpumon-fleet.json", "node": "gpumon-node.json", "fabric": "gpumon-infiniband-fabric.json",
+         "job": "gpumon-job.json"}
 
 
 def render(key: str) -> str:
