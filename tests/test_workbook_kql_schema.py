@@ -289,3 +289,17 @@ def test_kusto_examples_in_the_docs_parse_and_read_static_columns_where_they_are
         assert not bare_increase_arithmetic(kql), name
         for column in set(arg_max_columns(kql)) & static:
             assert re.search(r"isnotempty\(\s*\w+\s*\)", kql), f"{name}: arg_max of {column} over every row"
+
+
+def test_health_section_reads_the_latest_health_changed_event_per_host() -> None:
+    """The verdict and findings come from each host's latest health_changed event (it holds the whole
+    verdict), not from a count of events; the findings are expanded one row per rule."""
+    queries = {name: kql for name, kql in workbook_queries(os.path.join(WORKBOOK_DIR, "gpumon-workbook.json")).items()
+               if name.startswith("health-")}
+    assert set(queries) == {"health-verdicts", "health-changes", "health-findings", "health-by-size"}
+    for name, kql in queries.items():
+        assert 'Kind == "health_changed"' in kql, name
+    for name in ("health-verdicts", "health-findings", "health-by-size"):
+        assert re.search(r"summarize arg_max\(TimeGenerated, Attributes\b.*\) by Computer", queries[name]), name
+    assert "mv-expand Finding = Attributes.findings" in queries["health-findings"]
+    assert "Rule = tostring(Finding.rule)" in queries["health-findings"]

@@ -357,6 +357,46 @@ GpuMonEvents_CL
     ]
 
 
+def health() -> list[dict[str, Any]]:
+    """The health verdicts from the health_changed events (one per change of a host's verdict or findings):
+    a host's latest event holds its current verdict and every finding behind it."""
+    latest = f"""
+GpuMonEvents_CL
+| where {HOSTS}
+| where Kind == "health_changed"
+| summarize arg_max(TimeGenerated, Attributes, Severity, VmSize, Region) by Computer
+"""
+    verdicts = latest + """| project Computer, Verdict = tostring(Attributes.current), Previous = tostring(Attributes.previous),
+    Action = tostring(Attributes.action), Findings = array_length(Attributes.findings), Since = TimeGenerated
+| order by Verdict desc, Since desc
+"""
+    findings = latest + """| mv-expand Finding = Attributes.findings
+| project Computer, Rule = tostring(Finding.rule), Subject = tostring(Finding.subject),
+    Verdict = tostring(Finding.severity), Action = tostring(Finding.action), Sticky = tobool(Finding.sticky),
+    Reason = tostring(Finding.reason), Since = tostring(Finding.since)
+| where isnotempty(Rule)
+| order by Verdict desc, Computer asc
+"""
+    by_verdict = f"""
+GpuMonEvents_CL
+| where {HOSTS}
+| where Kind == "health_changed"
+| summarize Changes = count() by Verdict = tostring(Attributes.current), bin(TimeGenerated, {GRAIN})
+| render columnchart
+"""
+    by_size = latest + """| summarize Hosts = count() by Verdict = tostring(Attributes.current), VmSize, Region
+"""
+    return [
+        text("health-title", "## Health\ngpumon's verdict per host (healthy, degraded, unhealthy) and the rules "
+                             "behind it, from the `health_changed` events: a host's latest event holds its current "
+                             "verdict and findings."),
+        query("health-verdicts", "Current verdict per host", verdicts, "table", width="50"),
+        query("health-changes", "Verdict changes over time", by_verdict, "barchart", width="50"),
+        query("health-findings", "Failing rules", findings, "table", width="50"),
+        query("health-by-size", "Verdicts by VM size and region", by_size, "table", width="50"),
+    ]
+
+
 def workbook() -> dict[str, Any]:
     return {
         "version": "Notebook/1.0",
@@ -368,6 +408,7 @@ def workbook() -> dict[str, Any]:
             group("gpus", "GPUs", gpus()),
             group("infiniband", "InfiniBand", infiniband()),
             group("events", "Events", events()),
+            group("health", "Health", health()),
         ],
         "fallbackResourceIds": [],
         "$schema": "https://github.com/Microsoft/Application-Insights-Workbooks/blob/master/schema/workbook.json",
