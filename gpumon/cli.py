@@ -17,7 +17,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from gpumon import __version__, daemon, logs, registry, report, sdnotify
+from gpumon import __version__, daemon, imds, logs, registry, report, sdnotify
 from gpumon.config import DAEMON, Config, ConfigError, SectionSchema, load
 from gpumon.health.settings import HEALTH
 
@@ -28,7 +28,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 def schemas() -> list[SectionSchema]:
     """The [daemon] section plus the section each installed collector and sink declares."""
-    found = [DAEMON, HEALTH]
+    found = [DAEMON, HEALTH, imds.OPTIONS]
     plugins = [(name, registry.collector_class) for name in registry.available_collectors()]
     plugins += [(name, registry.sink_class) for name in registry.available_sinks()]
     for name, lookup in plugins:

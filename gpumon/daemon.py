@@ -85,8 +85,9 @@ def make_context(config: Config) -> Context:
         base = d.state_dir
         if not _writable(base):
             base = tempfile.mkdtemp(prefix="gpumon-simulate-")
-        simulation = Simulation(d.simulate, os.path.join(base, "simulate", d.simulate))
+        simulation = Simulation(d.simulate, os.path.join(base, "simulate", d.simulate), hostname=ctx.hostname)
         ctx.simulation = simulation
+        ctx.config = _simulated_azure(config, simulation)
         ctx.sysfs_root = simulation.sysfs_root
         ctx.state_dir = os.path.join(simulation.workdir, "state")
         ctx.nvml = simulation.nvml
@@ -94,6 +95,16 @@ def make_context(config: Config) -> Context:
     else:
         _check_sysfs_root(config)
     return ctx
+
+
+def _simulated_azure(config: Config, simulation) -> Config:
+    """A simulated host's IMDS and KVP pool, where the config does not name others."""
+    out = config
+    if "azure" in config.sections and "azure.imds_url" not in config.origins:
+        out = out.replace("azure", imds_url=simulation.azure.imds_url)
+    if "host_info" in config.sections and "host_info.kvp_pool" not in config.origins:
+        out = out.replace("host_info", kvp_pool=simulation.azure.kvp_pool)
+    return out
 
 
 def host_state_dir(config: Config) -> str:

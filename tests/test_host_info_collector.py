@@ -12,8 +12,8 @@ from gpumon.collectors.base import Context
 from gpumon.collectors.host_info import LABELS, OPTIONS, HostInfoCollector
 from gpumon.config import DAEMON, load
 from gpumon.model import Collection, Snapshot
+from gpumon.simulate.imds import COMPUTE, COMPUTE_PATH, ImdsServer
 from tests.conftest import free_port
-from tests.imds_server import COMPUTE, COMPUTE_PATH, ImdsServer
 from tests.test_host_info_kvp import record, writer_holding_the_lock
 
 

@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -69,7 +70,7 @@ def host_profile(name: str) -> HostProfile:
 class Simulation:
     """The live state of one simulated host. ``start()`` begins growing counters every ``tick``."""
 
-    def __init__(self, profile: str, workdir: str, tick: float = 1.0) -> None:
+    def __init__(self, profile: str, workdir: str, tick: float = 1.0, hostname: str = "") -> None:
         self.host = host_profile(profile)
         self.profile = profile
         self.workdir = workdir
@@ -92,6 +93,10 @@ class Simulation:
         #: who holds which GPU, as the control directory set it: dicts with ``gpu`` and any of
         #: ``namespace``, ``pod``, ``container``, ``job_id`` (read by the attribution collector)
         self.allocations: list[dict[str, Any]] = []
+        from gpumon.simulate.azure import SimulatedAzure
+
+        #: the VM's IMDS on loopback and its KVP pool (host_info and azure_events read them)
+        self.azure = SimulatedAzure(workdir, hostname or socket.gethostname(), self.host.vm_size)
         self._tick = tick
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -115,6 +120,7 @@ class Simulation:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        self.azure.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self._tick):
@@ -164,6 +170,9 @@ class Simulation:
         - ``{"action": "xid", "gpu": 3, "xid": 48}``: the GPU reports an XID event (XID 79 also
           makes it stop answering, as ``gpu_lost``);
         - ``{"action": "gpu_lost", "gpu": 2}``: every NVML call for that GPU raises GPU_IS_LOST;
+        - ``{"action": "scheduled_event", "event_id": "E1", "type": "Freeze", "status": "Scheduled",
+          "not_before_in": 900}``: an Azure Scheduled Event in the VM's IMDS (status ``Started``, then
+          ``done`` to remove it);
         - ``{"action": "allocate", "gpu": 0, "namespace": "ml", "pod": "train-0", "container": "main"}``
           or ``{"action": "allocate", "gpu": 0, "job_id": "4242"}``: a pod or a Slurm job holds the GPU;
           ``{"action": "release", "gpu": 0}`` (no ``gpu``: every GPU) ends it;
@@ -184,6 +193,8 @@ class Simulation:
                 self.fabric.set_down(device, port, float(command.get("seconds", 0)))
             else:
                 self.fabric.set_up(device, port)
+        elif action == "scheduled_event":
+            self.azure.scheduled_event(command)
         elif action in ("allocate", "release"):
             self._allocation(action, command)
         elif action == "fabric":

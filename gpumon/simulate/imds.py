@@ -1,4 +1,8 @@
-"""A loopback stand-in for Azure IMDS: compute metadata and Scheduled Events, as documented.
+"""A loopback Azure IMDS: compute metadata and Scheduled Events, as documented (Azure's
+instance-metadata-service and scheduled-events pages: the ``Metadata: true`` header, the compute
+document's keys, ``DocumentIncarnation``, ``Events`` with RFC 1123 ``NotBefore``, acknowledgement by
+POST ``{"StartRequests": [...]}``). A simulated host serves its identity and events through it, and the
+tests drive gpumon's one IMDS client against it.
 
 Plain HTTP on 127.0.0.1 (IMDS is plain HTTP). Requests without ``Metadata: true`` get 400, as IMDS
 answers them. Each path can be made to fail (``fail(path, status)``), answer slowly (``hold(path)``
@@ -138,8 +142,9 @@ class ImdsServer:
         try:
             requests = json.loads(body)["StartRequests"]
             ids = [r["EventId"] for r in requests]
-            assert ids and all(isinstance(i, str) for i in ids)
-        except (ValueError, KeyError, TypeError, AssertionError):
+            if not ids or not all(isinstance(i, str) for i in ids):
+                raise ValueError("no event ids")
+        except (ValueError, KeyError, TypeError):
             return self._send(h, 400, {"error": "malformed StartRequests"})
         with self._lock:
             self.acks.extend(ids)
