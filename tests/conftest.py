@@ -7,12 +7,18 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from gpumon.model import Collection, Sample, Snapshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,6 +49,39 @@ def http_get(url: str, headers: dict[str, str] | None = None, timeout: float = 5
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read()
+
+
+def _samples(result: Collection | Snapshot, name: str) -> list[Sample]:
+    return [s for fam in result.families if fam.name == name for s in fam.samples]
+
+
+def values(result: Collection | Snapshot, name: str) -> dict[tuple[str, ...], float]:
+    """Label values (in the metric's label order) -> value, for every sample of ``name``."""
+    return {tuple(v for _, v in s.labels): s.value for s in _samples(result, name)}
+
+
+def series(result: Collection | Snapshot, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Label pairs -> value, for every sample of ``name``."""
+    return {s.labels: s.value for s in _samples(result, name)}
+
+
+def gpu_values(result: Collection | Snapshot, name: str, **labels: str) -> dict[str, float]:
+    """GPU index -> value, for the samples of ``name`` matching ``labels``."""
+    return {s.label("gpu") or "": s.value for s in _samples(result, name)
+            if all(s.label(k) == v for k, v in labels.items())}
+
+
+def write_distribution(root: Path, name: str, entry_points: str, modules: dict[str, str] | None = None) -> Path:
+    """An installed distribution as importlib.metadata finds it on a ``sys.path`` directory: its
+    dist-info (``entry_points`` in entry_points.txt form) and its top-level modules (dedented)."""
+    root.mkdir(parents=True, exist_ok=True)
+    dist = root / f"{name.replace('-', '_')}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(entry_points)
+    for module, text in (modules or {}).items():
+        (root / module).write_text(textwrap.dedent(text))
+    return root
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ from gpumon.config import load
 from gpumon.daemon import Loop, Plan, PlannedCollector, collect_once
 from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity, Snapshot
 from gpumon.sinks.base import Sink, SinkContext
-from tests.conftest import wait_for
+from tests.conftest import series, wait_for
 
 VALUE = MetricSpec("gpumon_test_value", MetricType.GAUGE, "A test value.", labels=("source",))
 
@@ -65,9 +65,6 @@ def make_loop(*collectors: Scripted, interval: float = 0.05, deadline: float = 0
     return Loop(config, plan, Context(hostname="test"), [sink]), sink
 
 
-def values(snapshot: Snapshot, name: str) -> dict[tuple, float]:
-    fam = snapshot.family(name)
-    return {} if fam is None else {s.labels: s.value for s in fam.samples}
 
 
 @pytest.fixture
@@ -94,10 +91,10 @@ def latest(sink: Recorder) -> Snapshot:
 def test_results_compose_into_snapshots_with_self_metrics(loop_of):
     a, b = Scripted("a"), Scripted("b")
     loop, sink = loop_of(a, b)
-    wait_for(lambda: len(values(latest(sink), "gpumon_test_value")) == 2)
+    wait_for(lambda: len(series(latest(sink), "gpumon_test_value")) == 2)
     snap = latest(sink)
-    assert values(snap, "gpumon_collector_up") == {(("collector", "a"),): 1, (("collector", "b"),): 1}
-    assert values(snap, "gpumon_collector_errors_total")[(("collector", "a"), ("reason", "parse"))] >= 2
+    assert series(snap, "gpumon_collector_up") == {(("collector", "a"),): 1, (("collector", "b"),): 1}
+    assert series(snap, "gpumon_collector_errors_total")[(("collector", "a"), ("reason", "parse"))] >= 2
     assert snap.family("gpumon_build_info") is not None
     assert snap.family("process_resident_memory_bytes") is not None
     assert [c.name for c in snap.collectors] == ["a", "b"] and all(c.ok for c in snap.collectors)
@@ -106,11 +103,11 @@ def test_results_compose_into_snapshots_with_self_metrics(loop_of):
 def test_raising_collector_is_down_withdrawn_and_recovers(loop_of):
     bad, good = Scripted("bad"), Scripted("good")
     loop, sink = loop_of(bad, good)
-    wait_for(lambda: (("source", "bad"),) in values(latest(sink), "gpumon_test_value"))
+    wait_for(lambda: (("source", "bad"),) in series(latest(sink), "gpumon_test_value"))
     bad.mode = "raise"
-    wait_for(lambda: values(latest(sink), "gpumon_collector_up").get((("collector", "bad"),)) == 0)
+    wait_for(lambda: series(latest(sink), "gpumon_collector_up").get((("collector", "bad"),)) == 0)
     snap = latest(sink)
-    assert (("source", "bad"),) not in values(snap, "gpumon_test_value")  # withdrawn, not stale
+    assert (("source", "bad"),) not in series(snap, "gpumon_test_value")  # withdrawn, not stale
     runs_before = good.runs
     wait_for(lambda: good.runs > runs_before + 3)  # the other collector keeps going
     downs = [e for s in sink.snapshots for e in s.events if e.kind == "collector_down"]
@@ -118,23 +115,23 @@ def test_raising_collector_is_down_withdrawn_and_recovers(loop_of):
     status = {c.name: c for c in latest(sink).collectors}["bad"]
     assert not status.ok and "RuntimeError" in status.error
     bad.mode = "ok"
-    wait_for(lambda: (("source", "bad"),) in values(latest(sink), "gpumon_test_value"))
-    assert values(latest(sink), "gpumon_collector_errors_total")[(("collector", "bad"), ("reason", "exception"))] >= 1
+    wait_for(lambda: (("source", "bad"),) in series(latest(sink), "gpumon_test_value"))
+    assert series(latest(sink), "gpumon_collector_errors_total")[(("collector", "bad"), ("reason", "exception"))] >= 1
 
 
 def test_hung_collector_misses_deadline_without_stalling_others(loop_of):
     hung, good = Scripted("hung"), Scripted("good")
     hung.mode = "hang"
     loop, sink = loop_of(hung, good, deadline=0.3)
-    wait_for(lambda: values(latest(sink), "gpumon_collector_up").get((("collector", "hung"),)) == 0, timeout=5)
+    wait_for(lambda: series(latest(sink), "gpumon_collector_up").get((("collector", "hung"),)) == 0, timeout=5)
     status = {c.name: c for c in latest(sink).collectors}["hung"]
     assert "deadline" in status.error
     runs_before = good.runs
     wait_for(lambda: good.runs > runs_before + 3)
-    assert values(latest(sink), "gpumon_collector_up")[(("collector", "good"),)] == 1
+    assert series(latest(sink), "gpumon_collector_up")[(("collector", "good"),)] == 1
     hung.mode = "ok"
     hung.release.set()
-    wait_for(lambda: values(latest(sink), "gpumon_collector_up").get((("collector", "hung"),)) == 1)
+    wait_for(lambda: series(latest(sink), "gpumon_collector_up").get((("collector", "hung"),)) == 1)
 
 
 def test_events_reach_one_snapshot_each(loop_of):
@@ -152,7 +149,7 @@ def test_unavailable_at_run_time_is_reported_as_such(loop_of):
     loop, sink = loop_of(a)
     wait_for(lambda: latest(sink).collectors[0].error == "driver not loaded")
     assert not latest(sink).collectors[0].available
-    assert values(latest(sink), "gpumon_collector_errors_total")[(("collector", "a"), ("reason", "unavailable"))] >= 1
+    assert series(latest(sink), "gpumon_collector_errors_total")[(("collector", "a"), ("reason", "unavailable"))] >= 1
 
 
 def test_once_bounds_a_hung_collector():
@@ -164,7 +161,7 @@ def test_once_bounds_a_hung_collector():
     hung.release.set()
     status = {c.name: c for c in snapshot.collectors}
     assert status["good"].ok and not status["hung"].ok and "deadline" in status["hung"].error
-    assert list(values(snapshot, "gpumon_test_value")) == [(("source", "good"),)]
+    assert list(series(snapshot, "gpumon_test_value")) == [(("source", "good"),)]
 
 
 def test_stop_is_prompt_with_a_hung_collector():
@@ -191,11 +188,11 @@ class Broken(Scripted):
 def test_a_result_that_is_not_a_collection_marks_down_instead_of_going_stale(loop_of):
     broken = Broken("broken")
     loop, sink = loop_of(broken)
-    wait_for(lambda: values(latest(sink), "gpumon_collector_up").get((("collector", "broken"),)) == 0)
-    assert (("source", "broken"),) not in values(latest(sink), "gpumon_test_value")
+    wait_for(lambda: series(latest(sink), "gpumon_collector_up").get((("collector", "broken"),)) == 0)
+    assert (("source", "broken"),) not in series(latest(sink), "gpumon_test_value")
     status = latest(sink).collectors[0]
     assert "not a Collection" in status.error
-    wait_for(lambda: values(latest(sink), "gpumon_collector_up").get((("collector", "broken"),)) == 1)
+    wait_for(lambda: series(latest(sink), "gpumon_collector_up").get((("collector", "broken"),)) == 1)
 
 
 class Slow(Scripted):
@@ -211,8 +208,8 @@ def test_runs_that_always_finish_late_keep_the_collector_down(loop_of):
     loop, sink = loop_of(slow, deadline=0.2)
     wait_for(lambda: slow.runs >= 4, timeout=10)
     snap = latest(sink)
-    assert values(snap, "gpumon_collector_up")[(("collector", "slow"),)] == 0
-    assert (("source", "slow"),) not in values(snap, "gpumon_test_value")
+    assert series(snap, "gpumon_collector_up")[(("collector", "slow"),)] == 0
+    assert (("source", "slow"),) not in series(snap, "gpumon_test_value")
     downs = [e for s in sink.snapshots for e in s.events if e.kind == "collector_down"]
     assert len(downs) == 1  # one outage, not one event per late run
 

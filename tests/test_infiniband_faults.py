@@ -13,19 +13,14 @@ import pytest
 from gpumon.collectors.base import CollectorUnavailable, Context
 from gpumon.collectors.infiniband import InfinibandCollector
 from gpumon.config import Section
-from gpumon.model import Collection
 from gpumon.simulate.sysfs import build_tree
 from gpumon.sources import ib_sysfs as ibmod
 from gpumon.sources.ib_sysfs import on_sysfs
+from tests.conftest import values
 
 KEY = ("mlx5_0", "1")
 
 
-def values(coll: Collection, name: str) -> dict[tuple, float]:
-    for fam in coll.families:
-        if fam.name == name:
-            return {tuple(v for _, v in s.labels): s.value for s in fam.samples}
-    return {}
 
 
 def setup(tmp_path, profile: str = "plain-mlx5", **options):

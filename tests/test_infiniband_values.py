@@ -9,15 +9,9 @@ import pytest
 from gpumon.collectors.base import Context
 from gpumon.collectors.infiniband import PMA_COUNTERS, InfinibandCollector
 from gpumon.config import Section
-from gpumon.model import Collection, MetricType
+from gpumon.model import MetricType
 from gpumon.simulate.sysfs import PROFILES, build_tree
-
-
-def values(coll: Collection, name: str) -> dict[tuple, float]:
-    for fam in coll.families:
-        if fam.name == name:
-            return {tuple(v for _, v in s.labels): s.value for s in fam.samples}
-    return {}
+from tests.conftest import values
 
 
 def read(path: str) -> str:

@@ -10,10 +10,9 @@ import time
 from gpumon.collectors.base import Context
 from gpumon.collectors.kmsg import KmsgCollector
 from gpumon.collectors.xid import XidCollector
-from gpumon.model import Collection
 from gpumon.simulate.nvml import FakeNVML
 from gpumon.simulate.sysfs import build_tree
-from tests.conftest import wait_for
+from tests.conftest import values, wait_for
 from tests.test_kmsg_reader import OVERRUN, KernelLog
 
 
@@ -30,8 +29,6 @@ def rig(tmp_path, ctx: Context | None = None) -> tuple[KernelLog, KmsgCollector]
     return log, c
 
 
-def values(out: Collection, name: str) -> dict[tuple[str, ...], float]:
-    return {tuple(v for _, v in s.labels): s.value for f in out.families if f.name == name for s in f.samples}
 
 
 def test_xid_line_without_nvml_is_an_event_and_a_counter(tmp_path):

@@ -12,18 +12,12 @@ from gpumon.collectors.base import Context
 from gpumon.collectors.infiniband import InfinibandCollector
 from gpumon.collectors.linkflap import LinkflapCollector
 from gpumon.config import Section
-from gpumon.model import Collection
 from gpumon.simulate.sysfs import build_tree
-from tests.conftest import wait_for
+from tests.conftest import values, wait_for
 
 KEY = ("mlx5_ib0", "1")
 
 
-def values(coll: Collection, name: str) -> dict[tuple, float]:
-    for fam in coll.families:
-        if fam.name == name:
-            return {tuple(v for _, v in s.labels): s.value for s in fam.samples}
-    return {}
 
 
 def setup(tmp_path, profile: str = "hbv4", **options):

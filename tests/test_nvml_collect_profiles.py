@@ -15,6 +15,7 @@ from gpumon.collectors.nvml_session import NvmlSession
 from gpumon.config import Section
 from gpumon.model import Collection, Snapshot
 from gpumon.simulate.nvml import FakeNVML
+from tests.conftest import gpu_values
 
 
 class Clock:
@@ -38,15 +39,6 @@ def rig(profile: str = "h100-sxm5-80gb", count: int = 8, driver: str = "550.90.0
     return fake, collector, clock
 
 
-def values(out: Collection, name: str, **labels: str) -> dict[str, float]:
-    """gpu index -> value for the samples of ``name`` matching ``labels``."""
-    found = {}
-    for fam in out.families:
-        if fam.name == name:
-            for s in fam.samples:
-                if all(s.label(k) == v for k, v in labels.items()):
-                    found[s.label("gpu") or ""] = s.value
-    return found
 
 
 def names(out: Collection) -> set[str]:
@@ -85,22 +77,22 @@ def test_h100_exports_every_default_family_with_the_profiles_values() -> None:
     # pre-Ampere page retirement and a fan do not exist on H100; per-link and per-process are opt-in
     assert not names(out) & {"gpumon_gpu_retired_pages", "gpumon_gpu_fan_speed_ratio",
                              "gpumon_gpu_nvlink_link_up", "gpumon_gpu_process_memory_bytes"}
-    assert set(values(out, "gpumon_gpu_info")) == {str(i) for i in range(8)}
+    assert set(gpu_values(out, "gpumon_gpu_info")) == {str(i) for i in range(8)}
     info = next(f for f in out.families if f.name == "gpumon_gpu_info").samples[0]
     assert info.label("model") == "NVIDIA H100 80GB HBM3" and info.label("driver_version") == "550.90.07"
     assert info.label("cuda_version") == "12.4" and info.label("mig_mode") == "disabled"
-    for gpu, watts in values(out, "gpumon_gpu_power_watts").items():
-        assert 70 <= watts <= values(out, "gpumon_gpu_power_limit_watts")[gpu] == 700
-    assert all(0 <= v <= 1 for v in values(out, "gpumon_gpu_utilization_ratio").values())
-    assert all(0 <= v <= 1 for v in values(out, "gpumon_gpu_activity_ratio").values())
-    assert values(out, "gpumon_gpu_clock_max_hertz", clock="sm")["0"] == 1980e6
-    assert values(out, "gpumon_gpu_nvlink_links_active")["0"] == 18
-    assert values(out, "gpumon_gpu_temperature_threshold_celsius", threshold="slowdown")["0"] == 90
-    assert set(values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {str(i) for i in range(8)}
-    assert values(out, "gpumon_gpu_memory_total_bytes")["0"] == 81559 * 2**20
-    energy = values(out, "gpumon_gpu_energy_joules_total")["0"]
+    for gpu, watts in gpu_values(out, "gpumon_gpu_power_watts").items():
+        assert 70 <= watts <= gpu_values(out, "gpumon_gpu_power_limit_watts")[gpu] == 700
+    assert all(0 <= v <= 1 for v in gpu_values(out, "gpumon_gpu_utilization_ratio").values())
+    assert all(0 <= v <= 1 for v in gpu_values(out, "gpumon_gpu_activity_ratio").values())
+    assert gpu_values(out, "gpumon_gpu_clock_max_hertz", clock="sm")["0"] == 1980e6
+    assert gpu_values(out, "gpumon_gpu_nvlink_links_active")["0"] == 18
+    assert gpu_values(out, "gpumon_gpu_temperature_threshold_celsius", threshold="slowdown")["0"] == 90
+    assert set(gpu_values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {str(i) for i in range(8)}
+    assert gpu_values(out, "gpumon_gpu_memory_total_bytes")["0"] == 81559 * 2**20
+    energy = gpu_values(out, "gpumon_gpu_energy_joules_total")["0"]
     fake.tick(10)
-    assert values(c.collect(), "gpumon_gpu_energy_joules_total")["0"] > energy
+    assert gpu_values(c.collect(), "gpumon_gpu_energy_joules_total")["0"] > energy
     c.close()
 
 
@@ -168,8 +160,8 @@ def test_a10_has_a_fan_an_encoder_and_no_nvlink_hbm_or_gpm() -> None:
     _, c, _ = rig("a10", 1)
     out = c.collect()
     assert "gpumon_gpu_fan_speed_ratio" in names(out)
-    assert set(values(out, "gpumon_gpu_utilization_ratio", engine="encoder")) == {"0"}
-    assert values(out, "gpumon_gpu_temperature_celsius", sensor="memory") == {}
+    assert set(gpu_values(out, "gpumon_gpu_utilization_ratio", engine="encoder")) == {"0"}
+    assert gpu_values(out, "gpumon_gpu_temperature_celsius", sensor="memory") == {}
     assert not names(out) & {"gpumon_gpu_nvlink_links", "gpumon_gpu_nvlink_bytes_total",
                              "gpumon_gpu_activity_ratio"}
     info = next(f for f in out.families if f.name == "gpumon_gpu_info").samples[0]
@@ -180,7 +172,7 @@ def test_a10_has_a_fan_an_encoder_and_no_nvlink_hbm_or_gpm() -> None:
 def test_a100_has_nvlink_but_no_gpm() -> None:
     _, c, _ = rig("a100-sxm4-80gb", 8)
     out = c.collect()
-    assert values(out, "gpumon_gpu_nvlink_links")["3"] == 12
+    assert gpu_values(out, "gpumon_gpu_nvlink_links")["3"] == 12
     assert "gpumon_gpu_activity_ratio" not in names(out)
     c.close()
 
@@ -203,8 +195,8 @@ def test_mig_gives_per_instance_memory_and_gpm_and_drops_refused_whole_gpu_metri
         {("0", "7", "0"), ("0", "8", "0"), ("0", "9", "0")}
     assert {s.label("activity") for f in out.families if f.name == "gpumon_gpu_mig_activity_ratio"
             for s in f.samples} >= {"sm", "dram_bandwidth"}
-    assert set(values(out, "gpumon_gpu_utilization_ratio", engine="gpu")) == {"1"}   # refused under MIG
-    assert set(values(out, "gpumon_gpu_power_watts")) == {"0", "1"}
+    assert set(gpu_values(out, "gpumon_gpu_utilization_ratio", engine="gpu")) == {"1"}   # refused under MIG
+    assert set(gpu_values(out, "gpumon_gpu_power_watts")) == {"0", "1"}
     info = {s.label("gpu"): s.label("mig_mode") for f in out.families if f.name == "gpumon_gpu_info"
             for s in f.samples}
     assert info == {"0": "enabled", "1": "disabled"}
@@ -286,12 +278,12 @@ def test_fields_269_to_271_are_not_read_before_r580(driver: str) -> None:
 def test_gpu_temperature_before_r570_comes_from_the_older_call(driver: str) -> None:
     fake, c, _ = rig(count=2, driver=driver)
     out = c.collect()
-    assert set(values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {"0", "1"}   # first run too
-    assert all(20 < t < 100 for t in values(out, "gpumon_gpu_temperature_celsius", sensor="gpu").values())
+    assert set(gpu_values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {"0", "1"}   # first run too
+    assert all(20 < t < 100 for t in gpu_values(out, "gpumon_gpu_temperature_celsius", sensor="gpu").values())
     fake.reset_calls()
     for _ in range(3):
         out = c.collect()
-        assert set(values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {"0", "1"}
+        assert set(gpu_values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {"0", "1"}
     assert fake.calls["nvmlDeviceGetTemperatureV"] == 0      # not asked again every run
     assert fake.gpu_calls[("nvmlDeviceGetTemperature", 0)] == 3
     c.close()
@@ -300,7 +292,7 @@ def test_gpu_temperature_before_r570_comes_from_the_older_call(driver: str) -> N
 def test_gpu_temperature_from_r570_uses_the_v_call() -> None:
     fake, c, _ = rig(count=1, driver="570.133.20")
     out = c.collect()
-    assert set(values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {"0"}
+    assert set(gpu_values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {"0"}
     assert fake.calls["nvmlDeviceGetTemperature"] == 0
     c.close()
 

@@ -3,12 +3,11 @@ screen of a third-party collector's families, and the list of ignored entry poin
 
 from __future__ import annotations
 
-import textwrap
-
 import gpumon.plugin
 from gpumon import registry
 from gpumon.collectors.base import Collector, Context
 from gpumon.model import Collection, MetricSpec, MetricType
+from tests.conftest import write_distribution
 
 SNEAKY = """
     from gpumon.plugin import Collection, Collector, MetricSpec, MetricType
@@ -32,13 +31,7 @@ SNEAKY = """
 
 
 def install(root, monkeypatch, entry_points: str, modules: dict[str, str]) -> None:
-    dist = root / "acme_sneak-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-sneak\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(entry_points)
-    for name, text in modules.items():
-        (root / name).write_text(textwrap.dedent(text))
-    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.syspath_prepend(str(write_distribution(root, "acme-sneak", entry_points, modules)))
 
 
 def test_the_public_module_is_the_same_objects_as_their_homes():

@@ -24,7 +24,7 @@ import pytest
 
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
 from gpumon.sinks.azure_rows import RowBuilder
-from tests.conftest import REPO, GpumonProcess, clean_env, free_port, http_get, wait_for
+from tests.conftest import REPO, GpumonProcess, clean_env, free_port, http_get, wait_for, write_distribution
 from tests.remote_write_helpers import Receiver
 from tests.test_otel_receiver import OtlpHttpReceiver
 
@@ -206,20 +206,10 @@ def test_azure_rows_leave_a_plugins_metrics_unmapped():
     assert INLET in rows.unmapped
 
 
-def extra_distribution(root: Path, name: str, entry_points: str, modules: dict[str, str] | None = None) -> Path:
-    """A distribution on a PYTHONPATH directory: its dist-info with entry points, and its modules."""
-    root.mkdir(parents=True, exist_ok=True)
-    dist = root / f"{name.replace('-', '_')}-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(entry_points)
-    for module, text in (modules or {}).items():
-        (root / module).write_text(textwrap.dedent(text))
-    return root
 
 
 def test_a_broken_entry_point_is_an_error_naming_it(venv, tmp_path):
-    path = extra_distribution(tmp_path / "broken", "acme-broken", "[gpumon.collectors]\nacme_fan = acme_fan:Fan\n",
+    path = write_distribution(tmp_path / "broken", "acme-broken", "[gpumon.collectors]\nacme_fan = acme_fan:Fan\n",
                               {"acme_fan.py": "raise RuntimeError('half-installed')\n"})
     explicit = venv.run("once", "--collectors", "acme_rack,acme_fan", **rack(venv), PYTHONPATH=str(path))
     assert explicit.returncode == 1
@@ -232,7 +222,7 @@ def test_a_broken_entry_point_is_an_error_naming_it(venv, tmp_path):
 
 
 def test_a_plugin_taking_a_builtin_name_is_an_error_and_the_builtin_keeps_it(venv, tmp_path):
-    path = extra_distribution(tmp_path / "clash", "acme-clash",
+    path = write_distribution(tmp_path / "clash", "acme-clash",
                               "[gpumon.collectors]\nnvml = acme_gpumon.collector:RackCollector\n"
                               "[gpumon.sinks]\nprometheus = acme_gpumon.sink:JsonLinesSink\n")
     result = venv.run("once", "--collectors", "nvml,acme_rack", "--simulate", "nd-h100-v5", "--format", "json",
@@ -266,7 +256,7 @@ THIEF = """
 
 
 def test_a_plugin_declaring_one_of_gpumons_metric_names_is_refused(venv, tmp_path):
-    path = extra_distribution(tmp_path / "thief", "acme-thief", "[gpumon.collectors]\nacme_thief = acme_thief:Thief\n",
+    path = write_distribution(tmp_path / "thief", "acme-thief", "[gpumon.collectors]\nacme_thief = acme_thief:Thief\n",
                               {"acme_thief.py": THIEF})
     result = venv.run("once", "--collectors", "acme_thief,acme_rack", "--format", "json", **rack(venv),
                       PYTHONPATH=str(path))
@@ -279,7 +269,7 @@ def test_a_plugin_declaring_one_of_gpumons_metric_names_is_refused(venv, tmp_pat
 
 def test_the_prometheus_page_of_a_running_daemon_serves_no_stolen_name(venv, tmp_path):
     """``gpumon run`` with the refused plugin in auto mode: it starts, names the plugin, serves the rest."""
-    path = extra_distribution(tmp_path / "thief", "acme-thief", "[gpumon.collectors]\nacme_thief = acme_thief:Thief\n",
+    path = write_distribution(tmp_path / "thief", "acme-thief", "[gpumon.collectors]\nacme_thief = acme_thief:Thief\n",
                               {"acme_thief.py": THIEF})
     process = GpumonProcess(["--sysfs-root", str(tmp_path), "--interval", "0.5"],
                             venv.env(**rack(venv), PYTHONPATH=str(path)), free_port(), command=[venv.gpumon],

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 
-from tests.conftest import clean_env
+from tests.conftest import clean_env, write_distribution
 
 
 def test_a_plugin_installed_as_a_distribution_is_found_and_runs(tmp_path):
-    (tmp_path / "acme_probe.py").write_text(textwrap.dedent('''
+    write_distribution(tmp_path, "acme-probe", "[gpumon.collectors]\nacme = acme_probe:RackProbe\n",
+                       {"acme_probe.py": '''
         from gpumon.collectors.base import Collector
         from gpumon.config import Option, SectionSchema
         from gpumon.model import Collection, MetricSpec, MetricType
@@ -30,11 +30,7 @@ def test_a_plugin_installed_as_a_distribution_is_found_and_runs(tmp_path):
                 result = Collection()
                 result.add(TEMP, [TEMP.sample(21.5 + self.cfg.offset)])
                 return result
-    '''))
-    dist = tmp_path / "acme_probe-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-probe\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[gpumon.collectors]\nacme = acme_probe:RackProbe\n")
+    '''})
     env = clean_env(PYTHONPATH=str(tmp_path), GPUMON_ACME_OFFSET="1.0")
     result = subprocess.run([sys.executable, "-m", "gpumon", "once", "--collectors", "acme", "--format", "json"],
                             env=env, capture_output=True, text=True, timeout=60)
@@ -46,12 +42,9 @@ def test_a_plugin_installed_as_a_distribution_is_found_and_runs(tmp_path):
 
 
 def test_a_broken_plugin_is_reported_and_the_rest_keeps_working(tmp_path):
-    (tmp_path / "broken_probe.py").write_text("raise RuntimeError('half-installed')\n")
-    dist = tmp_path / "broken_probe-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-probe\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[gpumon.collectors]\nbroken = broken_probe:Probe\n"
-                                           "[gpumon.sinks]\nghost = notinstalled.sub:Sink\n")
+    write_distribution(tmp_path, "broken-probe", "[gpumon.collectors]\nbroken = broken_probe:Probe\n"
+                       "[gpumon.sinks]\nghost = notinstalled.sub:Sink\n",
+                       {"broken_probe.py": "raise RuntimeError('half-installed')\n"})
     env = clean_env(PYTHONPATH=str(tmp_path))
     result = subprocess.run([sys.executable, "-m", "gpumon", "once", "--format", "json", "--sysfs-root", str(tmp_path)],
                             env=env, capture_output=True, text=True, timeout=60)
