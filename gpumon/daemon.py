@@ -16,6 +16,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpumon import __version__, registry, statelock
@@ -158,7 +159,8 @@ def plan_collectors(config: Config, ctx: Context) -> Plan:
         if isinstance(cls, str):
             plan.collectors.append(PlannedCollector(name, None, name in explicit, False, cls))
             continue
-        collector = cls(ctx, config.sections.get(name))
+        # the context's config is the one in effect (a simulated host points [azure] at its own IMDS)
+        collector = cls(ctx, (ctx.config or config).sections.get(name))
         available, reason, finished, retry = _probe(collector, collector_deadline(config, collector))
         waiting = not available and finished and retry
         if not (available or waiting) and finished:
@@ -880,10 +882,29 @@ def _close_plan(plan: Plan) -> None:
             planned.collector.close()
 
 
-def _vm_size_of(ctx: Context):
-    """Where the health stage learns the VM size: the simulated profile's, else none yet."""
-    size = getattr(getattr(ctx.simulation, "host", None), "vm_size", "") if ctx.simulation is not None else ""
-    return lambda: size
+def _vm_size_of(ctx: Context) -> Callable[[], str | None]:
+    """Where the health stage learns the VM size: IMDS's ``vmSize`` (a simulated host serves its
+    profile's), asked on a thread of its own so the loop never waits on IMDS; None until IMDS has
+    answered or is known absent (then "")."""
+    from gpumon import imds
+
+    azure = ctx.config.sections.get("azure") if ctx.config is not None else None
+    found: list[str] = []
+    asked = threading.Event()
+
+    def ask() -> None:
+        try:
+            found.append(imds.configured(azure).instance().vm_size)
+        except imds.ImdsError:
+            found.append("")  # off Azure: the health stage holds the node to its baseline
+
+    def vm_size() -> str | None:
+        if not asked.is_set():
+            asked.set()
+            threading.Thread(target=ask, name="health-imds", daemon=True).start()
+        return found[0] if found else None
+
+    return vm_size
 
 
 def _verdict_of(loop: Loop | None) -> dict | None:
