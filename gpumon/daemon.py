@@ -316,7 +316,8 @@ class Loop:
         self._health_seen: tuple[int, ...] | None = None
         self._health_out: tuple[tuple[MetricFamily, ...], tuple[Event, ...]] = ((), ())
         self._health_at = -self.HEALTH_EVERY
-        self._health_owed = False
+        self._owed = False
+        """Bookkeeping (run counts, durations, a health evaluation) waits for a publish."""
         self._shown: dict[str, tuple[tuple[MetricFamily, ...], tuple]] = {}
         self.reloads = reloads
         self.plan = plan
@@ -409,7 +410,7 @@ class Loop:
                 self._events.extend(result.events)
                 to_log.extend(result.events)
             if result is not None and not runner.overran:
-                slot.families = tuple(result.families)
+                slot.families = self._same_as_shown(runner.name, tuple(result.families))
                 slot.status = CollectorStatus(runner.name, True, duration)
                 if not book.up and slot.down_reported:
                     log.info("collector %s is up again", runner.name)
@@ -422,9 +423,12 @@ class Loop:
                 book.count("unavailable" if unavailable else "exception")
                 to_log += self._mark_down(runner.name, slot, failure, duration, available=not unavailable,
                                           cause=reason_code(failure) if unavailable else "error")
+            news = bool(self._events) or self._differs(runner.name, slot)
+            self._owed = True
         for event in to_log:
             log_event(event)
-        self._wake.set()
+        if news:
+            self._wake.set()  # else only bookkeeping moved: the loop publishes it within SOFT s
 
     def _mark_down(self, name: str, slot: _Slot, error: str, duration: float,
                    available: bool = True, cause: str = "error") -> list[Event]:
@@ -473,25 +477,21 @@ class Loop:
 
     # -- composing ---------------------------------------------------------------------------
     def _run(self) -> None:
-        """Publish at once when a collector's series, state or events changed (a flap reaches the page
-        within one watch run); when only bookkeeping moved (run counts, durations), at most every
-        SOFT seconds; with nothing new, every REFRESH seconds (process metrics)."""
+        """Publish at once when a collector's series, state or events changed (``accept`` wakes the
+        loop only then: a flap reaches the page within one watch run); when only bookkeeping moved
+        (run counts, durations), within SOFT seconds; with nothing new, every REFRESH seconds."""
         last = time.monotonic()
-        pending = False
         while not self._stop.is_set():
             self.heartbeat = time.monotonic()
-            woken = self._wake.wait(self._sleep_for(last, pending))
+            woken = self._wake.wait(self._sleep_for(last))
             self._wake.clear()
             self._check_deadlines()
             if self._stop.is_set():
                 break
             now = time.monotonic()
-            pending = pending or woken or self._dirty or self._health_owed
-            if not pending and now - last < self.REFRESH:
+            if not (woken or self._dirty) and now - last < (self.SOFT if self._owed else self.REFRESH):
                 continue  # nothing new: keep the page (and its cached gzip body) as it is
-            if now - last < self.SOFT and not (self._dirty or self._changed()):
-                continue  # only bookkeeping moved: it waits for the next publish, at most SOFT s
-            self._dirty = pending = False
+            self._dirty = self._owed = False
             last = now
             try:
                 self.publish_now()
@@ -502,28 +502,28 @@ class Loop:
         except Exception:
             log.exception("publishing the last snapshot failed")
 
-    def _sleep_for(self, last: float, pending: bool) -> float:
-        """Until the next deadline check, or until an owed bookkeeping publish is due."""
-        if not pending:
-            return self.TICK
-        return max(0.0, min(self.TICK, last + self.SOFT - time.monotonic()))
+    def _sleep_for(self, last: float) -> float:
+        """Until the first running collector's deadline, owed bookkeeping, or TICK, whichever is first:
+        a run is marked down just past its deadline, not up to a TICK later."""
+        now = time.monotonic()
+        wait = min(self.TICK, last + self.SOFT - now) if self._owed else self.TICK
+        for runner in self.runners:
+            started = runner.started
+            if started is not None and not runner.overran:
+                wait = min(wait, started + runner.deadline - now + 0.005)
+        return max(0.0, wait)
 
-    def _changed(self) -> bool:
-        """Whether the page would differ in more than bookkeeping from the last snapshot: new events,
-        a collector's series or state. A run that brought the same series as the last one shown
-        gives its slot the shown tuple back, so the renderer sees the very same object."""
-        with self._lock:
-            if self._events:
-                return True
-            for name, slot in self._slots.items():
-                shown = self._shown.get(name)
-                if shown is None or (slot.book.up, slot.book.state, slot.book.reason) != shown[1]:
-                    return True
-                if slot.families is not shown[0]:
-                    if slot.families != shown[0]:
-                        return True
-                    slot.families = shown[0]
-        return False
+    def _same_as_shown(self, name: str, families: tuple[MetricFamily, ...]) -> tuple[MetricFamily, ...]:
+        """The tuple last shown when a run brought the same series again (called with the lock held),
+        so the renderer and the next comparison see the very same object."""
+        shown = self._shown.get(name)
+        return shown[0] if shown is not None and families == shown[0] else families
+
+    def _differs(self, name: str, slot: _Slot) -> bool:
+        """Whether a collector's series or state differ from the last snapshot (lock held)."""
+        shown = self._shown.get(name)
+        return (shown is None or slot.families is not shown[0]
+                or (slot.book.up, slot.book.state, slot.book.reason) != shown[1])
 
     def compose(self) -> Snapshot:
         for sink in self.sinks:
@@ -572,9 +572,9 @@ class Loop:
             return self._health_out[0], ()
         now = time.monotonic()
         if now - self._health_at < self.HEALTH_EVERY:
-            self._health_owed = True  # judged on a publish within HEALTH_EVERY (see _run)
+            self._owed = True  # judged on a publish within HEALTH_EVERY (see _run)
             return self._health_out[0], ()
-        self._health_seen, self._health_at, self._health_owed = seen, now, False
+        self._health_seen, self._health_at = seen, now
         try:
             result = self.health.update(Snapshot(self.host, time.time(), tuple(families), events,
                                                  tuple(statuses)))
