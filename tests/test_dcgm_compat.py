@@ -129,3 +129,20 @@ def test_the_migration_guide_lists_every_name() -> None:
 
     with open(os.path.join(REPO, "docs", "dcgm-exporter.md"), encoding="utf-8") as fh:
         assert markdown_table() in fh.read(), "regenerate with python -m gpumon.sinks.dcgm_compat"
+
+
+def test_relabelled_copies_of_a_series_are_summed_once(snapshot) -> None:
+    """[attribution] labels = true gives a shared GPU's series once per holder; NVLink's total must
+    still add rx and tx once each."""
+    from gpumon.attribution_labels import relabel
+
+    alloc = MetricFamily(ALLOC, tuple(
+        Sample((("gpu", "1"), ("uuid", "u1"), ("namespace", "ml"), ("pod", p), ("container", "c"), ("job_id", "")),
+               1.0) for p in ("a", "b")))
+    snap = with_family(snapshot, alloc)
+    relabelled = dataclasses.replace(snap, families=tuple(relabel(snap.families, alloc)))
+    util = parsed(DcgmCompat("nd-node").render(relabelled))["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"]
+    got = {s.labels["pod"]: s.value for s in util if s.labels["gpu"] == "1"}
+    want = (gpumon_value(snapshot, "gpumon_gpu_nvlink_bytes_total", "1", direction="rx")
+            + gpumon_value(snapshot, "gpumon_gpu_nvlink_bytes_total", "1", direction="tx"))
+    assert got == {"a": pytest.approx(want), "b": pytest.approx(want)}

@@ -176,6 +176,7 @@ def _values(fam: MetricFamily | None, spec: Field) -> dict[str, tuple[float, tup
     if fam is None:
         return {}
     out: dict[str, float] = {}
+    summed: set[tuple[str, str]] = set()
     for sample in fam.samples:
         if not _matches(sample, spec.match):
             continue
@@ -183,7 +184,11 @@ def _values(fam: MetricFamily | None, spec: Field) -> dict[str, tuple[float, tup
         if gpu is None:
             continue
         if spec.sum_over:
-            out[gpu] = out.get(gpu, 0.0) + sample.value * spec.scale
+            # with [attribution] labels on, a GPU's series come once per holder: count each part once
+            part = (gpu, sample.label(spec.sum_over) or "")
+            if part not in summed:
+                summed.add(part)
+                out[gpu] = out.get(gpu, 0.0) + sample.value * spec.scale
         else:
             out.setdefault(gpu, sample.value * spec.scale)
     return {gpu: (value, ()) for gpu, value in out.items()}
