@@ -35,7 +35,6 @@ def rig(profile: str = "h100-sxm5-80gb", count: int = 8, driver: str = "550.90.0
     values = {o.key: o.default for o in NvmlCollector.options.options}
     values.update(opts)
     collector = NvmlCollector(ctx, Section("nvml", values))
-    collector._clock = clock
     return fake, collector, clock
 
 

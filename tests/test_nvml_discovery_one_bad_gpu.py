@@ -34,7 +34,6 @@ def rig(count: int = 4) -> tuple[FakeNVML, NvmlCollector, XidCollector, Clock]:
     ctx = Context(hostname="test", nvml=fake)
     ctx.get_shared("nvml", lambda: NvmlSession(fake, clock=clock))
     c = NvmlCollector(ctx)
-    c._clock = clock
     return fake, c, XidCollector(ctx), clock
 
 

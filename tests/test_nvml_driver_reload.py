@@ -31,7 +31,6 @@ def rig() -> tuple[FakeNVML, NvmlCollector, Clock, Context]:
     ctx = Context(hostname="test", nvml=fake)
     ctx.get_shared("nvml", lambda: NvmlSession(fake, clock=clock))
     c = NvmlCollector(ctx)
-    c._clock = clock
     return fake, c, clock, ctx
 
 

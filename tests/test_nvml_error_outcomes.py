@@ -45,7 +45,6 @@ def rig(count: int = 2, **opts: Any) -> tuple[FakeNVML, NvmlCollector, Clock]:
     values = {o.key: o.default for o in NvmlCollector.options.options}
     values.update(opts)
     c = NvmlCollector(ctx, Section("nvml", values))
-    c._clock = clock
     return fake, c, clock
 
 
@@ -206,7 +205,6 @@ def test_a_lost_gpu_is_found_again_on_every_driver(driver: str) -> None:
     ctx = Context(hostname="test", nvml=fake)
     ctx.get_shared("nvml", lambda: NvmlSession(fake, clock=clock))
     c = NvmlCollector(ctx)
-    c._clock = clock
     c.collect()
     fake.set_lost(1, xid=False)
     out = c.collect()

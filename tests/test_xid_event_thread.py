@@ -87,7 +87,6 @@ def both_watching(fake: FakeNVML, clock: Clock) -> tuple[NvmlSession, NvmlCollec
     ctx = Context(hostname="test", nvml=fake)
     session = ctx.get_shared("nvml", lambda: NvmlSession(fake, clock=clock))
     c = NvmlCollector(ctx)
-    c._clock = clock
     x = XidCollector(ctx)
     c.collect()
     x.collect()

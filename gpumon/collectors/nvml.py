@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,7 +137,7 @@ class NvmlCollector(Collector):
         self.session: NvmlSession = shared_session(ctx)
         self._directory = ctx.get_shared(DIRECTORY_KEY, GpuDirectory)
         self.session.acquire()
-        self._clock: Callable[[], float] = time.monotonic
+        self._clock: Callable[[], float] = self.session.clock
         self._generation = -1
         self._gpus: list[_Gpu] = []
         self._run = 0

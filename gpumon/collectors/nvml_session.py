@@ -95,6 +95,8 @@ class NvmlSession:
     def __init__(self, lib: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._lib = lib
         self._clock = clock
+        self.clock = clock
+        """The monotonic clock of back-off and loss times; the collectors on this session share it."""
         self._lock = threading.Lock()
         self._no_shutdown = threading.Condition(self._lock)
         """Signalled when an ``nvmlShutdown`` ends: ``call`` does not enter NVML while one runs."""
