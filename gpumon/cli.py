@@ -292,6 +292,9 @@ def cmd_check(args: argparse.Namespace, config: Config) -> int:
                 failed |= not result.ok
                 print(f"sink      {result.item:<28} {'ok' if result.ok else 'FAIL':<5} {result.message}")
         failed |= _check_health_actions(config)
+        for conflict in registry.conflicts():  # a plugin that took a built-in's name is ignored: say so
+            print(f"plugin    {'entry points':<28} FAIL  {conflict}")
+            failed = True
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)

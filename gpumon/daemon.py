@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpumon import __version__, registry, statelock
+from gpumon import __version__, attribution_labels, registry, statelock
 from gpumon.collectors.base import Collector, CollectorUnavailable, Context
 from gpumon.config import Config, ConfigError
 from gpumon.health.settings import action_settings, actions_on, health_settings
@@ -284,7 +284,7 @@ def run_collect(collector: Collector) -> tuple[Collection | None, str, bool]:
         return None, f"{type(exc).__name__}: {exc}", False
     if not isinstance(result, Collection) or not all(isinstance(e, Event) for e in result.events):
         return None, f"collect() returned {type(result).__name__}, not a Collection of Events", False
-    return result, "", False
+    return registry.screen(collector, result), "", False
 
 
 @dataclass
@@ -313,6 +313,9 @@ class Loop:
                  reloads: dict[str, int] | None = None, health: HealthStage | None = None) -> None:
         self.config = config
         self.health = health
+        attribution = config.sections.get("attribution")
+        self._relabel = bool(attribution is not None and attribution.get("labels"))
+        """``[attribution] labels``: every per-GPU series also carries its holders' labels."""
         self._health_seen: tuple[int, ...] | None = None
         self._health_out: tuple[tuple[MetricFamily, ...], tuple[Event, ...]] = ((), ())
         self._health_at = -self.HEALTH_EVERY
@@ -394,6 +397,15 @@ class Loop:
         return self.thread.is_alive() and time.monotonic() - self.heartbeat < 30.0
 
     # -- results -----------------------------------------------------------------------------
+    def _attributed(self, events: list[Event]) -> list[Event]:
+        """GPU events name the pod, container or job holding the GPU (in their attributes and their
+        log line), from the attribution collector's latest run. Called with the lock held."""
+        slot = self._slots.get("attribution")
+        if not events or slot is None:
+            return events
+        allocation = next((f for f in slot.families if f.name == attribution_labels.ALLOCATION_FAMILY), None)
+        return list(attribution_labels.enrich(events, allocation)) if allocation is not None else events
+
     def accept(self, runner: CollectorRunner, result: Collection | None, failure: str,
                unavailable: bool, duration: float) -> None:
         """Take one run's outcome. A run that finished after its deadline does not bring the
@@ -407,8 +419,9 @@ class Loop:
             if result is not None:
                 for reason, n in result.errors.items():
                     book.count(str(reason), int(n))
-                self._events.extend(result.events)
-                to_log.extend(result.events)
+                events = self._attributed(result.events)
+                self._events.extend(events)
+                to_log.extend(events)
             if result is not None and not runner.overran:
                 slot.families = self._same_as_shown(runner.name, tuple(result.families))
                 slot.status = CollectorStatus(runner.name, True, duration)
@@ -549,9 +562,12 @@ class Loop:
                 reloads["last_ok"] = self.reloads["last_ok"]
             not_running = {p.name: p.reason for p in self.plan.collectors if p.name not in self._slots}
             events, self._events = tuple(self._events), []
+            allocation = next((f for f in families if f.name == attribution_labels.ALLOCATION_FAMILY), None)
             health_families, health_events = self._judge(families, events, statuses)
             families.extend(health_families)
             events += health_events
+            if allocation is not None and self._relabel:
+                families = list(attribution_labels.relabel(families, allocation))
             families.extend(self.self_metrics.families(books, self._sink_health, reloads, not_running))
             self._seq += 1
             snapshot = Snapshot(self.host, time.time(), _merged(families), events, tuple(statuses), self._seq)

@@ -43,3 +43,23 @@ def test_a_configured_kubelet_socket_is_used_under_simulate(gpumon_run, tmp_path
         wanted = {("2", "ml", "trainer", "main", ""), ("3", "ml", "trainer", "main", "")}
         wait_for(lambda: allocation_rows(process.metrics()) == wanted, timeout=20)
         assert 'gpumon_attribution_source_up{source="kubelet"} 1' in process.metrics()
+
+
+def test_labels_on_every_gpu_series_and_gpu_events_name_the_holder(gpumon_run, tmp_path) -> None:
+    process = gpumon_run("--simulate", "nd-h100-v5", "--interval", "1",
+                         env={"GPUMON_ATTRIBUTION_INTERVAL": "1", "GPUMON_ATTRIBUTION_LABELS": "true"})
+    sim = str(tmp_path / "state" / "simulate" / "nd-h100-v5")
+    control(sim, {"action": "allocate", "gpu": 2, "namespace": "ml", "pod": "train-0", "container": "main"})
+    util = re.compile(r'^gpumon_gpu_power_watts\{gpu="2",.*namespace="ml",pod="train-0",container="main",'
+                      r'job_id=""\} ', re.M)
+    wait_for(lambda: util.search(process.metrics()), timeout=20)
+    page = process.metrics()
+    assert re.search(r'^gpumon_gpu_power_watts\{gpu="3",.*namespace="",pod="",container="",job_id=""\} ',
+                     page, re.M)  # a GPU nobody holds: the labels are there, empty
+    assert "gpumon_ib_port_state{" in page and 'gpumon_ib_port_state{device="mlx5_ib0",port="1"}' in page
+    control(sim, {"action": "xid", "gpu": 2, "xid": 48})
+    wait_for(lambda: 'xid="48"' in process.metrics(), timeout=20)
+    code, output = process.stop()
+    assert code == 0
+    line = next(line for line in output.splitlines() if "XID 48" in line and "gpu_xid" in line)
+    assert "pod=train-0" in line and "namespace=ml" in line
