@@ -18,6 +18,7 @@ from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.model import Collection, MetricSpec, MetricType, Sample
 from gpumon.sources import pci_aer
+from gpumon.sources.ib_sysfs import Fault, read_mode_cached
 from gpumon.sources.pci import nvml_bus_id
 
 log = logging.getLogger("gpumon.collectors.aer")
@@ -60,8 +61,10 @@ class AerCollector(Collector):
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
         self.per_type = str(OPTIONS.value(cfg, "per_type"))
-        self._functions: list[pci_aer.Function] = []
+        self._functions: list[pci_aer.Reader] = []
         self._discovered = -REDISCOVER
+        self.cached = read_mode_cached("auto", ctx.sysfs_root)
+        """Keep each file open and pread it: on a real sysfs, where a file is never replaced."""
         self._logged: set[tuple[str, str]] = set()
 
     @classmethod
@@ -78,12 +81,19 @@ class AerCollector(Collector):
                                 "without the AER capability)")
         return Availability(True)
 
-    def _watched(self) -> list[pci_aer.Function]:
+    def _watched(self) -> list[pci_aer.Reader]:
         now = time.monotonic()
         if now - self._discovered >= REDISCOVER:
-            self._functions = [f for f in pci_aer.discover(self.ctx.sysfs_root) if pci_aer.has_aer(f)]
+            self.close()
+            self._functions = [pci_aer.Reader(f, self.cached) for f in pci_aer.discover(self.ctx.sysfs_root)
+                               if pci_aer.has_aer(f)]
             self._discovered = now
         return self._functions
+
+    def close(self) -> None:
+        for reader in self._functions:
+            reader.close()
+        self._functions = []
 
     def collect(self) -> Collection:
         out = Collection()
@@ -92,22 +102,20 @@ class AerCollector(Collector):
         roots: list[Sample] = []
         info: list[Sample] = []
         vanished = False
-        for fn in self._watched():
-            labels = (nvml_bus_id(fn.name), fn.role, fn.device)
+        for reader in self._watched():
             try:
-                stats, root = pci_aer.read_function(fn)
-            except (OSError, pci_aer.BadStats) as exc:
-                vanished = vanished or isinstance(exc, FileNotFoundError)
-                self._fault(out, fn, exc)
+                stats, root = reader.read()
+            except (Fault, pci_aer.BadStats) as exc:
+                vanished = vanished or (isinstance(exc, Fault) and exc.reason == "vanished")
+                self._fault(out, reader.fn, exc)
                 continue
-            info.append(INFO.sample(1, *labels, nvml_bus_id(fn.parent) if fn.parent else "", fn.name))
-            for severity, counts in stats.items():
-                total = counts.get(pci_aer.TOTALS[severity])
-                if total is not None:
-                    totals.append(TOTAL.sample(total, *labels, severity))
-                types.extend(BY_TYPE.sample(n, *labels, severity, name) for name, n in counts.items()
-                             if name != pci_aer.TOTALS[severity] and self._keep(n))
-            roots.extend(ROOT.sample(n, labels[0], severity) for severity, n in root.items())
+            if reader.samples is None or reader.changed:
+                reader.samples = self._samples(reader.fn, stats, root)
+            f_info, f_totals, f_types, f_roots = reader.samples
+            info.append(f_info)
+            totals += f_totals
+            types += f_types
+            roots += f_roots
         if vanished:
             self._discovered = -REDISCOVER  # a function went away: walk the tree again next run
         out.add(TOTAL, totals)
@@ -115,6 +123,23 @@ class AerCollector(Collector):
         out.add(ROOT, roots)
         out.add(INFO, info)
         return out
+
+    def _samples(self, fn: pci_aer.Function, stats: dict[str, dict[str, int]],
+                 root: dict[str, int]) -> tuple[Sample, list[Sample], list[Sample], list[Sample]]:
+        """One function's samples (info, totals, per type, root port), made again only when one of
+        its files changed."""
+        labels = (nvml_bus_id(fn.name), fn.role, fn.device)
+        info = INFO.sample(1, *labels, nvml_bus_id(fn.parent) if fn.parent else "", fn.name)
+        totals: list[Sample] = []
+        types: list[Sample] = []
+        for severity, counts in stats.items():
+            total = counts.get(pci_aer.TOTALS[severity])
+            if total is not None:
+                totals.append(TOTAL.sample(total, *labels, severity))
+            types.extend(BY_TYPE.sample(n, *labels, severity, name) for name, n in counts.items()
+                         if name != pci_aer.TOTALS[severity] and self._keep(n))
+        roots = [ROOT.sample(n, labels[0], severity) for severity, n in root.items()]
+        return info, totals, types, roots
 
     def _keep(self, count: int) -> bool:
         return self.per_type == "all" or (self.per_type == "nonzero" and count > 0)

@@ -17,6 +17,9 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
+
+from gpumon.sources.ib_sysfs import Attr, Parsed
 
 SEVERITIES = {"correctable": "aer_dev_correctable", "nonfatal": "aer_dev_nonfatal", "fatal": "aer_dev_fatal"}
 TOTALS = {"correctable": "TOTAL_ERR_COR", "nonfatal": "TOTAL_ERR_NONFATAL", "fatal": "TOTAL_ERR_FATAL"}
@@ -133,27 +136,43 @@ def has_aer(fn: Function) -> bool:
     return any(os.path.exists(os.path.join(fn.path, f)) for f in (*SEVERITIES.values(), *ROOT_PORT.values()))
 
 
-def read_function(fn: Function) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-    """(per severity the file's counts, root-port totals); absent files are left out. Raises OSError
-    or :class:`BadStats` naming the file in its message."""
-    stats: dict[str, dict[str, int]] = {}
-    for severity, file in SEVERITIES.items():
-        text = _read_optional(os.path.join(fn.path, file))
-        if text is not None:
-            stats[severity] = _named(parse_stats, text, file)
-    root: dict[str, int] = {}
-    for severity, file in ROOT_PORT.items():
-        text = _read_optional(os.path.join(fn.path, file))
-        if text is not None:
-            root[severity] = _named(parse_count, text, file)
-    return stats, root
+class Reader:
+    """One function's AER files, those present when it was found: each kept open and re-read with
+    pread on a real sysfs (``cached``), opened per read elsewhere; a file is parsed again only when
+    its bytes changed, so a run costs a pread per file, not an open() and a parse."""
+
+    def __init__(self, fn: Function, cached: bool) -> None:
+        self.fn = fn
+        self._stats = [(severity, Parsed(Attr(path, cached), _parser(parse_stats, file)))
+                       for severity, file in SEVERITIES.items()
+                       if os.path.exists(path := os.path.join(fn.path, file))]
+        self._root = [(severity, Parsed(Attr(path, cached), _parser(parse_count, file)))
+                      for severity, file in ROOT_PORT.items()
+                      if os.path.exists(path := os.path.join(fn.path, file))]
+        self._all = self._stats + self._root
+        self.changed = True
+        self.samples: Any = None
+        """What the collector made of the last read (its own cache, kept with the function)."""
+
+    def read(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+        """(per severity the file's counts, root-port totals); raises ib_sysfs.Fault (an unreadable
+        file) or :class:`BadStats` naming the file in its message. ``changed`` says afterwards
+        whether any file's bytes differ from the previous read."""
+        before = [parsed.raw for _severity, parsed in self._all]
+        self.changed = True
+        out = ({severity: parsed.get() for severity, parsed in self._stats},
+               {severity: parsed.get() for severity, parsed in self._root})
+        self.changed = any(raw is None or raw is not parsed.raw for raw, (_s, parsed) in zip(before, self._all))
+        return out
+
+    def close(self) -> None:
+        for _severity, parsed in self._all:
+            parsed.attr.close()
 
 
-def _read_optional(path: str) -> str | None:
-    try:
-        return _read(path)
-    except FileNotFoundError:
-        return None
+def _parser(parse: Any, file: str) -> Any:
+    """``parse`` with the file's name in its BadStats message."""
+    return lambda text: _named(parse, text, file)
 
 
 def _named(parser, text: str, file: str):  # noqa: ANN001, ANN202 - a parse with the file in its error
