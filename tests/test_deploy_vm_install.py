@@ -175,7 +175,7 @@ def test_embedded_unit_is_the_shipped_unit():
     ("args", "message"),
     [
         (["--bogus"], "unknown option: --bogus"),
-        (["--extras", "gpu"], "--extras must be otel, azure or all"),
+        (["--extras", "gpu"], "--extras takes otel, azure, remote_write, attribution or all"),
         (["--wheel", "a.whl", "--version", "1.0"], "exclude each other"),
         (["--version", "0.1.0"], "--version needs --sha256"),
         (["--version", "0.1.0", "--sha256", "abc"], "--sha256 must be 64 hex digits"),

@@ -51,7 +51,7 @@ PyPI is another project):
                         feed named with --pip-arg=--index-url=URL); needs --sha256
   --sha256 HEX          the wheel's SHA-256: checked before anything is installed (pip's
                         --require-hashes mode with --version)
-  --extras LIST         optional extras: otel, azure or all (comma-separated)
+  --extras LIST         optional extras: otel, azure, remote_write, attribution or all (comma-separated)
   --pip-arg ARG         extra argument for pip, repeatable (e.g. --pip-arg=--no-index
                         --pip-arg=--find-links=/srv/wheels for an offline mirror)
 
@@ -113,7 +113,11 @@ case "$SHA256" in
        SHA256=$(printf '%s' "$SHA256" | tr 'A-F' 'a-f') ;;
 esac
 if [ -n "$PREFIX" ] && [ -n "$DESTDIR" ]; then die "--prefix and DESTDIR exclude each other"; fi
-case "$EXTRAS" in ""|otel|azure|all|otel,azure|azure,otel) ;; *) die "--extras must be otel, azure or all (got $EXTRAS)" ;; esac
+for extra in $(printf '%s' "$EXTRAS" | tr ',' ' '); do
+    case "$extra" in otel|azure|remote_write|attribution|all) ;;
+        *) die "--extras takes otel, azure, remote_write, attribution or all, comma-separated (got $EXTRAS)" ;;
+    esac
+done
 
 if [ -n "$PREFIX" ]; then
     mkdir -p "$PREFIX"
