@@ -658,8 +658,9 @@ def collect_once(config: Config, plan: Plan, ctx: Context, timeout: float | None
 
 
 def sink_context(config: Config, loop_alive=lambda: True, simulation=None) -> SinkContext:
+    """``config``: the one in effect, ``make_context``'s (a simulated host's IMDS and KVP pool)."""
     return SinkContext(hostname=hostname(config), state_dir=config.daemon.state_dir, version=__version__,
-                       loop_alive=loop_alive, simulation=simulation)
+                       loop_alive=loop_alive, simulation=simulation, config=config)
 
 
 @dataclass
@@ -708,7 +709,7 @@ class Daemon:
             if problems:
                 raise StartupError("; ".join(problems))
             holder: dict[str, Loop] = {}
-            sctx = sink_context(config, lambda: holder["loop"].alive() if "loop" in holder else True,
+            sctx = sink_context(ctx.config, lambda: holder["loop"].alive() if "loop" in holder else True,
                                 ctx.simulation)
             section = config.sections.get("health")
             if section is not None and section["enabled"]:

@@ -72,7 +72,7 @@ def test_rate_split_flag_and_info_columns_on_port_rows():
 
 def test_info_labels_and_vm_identity_fill_string_columns_and_unknown_metrics_are_listed():
     b = RowBuilder("node-1")
-    b.vm = {"vm_id": "vm-1", "vm_size": "Standard_ND96isr_H100_v5", "location": "eastus2"}
+    b.vm = {"vm_id": "vm-1", "vm_size": "Standard_ND96isr_H100_v5", "region": "eastus2"}
     b.add(snap(fam(INFO, (1, "0", "GPU-a", "NVIDIA H100 80GB HBM3", "00000000:18:00.0")),
                fam(POWER, (100, "0", "GPU-a")), fam(UNKNOWN, (1, "0", "GPU-a"))), 0.0)
     (row,) = b.close_interval(1_700_000_060.0, 60.0)[GPU]

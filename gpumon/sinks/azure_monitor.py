@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.config import Config, ConfigError, Option, SectionSchema
-from gpumon.imds import IMDS_URL, fetch_instance
+from gpumon.imds import IMDS_URL, ImdsClient
 from gpumon.model import Snapshot
+from gpumon.sinks import azure_host
 from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
-from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, TABLES, RowBuilder
+from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, TABLES, RowBuilder, host_values
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.spool import Spool, SpoolError
 
@@ -84,9 +85,15 @@ OPTIONS = SectionSchema(
                "empty means the system's."),
         Option("timeout", float, 30.0, "Seconds to connect or to wait for a response.", min=0.1, max=600.0),
         Option("imds_url", str, IMDS_URL,
-               "Instance metadata URL for VM id, size and region; empty to skip."),
+               "Deprecated alias of `[azure] imds_url` (where the rows' VM and placement columns come "
+               "from), honoured when set (with a warning); empty leaves those columns out."),
     ),
 )
+IMDS_ALIASES = {"imds_url": "imds_url"}
+"""This section's deprecated IMDS key -> the ``[azure]`` key it stands for."""
+HOST_REFRESH = 60.0
+"""Seconds between looks at the host's facts: IMDS answers from the shared client's cache (asked
+again every ``[azure] compute_refresh``); the KVP pool is read anew (a live migration changes it)."""
 
 _RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 _CONFIG_STATUS = {401, 403, 404}
@@ -162,6 +169,7 @@ class AzureMonitorSink(Sink):
         self._credential = credential
         self._clock = clock
         self._client: Any = None
+        self._imds: ImdsClient | None = None
         self._spool: Spool | None = None
         self._builder = RowBuilder(ctx.hostname, bool(self._opt["omit_zero_increases"]),
                                    float(self._opt["static_every"]))
@@ -240,7 +248,8 @@ class AzureMonitorSink(Sink):
         except SpoolError as exc:
             raise ConfigError("[azure_monitor]", "spool_dir", str(exc)) from None
         self._client = self._make_client(self.make_credential())
-        if self._opt["imds_url"]:
+        self._imds = azure_host.imds_client(self.ctx, self.name, self.cfg, OPTIONS, IMDS_ALIASES)
+        if self._imds is not None:
             threading.Thread(target=self._fetch_vm, name="azure-monitor-imds", daemon=True).start()
         self._thread = threading.Thread(target=self._run, name="azure-monitor-upload", daemon=True)
         self._thread.start()
@@ -249,10 +258,13 @@ class AzureMonitorSink(Sink):
                  self._opt["endpoint"], self._opt["dcr_immutable_id"], stats.records)
 
     def _fetch_vm(self) -> None:
-        instance = fetch_instance(self._opt["imds_url"], timeout=2.0)
-        if instance is not None:
-            self._builder.vm = {"vm_id": instance.vm_id, "vm_size": instance.vm_size,
-                                "location": instance.location}
+        """The rows' host columns, now and every ``HOST_REFRESH`` seconds until the sink stops."""
+        pool = azure_host.kvp_pool(self.ctx)
+        while True:
+            found = azure_host.facts(self._imds, pool)
+            self._builder.vm = host_values(found.instance, found.physical_host)
+            if self._stopping.wait(HOST_REFRESH):
+                return
 
     # -- the loop's side ------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon import attribution_labels
+from gpumon.imds import AzureInstance
 from gpumon.model import Event, MetricFamily, MetricType, Snapshot
 from gpumon.sources.ib_sysfs import MLX5_QUEUE_COUNTERS, MLX5_ROCE_COUNTERS
 
@@ -269,13 +270,17 @@ IDENTITY = {GPU: (("gpu", "Gpu", "int"), ("uuid", "Uuid", "string")),
             IB: (("device", "Device", "string"), ("port", "Port", "int"))}
 """Per table: (label, column, type) that make a series belong to one row."""
 
+HOST_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("vm_id", "VmId"), ("vm_size", "VmSize"), ("region", "Region"), ("zone", "Zone"), ("vmss", "Vmss"),
+    ("placement_group", "PlacementGroup"), ("fault_domain", "FaultDomain"), ("physical_host", "PhysicalHost"))
+"""The Azure VM and its placement (``gpumon_host_info``'s label -> column), on the rows of all three
+tables: IMDS vmId, vmSize, location, zone, vmScaleSetName, placementGroupId, platformFaultDomain, and
+the KVP pool's PhysicalHostName; left out where unknown."""
 COMMON_COLUMNS: tuple[tuple[str, str], ...] = (
     ("TimeGenerated", "datetime"),
     ("Computer", "string"),
     ("RowId", "string"),
-    ("VmId", "string"),
-    ("VmSize", "string"),
-    ("Region", "string"),
+    *((column, "string") for _, column in HOST_COLUMNS),
 )
 INTERVAL_COLUMNS: tuple[tuple[str, str], ...] = (("IntervalSeconds", "real"), ("Samples", "int"))
 HOLDER_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -413,6 +418,8 @@ class RowBuilder:
         """Leave out ``...Increase`` columns that are 0: most error counters never move, and KQL's
         sum() reads a missing value as nothing added (use coalesce(x, 0) to show zeros)."""
         self.vm: dict[str, str] = {}
+        """The host's facts by ``HOST_COLUMNS`` key (:func:`host_values`); the sink's IMDS thread swaps
+        the whole dict."""
         self._rows: dict[str, dict[tuple[str, ...], _Row]] = {GPU: {}, IB: {}}
         self._seen: dict[str, MetricFamily] = {}
         self._snapshots = 0
@@ -532,9 +539,10 @@ class RowBuilder:
     def _common(self, wall_time: float) -> dict[str, Any]:
         row: dict[str, Any] = {"TimeGenerated": iso_time(wall_time), "Computer": self.computer,
                                "RowId": str(uuid.uuid4())}
-        for key, column in (("vm_id", "VmId"), ("vm_size", "VmSize"), ("location", "Region")):
-            if self.vm.get(key):
-                row[column] = self.vm[key]
+        vm = self.vm
+        for key, column in HOST_COLUMNS:
+            if vm.get(key):
+                row[column] = vm[key]
         return row
 
     def _build(self, table: str, row: _Row, wall_time: float, seconds: float) -> dict[str, Any] | None:
@@ -583,6 +591,16 @@ class RowBuilder:
                     row[column] = value
         row.update(_holder_columns(event.attributes))
         return row
+
+
+def host_values(instance: AzureInstance | None, physical_host: str = "") -> dict[str, str]:
+    """``RowBuilder.vm`` from IMDS's answer (None: none) and the KVP pool's physical host."""
+    out = {"physical_host": physical_host}
+    if instance is not None:
+        out.update(vm_id=instance.vm_id, vm_size=instance.vm_size, region=instance.location,
+                   zone=instance.zone, vmss=instance.vmss_name, placement_group=instance.placement_group_id,
+                   fault_domain=instance.platform_fault_domain)
+    return {k: v for k, v in out.items() if v}
 
 
 def _holder_columns(values: Mapping[str, Any]) -> dict[str, str]:

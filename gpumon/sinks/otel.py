@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpumon.config import Option, SectionSchema
-from gpumon.imds import IMDS_URL, AzureInstance
+from gpumon.imds import IMDS_URL, AzureInstance, ImdsClient
 from gpumon.model import Event, Severity, Snapshot
+from gpumon.sinks import azure_host
 from gpumon.sinks import otel_mapping as mapping
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.common import (
@@ -91,11 +92,14 @@ OPTIONS = SectionSchema(
         Option("resource_attributes", list, [], "Extra resource attributes as KEY=VALUE; they win over "
                "OTEL_RESOURCE_ATTRIBUTES and the detected ones.", check=_kv_list_check),
         Option("logs", bool, True, "Export events (flaps, XIDs, lost GPUs, collectors down) as log records."),
-        Option("azure_detect", bool, True, "Ask Azure IMDS for cloud.* / host.id / host.type, on a "
-               "background thread; off Azure nothing answers and nothing is added."),
-        Option("imds_url", str, IMDS_URL, "The IMDS compute endpoint."),
-        Option("imds_timeout", float, 1.0, "Seconds to wait for IMDS; the first export waits at most "
-               "this long so that it already carries the cloud attributes.", min=0.05, max=30.0),
+        Option("azure_detect", bool, True, "Ask Azure IMDS (the one `[azure]` configures) for cloud.* / "
+               "host.* / placement, and the KVP pool for the physical host, on a background thread; the "
+               "first export waits at most `[azure] imds_timeout` + 0.5 s for them. Off Azure nothing "
+               "answers and nothing is added."),
+        Option("imds_url", str, IMDS_URL, "Deprecated alias of `[azure] imds_url`, honoured when set (with "
+               "a warning); empty switches IMDS detection off for this sink."),
+        Option("imds_timeout", float, 1.0, "Deprecated alias of `[azure] imds_timeout`, honoured when set "
+               "(with a warning).", min=0.05, max=30.0),
         Option("max_queued_records", int, 10000, "Log records kept while the collector is unreachable; "
                "beyond this the oldest are dropped (counted).", min=1, max=10_000_000),
         Option("backoff_initial", float, 1.0, "Seconds before the first retry after a failed export; "
@@ -103,6 +107,8 @@ OPTIONS = SectionSchema(
         Option("backoff_max", float, 60.0, "Longest wait between retries, in seconds.", min=0.01, max=3600.0),
     ),
 )
+IMDS_ALIASES = {"imds_url": "imds_url", "imds_timeout": "imds_timeout"}
+"""This section's deprecated IMDS keys -> the ``[azure]`` keys they stand for."""
 
 
 # --------------------------------------------------------------------------------------- settings
@@ -229,8 +235,12 @@ def _signal_url(base: str, path: str) -> str:
 # --------------------------------------------------------------------------------------- resource
 
 
-def azure_attributes(instance: AzureInstance) -> dict[str, str]:
-    """Resource attributes for an Azure VM, in the cloud.* / host.* semantic conventions."""
+def azure_attributes(instance: AzureInstance | None, physical_host: str = "") -> dict[str, str]:
+    """Resource attributes for an Azure VM: the cloud.* / host.* semantic conventions (``host.id`` the
+    vmId, ``cloud.resource_id`` the ARM id), and its placement (the facts of ``gpumon_host_info``)
+    under ``gpumon.azure.*``, which no convention names. Empty values are left out."""
+    if instance is None:
+        return {PHYSICAL_HOST: physical_host} if physical_host else {}
     attrs = {
         "cloud.provider": "azure",
         "cloud.platform": "azure.aks" if instance.aks else "azure.vm",
@@ -241,8 +251,16 @@ def azure_attributes(instance: AzureInstance) -> dict[str, str]:
         "cloud.account.id": instance.subscription_id,
         "cloud.availability_zone": instance.zone,
         "azure.resource_group.name": instance.resource_group,
+        "gpumon.azure.vmss": instance.vmss_name,
+        "gpumon.azure.placement_group": instance.placement_group_id,
+        "gpumon.azure.fault_domain": instance.platform_fault_domain,
+        PHYSICAL_HOST: physical_host,
     }
     return {k: v for k, v in attrs.items() if v}
+
+
+PHYSICAL_HOST = "gpumon.azure.physical_host"
+"""The Hyper-V KVP pool's PhysicalHostName: what several VMs failing together may share."""
 
 
 K8S_NODE_VARIABLES = ("K8S_NODE_NAME", "NODE_NAME")
@@ -797,6 +815,7 @@ class OtelSink(Sink):
         self._logs = DeliveryCounters()
         self._resource: dict[str, str] = {}
         self._resource_ready = threading.Event()
+        self._imds: ImdsClient | None = None
         self._threads: list[threading.Thread] = []
         self._settings: dict[str, SignalSettings] = {}
         self._started = False
@@ -819,6 +838,8 @@ class OtelSink(Sink):
         _pb()  # fail start-up now, not on the first export, if the protobuf classes do not load
         self._resource = resource_attributes(self.ctx, self._opts["resource_attributes"], self._environ)
         if self._opts["azure_detect"]:
+            self._imds = azure_host.imds_client(self.ctx, self.name, self.cfg, OPTIONS, IMDS_ALIASES)
+        if self._imds is not None:
             threading.Thread(target=self._detect_azure, name="otel-imds", daemon=True).start()
         else:
             self._resource_ready.set()
@@ -832,19 +853,23 @@ class OtelSink(Sink):
         log.info("otel: exporting over %s (%s)", self._settings["metrics"].protocol, where)
 
     def _detect_azure(self) -> None:
-        from gpumon.imds import fetch_instance
-
+        """Once, at start: the resource identifies the exporter, it does not follow it around."""
         try:
-            instance = fetch_instance(self._opts["imds_url"], self._opts["imds_timeout"])
-            if instance is not None:
-                detected = azure_attributes(instance)
+            found = azure_host.facts(self._imds, azure_host.kvp_pool(self.ctx))
+            detected = azure_attributes(found.instance, found.physical_host)
+            if detected:
                 with self._lock:
                     self._resource = resource_attributes(
                         self.ctx, self._opts["resource_attributes"], self._environ, detected)
+            if found.instance is not None:
                 log.info("otel: on Azure (%s, %s)", detected.get("host.type", "?"),
                          detected.get("cloud.region", "?"))
         finally:
             self._resource_ready.set()
+
+    def _detect_wait(self) -> float:
+        """How long the first export waits for the Azure attributes."""
+        return self._imds.timeout + 0.5 if self._imds is not None else 0.0
 
     def publish(self, snapshot: Snapshot) -> None:
         """Keep the snapshot and queue its events; the export threads do the rest."""
@@ -887,7 +912,7 @@ class OtelSink(Sink):
         encoder = MetricEncoder(self.ctx.version)
         backoff = Backoff(self._opts["backoff_initial"], self._opts["backoff_max"])
         interval = float(self._opts["interval"])
-        self._resource_ready.wait(self._opts["imds_timeout"] + 0.5)
+        self._resource_ready.wait(self._detect_wait())
         exported: Snapshot | None = None
         pending: tuple[Snapshot, int] | None = None  # a snapshot that failed and awaits its retry
         next_tick = time.monotonic() + interval
@@ -944,7 +969,7 @@ class OtelSink(Sink):
         transport = make_transport(settings, self.ctx.version)
         backoff = Backoff(self._opts["backoff_initial"], self._opts["backoff_max"])
         throttled = 0  # attempts of the head batch answered RESOURCE_EXHAUSTED without RetryInfo
-        self._resource_ready.wait(self._opts["imds_timeout"] + 0.5)
+        self._resource_ready.wait(self._detect_wait())
         try:
             while True:
                 with self._lock:
