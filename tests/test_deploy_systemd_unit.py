@@ -122,3 +122,28 @@ def test_unit_filters_system_calls_to_the_service_set():
 
 def test_secrets_come_from_a_root_only_environment_file():
     assert directives(UNIT)["EnvironmentFile"] == ["-/etc/gpumon/gpumon.env"]
+
+
+KMSG_DROP_IN = REPO / "systemd" / "gpumon.service.d" / "kmsg.conf"
+
+
+def with_drop_in(tmp_path: Path) -> Path:
+    """The unit as systemd sees it with the kmsg drop-in: its [Service] lines after the unit's own."""
+    text = UNIT.read_text()
+    extra = "".join(line + "\n" for line in KMSG_DROP_IN.read_text().splitlines()
+                    if line.strip() and not line.startswith(("#", "[")))
+    merged = tmp_path / "gpumon.service"
+    merged.write_text(text.replace("[Install]", extra + "\n[Install]").replace(
+        "/opt/gpumon/bin/gpumon", shutil.which("true") or "/bin/true"))
+    return merged
+
+
+def test_kmsg_drop_in_keeps_exposure_at_most_two_and_verifies(tmp_path):
+    merged = with_drop_in(tmp_path)
+    assert exposure(merged) <= MAX_EXPOSURE
+    out = subprocess.run([_analyze(), "verify", "--no-pager", str(merged)], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0 and "gpumon.service" not in out.stderr, out.stderr
+    d = directives(merged)
+    assert d["CapabilityBoundingSet"][-1] == "CAP_SYSLOG" and d["AmbientCapabilities"][-1] == "CAP_SYSLOG"
+    assert "/dev/kmsg r" in d["DeviceAllow"] and d["ProtectKernelLogs"][-1] == "no"
