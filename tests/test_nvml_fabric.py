@@ -10,7 +10,8 @@ import pytest
 
 from gpumon.collectors.nvml_tables import FABRIC_CONDITIONS, FABRIC_STATES, FABRIC_SUMMARIES
 from gpumon.simulate.nvml import FakeNVML
-from tests.test_nvml_collect_profiles import names, rig, values
+from tests.conftest import gpu_values
+from tests.test_nvml_collect_profiles import names, rig
 
 TRUE = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE
 FALSE = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_FALSE
@@ -52,9 +53,9 @@ def test_gb200_exports_its_nvlink_domain_state_status_and_health() -> None:
     assert len({s.label("cluster_uuid") for s in info}) == 1          # one NVL72 rack
     assert {s.label("clique_id") for s in info} == {"32766"}
     assert info[0].label("cluster_uuid") != "00000000-0000-0000-0000-000000000000"
-    assert set(values(out, "gpumon_gpu_fabric_state").values()) == {3.0}
-    assert set(values(out, "gpumon_gpu_fabric_status").values()) == {0.0}
-    assert set(values(out, "gpumon_gpu_fabric_health_overall").values()) == {1.0}
+    assert set(gpu_values(out, "gpumon_gpu_fabric_state").values()) == {3.0}
+    assert set(gpu_values(out, "gpumon_gpu_fabric_status").values()) == {0.0}
+    assert set(gpu_values(out, "gpumon_gpu_fabric_health_overall").values()) == {1.0}
     conds = {s.label("condition"): s.value for f in out.families
              if f.name == "gpumon_gpu_fabric_health_condition" for s in f.samples if s.label("gpu") == "0"}
     # every field the driver reports, healthy; GFM_STATE is NOT_SUPPORTED on this driver: absent
@@ -66,8 +67,8 @@ def test_gb200_exports_its_nvlink_domain_state_status_and_health() -> None:
 def test_h100_with_nvswitch_completes_without_a_domain_or_health() -> None:
     _, c, _ = rig("h100-sxm5-80gb", 2)
     out = c.collect()
-    assert values(out, "gpumon_gpu_fabric_state") == {"0": 3.0, "1": 3.0}
-    assert values(out, "gpumon_gpu_fabric_status") == {"0": 0.0, "1": 0.0}
+    assert gpu_values(out, "gpumon_gpu_fabric_state") == {"0": 3.0, "1": 3.0}
+    assert gpu_values(out, "gpumon_gpu_fabric_status") == {"0": 0.0, "1": 0.0}
     # a zero cluster UUID is no multi-node domain; health fields are NOT_SUPPORTED: no series
     assert not names(out) & {"gpumon_gpu_fabric_info", "gpumon_gpu_fabric_health_condition",
                              "gpumon_gpu_fabric_health_overall"}
@@ -94,8 +95,8 @@ def test_a_health_bit_that_changes_is_one_event_each_way() -> None:
     c.collect()
     fake.set_fabric(1, health={"ROUTE_UNHEALTHY": TRUE})
     out, events = read_fabric_again(fake, c)
-    assert values(out, "gpumon_gpu_fabric_health_condition", condition="route_unhealthy")["1"] == 1.0
-    assert values(out, "gpumon_gpu_fabric_health_condition", condition="route_unhealthy")["0"] == 0.0
+    assert gpu_values(out, "gpumon_gpu_fabric_health_condition", condition="route_unhealthy")["1"] == 1.0
+    assert gpu_values(out, "gpumon_gpu_fabric_health_condition", condition="route_unhealthy")["0"] == 0.0
     fabric = [e for e in events if e.kind == "gpu_fabric_changed"]
     assert len(fabric) == 1
     ev = fabric[0]
@@ -113,14 +114,14 @@ def test_state_and_status_changes_are_events_and_status_is_only_read_when_comple
     c.collect()
     fake.set_fabric(1, state=pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS)
     out, events = read_fabric_again(fake, c)
-    assert values(out, "gpumon_gpu_fabric_state")["1"] == 2.0
-    assert "1" not in values(out, "gpumon_gpu_fabric_status")
+    assert gpu_values(out, "gpumon_gpu_fabric_state")["1"] == 2.0
+    assert "1" not in gpu_values(out, "gpumon_gpu_fabric_status")
     kinds = {(e.attributes["what"], e.attributes["new"]) for e in events if e.kind == "gpu_fabric_changed"}
     assert ("state", "in_progress") in kinds and ("status", "not reported") in kinds
     fake.set_fabric(1, state=pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
                     status=pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
     out, events = read_fabric_again(fake, c)
-    assert values(out, "gpumon_gpu_fabric_status")["1"] == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    assert gpu_values(out, "gpumon_gpu_fabric_status")["1"] == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
     status = [e for e in events if e.kind == "gpu_fabric_changed" and e.attributes["what"] == "status"]
     assert status and status[0].attributes["new"] == "insufficient_resources"
     assert status[0].severity.value == "warning"
@@ -130,7 +131,7 @@ def test_state_and_status_changes_are_events_and_status_is_only_read_when_comple
 def test_a_driver_without_the_v3_struct_gets_v2_and_remembers_it() -> None:
     fake, c, _ = gb200(driver="565.57.01")
     out = c.collect()
-    assert set(values(out, "gpumon_gpu_fabric_state").values()) == {3.0}
+    assert set(gpu_values(out, "gpumon_gpu_fabric_state").values()) == {3.0}
     assert "gpumon_gpu_fabric_health_condition" in names(out)
     assert "gpumon_gpu_fabric_health_overall" not in names(out)     # v3 only
     assert out.errors.get("nvml_argument_version_mismatch", 0) == 0   # a version step, not an error
@@ -149,7 +150,7 @@ def test_a_driver_without_the_versioned_call_falls_back_to_the_deprecated_one() 
         fake.tick(10)
         out = c.collect()
     assert fake.gpu_calls[("nvmlDeviceGetGpuFabricInfo", 0)] >= 1
-    assert out is not None and values(out, "gpumon_gpu_fabric_state") == {"0": 3.0}
+    assert out is not None and gpu_values(out, "gpumon_gpu_fabric_state") == {"0": 3.0}
     assert fake.gpu_calls[("nvmlDeviceGetGpuFabricInfoV", 0)] == 1   # not asked again
     c.close()
 

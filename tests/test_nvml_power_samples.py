@@ -8,7 +8,8 @@ import pynvml
 
 from gpumon.collectors.nvml_tables import NOT_FOUND, TOTAL_POWER_SAMPLES, VALUE_MEMBERS
 from gpumon.simulate.nvml import FakeNVML
-from tests.test_nvml_collect_profiles import names, rig, values
+from tests.conftest import gpu_values
+from tests.test_nvml_collect_profiles import names, rig
 
 SWING = {"gpumon_gpu_power_min_watts", "gpumon_gpu_power_max_watts", "gpumon_gpu_power_mean_watts"}
 
@@ -34,12 +35,12 @@ def test_a_1hz_swing_shows_at_a_10s_interval_while_the_instant_power_does_not() 
     for _ in range(3):
         fake.tick(10)
         out = c.collect()
-        low, high = values(out, "gpumon_gpu_power_min_watts"), values(out, "gpumon_gpu_power_max_watts")
-        mean = values(out, "gpumon_gpu_power_mean_watts")
+        low, high = gpu_values(out, "gpumon_gpu_power_min_watts"), gpu_values(out, "gpumon_gpu_power_max_watts")
+        mean = gpu_values(out, "gpumon_gpu_power_mean_watts")
         assert set(low) == set(high) == set(mean) == {"0", "1"}
         assert 340 <= low["0"] <= 355 and 690 <= high["0"] <= 700, (low, high)
         assert low["0"] < mean["0"] < high["0"]
-        instant.append(values(out, "gpumon_gpu_power_watts")["0"])
+        instant.append(gpu_values(out, "gpumon_gpu_power_watts")["0"])
     # a reading every 10 s lands on the same phase of a 1 Hz wave: one level, never the swing
     assert max(instant) - min(instant) < 20
     c.close()
@@ -56,7 +57,7 @@ def test_each_run_reads_only_the_samples_since_the_previous_one() -> None:
     fake.tick(10)
     out = c.collect()
     # only this interval's samples: the 350/700 ones before it are not read again
-    assert 195 <= values(out, "gpumon_gpu_power_min_watts")["0"] <= values(out, "gpumon_gpu_power_max_watts")["0"] <= 200
+    assert 195 <= gpu_values(out, "gpumon_gpu_power_min_watts")["0"] <= gpu_values(out, "gpumon_gpu_power_max_watts")["0"] <= 200
 
 
 def test_no_new_sample_is_no_value_and_no_error() -> None:

@@ -10,7 +10,7 @@ import pytest
 from gpumon.collectors.base import Context
 from gpumon.collectors.nvml import NvmlCollector
 from gpumon.simulate import HOSTS, Simulation, control
-from tests.test_nvml_collect_profiles import values
+from tests.conftest import gpu_values
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_a_fabric_fault_dropped_in_the_control_directory_reaches_the_collector(s
     c = NvmlCollector(ctx, None)
     sim.step(10)
     out = c.collect()
-    assert values(out, "gpumon_gpu_fabric_health_condition", condition="degraded_bandwidth")["2"] == 0.0
+    assert gpu_values(out, "gpumon_gpu_fabric_health_condition", condition="degraded_bandwidth")["2"] == 0.0
     control(sim.workdir, {"action": "fabric", "gpu": 2, "health": {"degraded_bw": True}})
     control(sim.workdir, {"action": "fabric", "gpu": 3, "state": "in_progress"})
     control(sim.workdir, {"action": "fabric", "gpu": 9, "health": {"no_such_field": "true"}})  # ignored
@@ -49,14 +49,14 @@ def test_a_fabric_fault_dropped_in_the_control_directory_reaches_the_collector(s
         sim.step(10)
         out = c.collect()
         events.extend(e for e in out.events if e.kind == "gpu_fabric_changed")
-        if values(out, "gpumon_gpu_fabric_state").get("3") == 2.0 and \
-                values(out, "gpumon_gpu_fabric_health_condition", condition="degraded_bandwidth")["2"] == 1.0:
+        if gpu_values(out, "gpumon_gpu_fabric_state").get("3") == 2.0 and \
+                gpu_values(out, "gpumon_gpu_fabric_health_condition", condition="degraded_bandwidth")["2"] == 1.0:
             break
-    assert values(out, "gpumon_gpu_fabric_health_condition", condition="degraded_bandwidth")["2"] == 1.0
-    assert values(out, "gpumon_gpu_fabric_state")["3"] == 2.0
+    assert gpu_values(out, "gpumon_gpu_fabric_health_condition", condition="degraded_bandwidth")["2"] == 1.0
+    assert gpu_values(out, "gpumon_gpu_fabric_state")["3"] == 2.0
     assert {(e.subject["gpu"], e.attributes.get("condition", e.attributes["what"])) for e in events} >= \
         {("2", "degraded_bandwidth"), ("3", "state")}
     assert os.listdir(sim.control_dir) == []
     # the simulated host's power swings between 600 and 1200 W within each interval
-    assert values(out, "gpumon_gpu_power_max_watts")["0"] - values(out, "gpumon_gpu_power_min_watts")["0"] > 500
+    assert gpu_values(out, "gpumon_gpu_power_max_watts")["0"] - gpu_values(out, "gpumon_gpu_power_min_watts")["0"] > 500
     c.close()
