@@ -397,6 +397,155 @@ GpuMonEvents_CL
     ]
 
 
+def unknown(column: str) -> str:
+    """A placement column as a group key: rows written before it was known (or off Azure) say so."""
+    return f'{column} = iff(isempty({column}), "(unknown)", {column})'
+
+
+PROBLEM_KINDS = '("ib_link_flap", "ib_port_flapping", "gpu_xid", "gpu_lost", "health_changed")'
+PROBLEM_COUNTS = """Flaps = countif(Kind == "ib_link_flap"), FlappingPorts = dcountif(strcat(Device, "/", Port), Kind == "ib_port_flapping"),
+    Xids = countif(Kind == "gpu_xid"), LostGpus = countif(Kind == "gpu_lost"),
+    Unhealthy = dcountif(Computer, Kind == "health_changed" and tostring(Attributes.current) != "healthy"),
+    Hosts = dcount(Computer), Last = max(TimeGenerated)"""
+"""Per group of hosts: what went wrong on how many of them (several hosts of one placement group or
+physical host at once point at what they share: the fabric, the chassis)."""
+
+
+def placement() -> list[dict[str, Any]]:
+    """Problems grouped by what hosts share: the placement group (one InfiniBand fabric) and the
+    physical host (Hyper-V KVP), from the rows' placement columns."""
+    by_group = f"""
+GpuMonEvents_CL
+| where {HOSTS}
+| where Kind in {PROBLEM_KINDS}
+| extend {unknown("PlacementGroup")}
+| summarize {PROBLEM_COUNTS} by PlacementGroup
+| order by Hosts desc, Xids desc, Flaps desc
+"""
+    by_host = f"""
+GpuMonEvents_CL
+| where {HOSTS}
+| where Kind in {PROBLEM_KINDS}
+| extend {unknown("PhysicalHost")}, {unknown("PlacementGroup")}
+| summarize {PROBLEM_COUNTS}, VMs = make_set(Computer, 16) by PhysicalHost, PlacementGroup
+| order by Hosts desc, Xids desc, Flaps desc
+"""
+    over_time = f"""
+GpuMonEvents_CL
+| where {HOSTS}
+| where Kind in {PROBLEM_KINDS}
+| extend {unknown("PlacementGroup")}
+| summarize Events = count() by PlacementGroup, bin(TimeGenerated, {GRAIN})
+| render columnchart
+"""
+    hosts = f"""
+union GpuMonGpu_CL, GpuMonInfiniBand_CL
+| where {HOSTS}
+| summarize arg_max(TimeGenerated, VmSize, Region, Zone, Vmss, PlacementGroup, FaultDomain, PhysicalHost) by Computer
+| project Computer, VmSize, Region, Zone, Vmss, PlacementGroup, FaultDomain, PhysicalHost, LastSeen = TimeGenerated
+| order by PlacementGroup asc, FaultDomain asc, Computer asc
+"""
+    return [
+        text("placement-title", "## Placement\nFlaps, XIDs, lost GPUs and health changes grouped by what hosts "
+                                "share: the placement group (one InfiniBand fabric) and the physical host. Several "
+                                "hosts of one group at once point at the group, not the hosts. `(unknown)`: rows "
+                                "from before IMDS answered, or off Azure."),
+        query("placement-groups", "Problems by placement group", by_group, "table", width="50"),
+        query("placement-physical-hosts", "Problems by physical host", by_host, "table", width="50"),
+        query("placement-over-time", "Problems by placement group over time", over_time, "barchart", width="50"),
+        query("placement-hosts", "Where each host sits", hosts, "table", width="50"),
+    ]
+
+
+SCHEDULED = f"""
+GpuMonEvents_CL
+| where {HOSTS}
+| where Kind == "azure_scheduled_event"
+| extend EventId = tostring(Attributes.event_id), Type = tostring(Attributes.type),
+    Status = tostring(Attributes.status), Source = tostring(Attributes.source),
+    NotBefore = tostring(Attributes.not_before), DurationSeconds = toint(Attributes.duration_seconds),
+    Description = tostring(Attributes.description)
+"""
+"""The ``azure_scheduled_event`` rows (one when an event is first seen and one per status change,
+``Removed`` when it left the document) with their attributes as columns."""
+
+
+def scheduled_events() -> list[dict[str, Any]]:
+    """Azure's planned maintenance (Scheduled Events from IMDS) per host, and where it falls."""
+    latest = SCHEDULED + """| summarize arg_max(TimeGenerated, Type, Status, Source, NotBefore, DurationSeconds,
+    Description, PlacementGroup, PhysicalHost) by Computer, EventId
+"""
+    pending = latest + """| where Status != "Removed"
+| project Computer, Type, Status, NotBefore, DurationSeconds, Source, EventId, Description, PlacementGroup,
+    PhysicalHost, Seen = TimeGenerated
+| order by Seen desc
+"""
+    history = SCHEDULED + f"""| where Status != "Removed"
+| summarize Events = dcount(EventId) by Type, bin(TimeGenerated, {GRAIN})
+| render columnchart
+"""
+    by_group = latest + f"""| extend {unknown("PlacementGroup")}
+| summarize Events = dcount(EventId), Hosts = dcount(Computer), Types = make_set(Type),
+    Last = max(TimeGenerated) by PlacementGroup
+| order by Hosts desc
+"""
+    log_ = SCHEDULED + """| project TimeGenerated, Computer, Type, Status, Source, NotBefore, EventId, Message
+| order by TimeGenerated desc
+| take 500
+"""
+    return [
+        text("scheduled-title", "## Scheduled events\nAzure's planned maintenance (Freeze, Reboot, Redeploy, "
+                                "Preempt, Terminate) as each host's IMDS announced it: the events not over yet, "
+                                "their history, and the placement groups they fell on."),
+        query("scheduled-pending", "Announced, not over yet", pending, "table", width="50"),
+        query("scheduled-over-time", "Scheduled events by type", history, "barchart", width="50"),
+        query("scheduled-by-group", "Scheduled events by placement group", by_group, "table", width="50"),
+        query("scheduled-log", "Status changes", log_, "table", width="50"),
+    ]
+
+
+def attribution() -> list[dict[str, Any]]:
+    """Who held the GPUs (Namespace, Pod, JobId on GPU rows and GPU event rows): GPU time, utilisation
+    and the problems each workload met."""
+    holders = """| extend Namespace = iff(isempty(Namespace), "(none)", Namespace), Pod = iff(isempty(Pod), "(none)", Pod),
+    JobId = iff(isempty(JobId), "(none)", JobId)"""
+    usage = f"""
+GpuMonGpu_CL
+| where {HOSTS}
+| where isnotempty(Namespace) or isnotempty(Pod) or isnotempty(JobId)
+{holders}
+| summarize GpuHours = round(sum(IntervalSeconds) / 3600.0, 2), Utilization = avg(UtilizationAvg),
+    PowerWatts = avg(PowerWattsAvg), Gpus = dcount(strcat(Computer, "/", Gpu)), Hosts = dcount(Computer),
+    First = min(TimeGenerated), Last = max(TimeGenerated) by Namespace, Pod, JobId
+| order by GpuHours desc
+"""
+    problems = f"""
+GpuMonEvents_CL
+| where {HOSTS}
+| where isnotempty(Namespace) or isnotempty(Pod) or isnotempty(JobId)
+{holders}
+| summarize Xids = countif(Kind == "gpu_xid"), LostGpus = countif(Kind == "gpu_lost"), Events = count(),
+    Kinds = make_set(Kind), Hosts = make_set(Computer, 16), Last = max(TimeGenerated) by Namespace, Pod, JobId
+| order by Xids desc, LostGpus desc, Events desc
+"""
+    util = f"""
+GpuMonGpu_CL
+| where {HOSTS}
+| where isnotempty(JobId) or isnotempty(Pod)
+| extend Workload = iff(isnotempty(JobId), strcat("job ", JobId), strcat(Namespace, "/", Pod))
+| summarize Utilization = avg(UtilizationAvg) by Workload, bin(TimeGenerated, {GRAIN})
+| render timechart
+"""
+    return [
+        text("attribution-title", "## Attribution\nWho held the GPUs: the Kubernetes pod (namespace, pod) or "
+                                  "the Slurm job on the GPU rows and GPU events, comma-joined where several held a "
+                                  "GPU in one interval. GPU hours are row seconds: one GPU for one hour is 1."),
+        query("attribution-usage", "GPU time by workload", usage, "table", width="50"),
+        query("attribution-problems", "Problems by workload", problems, "table", width="50"),
+        query("attribution-utilization", "Utilization by workload", util, "timechart"),
+    ]
+
+
 def workbook() -> dict[str, Any]:
     return {
         "version": "Notebook/1.0",
@@ -409,6 +558,9 @@ def workbook() -> dict[str, Any]:
             group("infiniband", "InfiniBand", infiniband()),
             group("events", "Events", events()),
             group("health", "Health", health()),
+            group("placement", "Placement", placement()),
+            group("scheduled", "Scheduled events", scheduled_events()),
+            group("attribution", "Attribution", attribution()),
         ],
         "fallbackResourceIds": [],
         "$schema": "https://github.com/Microsoft/Application-Insights-Workbooks/blob/master/schema/workbook.json",
