@@ -320,10 +320,10 @@ def load(
     flags: Mapping[str, Any] | None = None,
 ) -> Config:
     """Build a validated Config. ``path=None`` uses the default file when it exists."""
-    schemas = {s.name: s for s in schemas}
+    by_name = {s.name: s for s in schemas}
     environ = os.environ if environ is None else environ
     values: dict[str, dict[str, Any]] = {
-        name: {opt.key: _copy(opt.default) for opt in schema.options} for name, schema in schemas.items()
+        name: {opt.key: _copy(opt.default) for opt in schema.options} for name, schema in by_name.items()
     }
     origins: dict[str, str] = {}
 
@@ -334,9 +334,9 @@ def load(
         source = path
         document = _read_toml(path)
         for section_name, table in document.items():
-            schema = schemas.get(section_name)
+            schema = by_name.get(section_name)
             if schema is None:
-                known = ", ".join(sorted(schemas))
+                known = ", ".join(sorted(by_name))
                 raise ConfigError(path, f"[{section_name}]", f"unknown section (known: {known})")
             if not isinstance(table, dict):
                 raise ConfigError(path, f"[{section_name}]", "must be a table")
@@ -348,14 +348,15 @@ def load(
     for var, text in environ.items():
         if not var.startswith("GPUMON_"):
             continue
-        section_name, key = _split_env(var, schemas)
+        env_section, key = _split_env(var, by_name)
         where = f"environment variable {var}"
-        if section_name is None:
+        if env_section is None:
             # Not ours: Kubernetes service links for a Service named gpumon (GPUMON_SERVICE_HOST,
             # GPUMON_PORT_9470_TCP) and other tools share the prefix. A typo in a key of a known
             # section is still an error below.
             continue
-        opt = _option(schemas[section_name], key, where)
+        section_name = env_section
+        opt = _option(by_name[section_name], key, where)
         try:
             raw = _from_text(opt.type, text)
         except ValueError as exc:
@@ -367,10 +368,10 @@ def load(
         if raw is None:
             continue
         section_name, key = FLAG_KEYS[flag]
-        if section_name not in schemas:
+        if section_name not in by_name:
             continue
         where = f"flag --{flag.replace('_', '-')}"
-        opt = _option(schemas[section_name], key, where)
+        opt = _option(by_name[section_name], key, where)
         if isinstance(raw, str) and opt.type is not str:
             try:
                 raw = _from_text(opt.type, raw)

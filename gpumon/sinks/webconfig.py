@@ -170,7 +170,7 @@ def _bcrypt_ok(password: str, hashed: bytes | None) -> bool:
 def file_stamp(paths: tuple[str, ...]) -> tuple[tuple[str, tuple[int, int, int] | None], ...]:
     """Identity of each file (mtime, size, inode; None when missing): a certificate renewed in place,
     or a Kubernetes secret whose symlink is swapped, changes it."""
-    out = []
+    out: list[tuple[str, tuple[int, int, int] | None]] = []
     for path in paths:
         try:
             st = os.stat(path)
@@ -232,9 +232,9 @@ def _tls_context(path: str, tls: Any) -> ssl.SSLContext:
     unknown = set(tls) - _TLS_KEYS
     if unknown:
         raise ConfigError(path, f"tls_server_config.{sorted(unknown)[0]}", "unknown key")
-    for key in ("cipher_suites", "curve_preferences"):
-        if tls.get(key):
-            raise ConfigError(path, f"tls_server_config.{key}",
+    for unsupported in ("cipher_suites", "curve_preferences"):
+        if tls.get(unsupported):
+            raise ConfigError(path, f"tls_server_config.{unsupported}",
                               "not supported; OpenSSL's defaults for the TLS version are used")
     cert, key = tls.get("cert_file"), tls.get("key_file")
     if not isinstance(cert, str) or not isinstance(key, str) or not cert or not key:
