@@ -24,10 +24,10 @@ def test_simulated_h100_host_fills_the_three_tables(tmp_path):
         try:
             state = tmp_path / "state"
             env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMON_")}
+            # the token from this IMDS stand-in; the VM and placement columns from the simulated host's own
             env.update(GPUMON_AZURE_MONITOR_ENDPOINT=srv.endpoint, GPUMON_AZURE_MONITOR_DCR_IMMUTABLE_ID=srv.dcr_id,
                        GPUMON_AZURE_MONITOR_CA_BUNDLE=srv.ca_path, GPUMON_AZURE_MONITOR_UPLOAD_INTERVAL="1",
-                       GPUMON_AZURE_MONITOR_IMDS_URL=imds.compute_url, GPUMON_DAEMON_STATE_DIR=str(state),
-                       AZURE_POD_IDENTITY_AUTHORITY_HOST=imds.url)
+                       GPUMON_DAEMON_STATE_DIR=str(state), AZURE_POD_IDENTITY_AUTHORITY_HOST=imds.url)
             proc = subprocess.Popen([sys.executable, "-m", "gpumon", "run", "--simulate", "nd-h100-v5",
                                      "--sinks", "azure_monitor", "--interval", "0.25"],
                                     cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -47,10 +47,13 @@ def test_simulated_h100_host_fills_the_three_tables(tmp_path):
         assert {(r["Device"], r["Port"]) for r in srv.rows(IB)} >= {(f"mlx5_ib{i}", 1) for i in range(8)}
         last = gpu_rows[-1]
         assert last["VmSize"] == "Standard_ND96isr_H100_v5" and last["Region"] == "eastus2"
+        assert last["Zone"] and last["Vmss"] and last["PlacementGroup"] and last["FaultDomain"]
+        assert last["PhysicalHost"].startswith("SIM")  # the simulated host's KVP pool
         assert "PowerWattsAvg" in last
         assert all(r["Model"].startswith("NVIDIA H100") for r in gpu_rows[:8])  # static columns on first rows
         xid = next(r for r in srv.rows(EVENTS) if r["Kind"] == "gpu_xid")
         assert xid["Gpu"] == 3 and xid["Severity"] in ("error", "critical")
+        assert xid["PlacementGroup"] == last["PlacementGroup"] and xid["PhysicalHost"] == last["PhysicalHost"]
         assert "Bearer " not in out  # no token in the log
 
 

@@ -141,8 +141,9 @@ def test_gpumon_run_with_the_otel_sink_delivers_every_family(tmp_path):
         expected_host.close()
     receiver = OtlpHttpReceiver()
     state = tmp_path / "state"
-    env = clean_env(GPUMON_OTEL_ENDPOINT=receiver.endpoint, GPUMON_OTEL_AZURE_DETECT="false",
-                    GPUMON_DAEMON_STATE_DIR=str(state))
+    # Azure detection on: the simulated host answers as its own IMDS and KVP pool, never the link-local one
+    env = clean_env(GPUMON_OTEL_ENDPOINT=receiver.endpoint, GPUMON_DAEMON_STATE_DIR=str(state))
+    del env["GPUMON_AZURE_IMDS_URL"]  # unset, --simulate puts the simulated host's IMDS there
     for key in [k for k in env if k.startswith("OTEL_")]:
         del env[key]
     proc = subprocess.Popen([sys.executable, "-m", "gpumon", "run", "--simulate", "nd-h100-v5",
@@ -161,6 +162,9 @@ def test_gpumon_run_with_the_otel_sink_delivers_every_family(tmp_path):
                       timeout=30)
         resource = attrs(receiver.metrics[-1].resource_metrics[0].resource)
         assert resource["service.name"] == "gpumon" and resource["service.version"]
+        assert resource["cloud.provider"] == "azure" and resource["host.type"] == "Standard_ND96isr_H100_v5"
+        assert resource["gpumon.azure.placement_group"] and resource["gpumon.azure.vmss"]
+        assert resource["gpumon.azure.physical_host"].startswith("SIM")  # the simulated KVP pool
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
