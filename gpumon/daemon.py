@@ -300,7 +300,9 @@ class _Slot:
 class Loop:
     """Composes snapshots from collector results and publishes them to the sinks."""
 
-    TICK = 0.25
+    TICK = 1.0
+    """Longest sleep between deadline checks; a collector whose deadline is shorter shortens it, so
+    a run is marked down at its deadline (a running one wakes the loop just past it)."""
     REFRESH = 5.0
     """Seconds after which a snapshot is published even without a new result (process metrics)."""
     SOFT = 1.0
@@ -346,6 +348,7 @@ class Loop:
             deadline = collector_deadline(config, planned.collector)
             self.runners.append(CollectorRunner(self, planned.collector, interval, deadline))
             self._slots[planned.name] = _Slot(CollectorBook())
+        self._tick = min([self.TICK] + [runner.deadline for runner in self.runners])
         self.thread = threading.Thread(target=self._run, name="loop", daemon=True)
         self._sink_health: dict[str, SinkHealth] = {}
 
@@ -519,7 +522,7 @@ class Loop:
         """Until the first running collector's deadline, owed bookkeeping, or TICK, whichever is first:
         a run is marked down just past its deadline, not up to a TICK later."""
         now = time.monotonic()
-        wait = min(self.TICK, last + self.SOFT - now) if self._owed else self.TICK
+        wait = min(self._tick, last + self.SOFT - now) if self._owed else self._tick
         for runner in self.runners:
             started = runner.started
             if started is not None and not runner.overran:
