@@ -276,6 +276,8 @@ class _Server(ThreadingHTTPServer):
         self.idle = 0
         self.idle_lock = threading.Lock()
         self.closed = threading.Event()
+        self.admitted = threading.Event()
+        """Set on each admitted connection: the reaper sleeps on it while no connection is open."""
         super().__init__(address, handler)
         self.reaper = threading.Thread(target=self._reap, name="prometheus-reaper", daemon=True)
         self.reaper.start()
@@ -301,6 +303,7 @@ class _Server(ThreadingHTTPServer):
             self.sink.count("failures")
             self.shutdown_request(request)
             return
+        self.admitted.set()
         with self.idle_lock:
             reuse = self.idle > 0
             if reuse:
@@ -343,6 +346,7 @@ class _Server(ThreadingHTTPServer):
 
     def server_close(self) -> None:
         self.closed.set()
+        self.admitted.set()
         super().server_close()
         with self.idle_lock:
             idle, self.idle = self.idle, 0
@@ -351,8 +355,14 @@ class _Server(ThreadingHTTPServer):
 
     def _reap(self) -> None:
         """Cut connections that trickle a handshake or request slower than a per-read timeout sees,
-        and readers too slow to take their answer."""
-        while not self.closed.wait(0.25):
+        and readers too slow to take their answer. With no connection open it sleeps until one is
+        admitted, so an idle endpoint does not wake four times a second."""
+        while not self.closed.is_set():
+            if not len(self.slots):
+                self.admitted.wait()
+            self.admitted.clear()
+            if self.closed.wait(0.25):
+                return
             for _ in range(self.slots.reap(time.monotonic())):
                 self.sink.count("failures")
 
@@ -618,7 +628,7 @@ class PrometheusSink(Sink):
         ipv6 = ":" in self.host
         self._server = _Server((self.host, self.port), _Handler, self, self.backlog, ipv6)
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name="prometheus-http", daemon=True)
         self._thread.start()
         if self.web_config_file:
