@@ -14,12 +14,16 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gpumon import __version__, daemon, imds, logs, registry, report, sdnotify
 from gpumon.config import DAEMON, Config, ConfigError, SectionSchema, load
 from gpumon.health.settings import HEALTH
+
+if TYPE_CHECKING:
+    from gpumon.collectors.base import Collector
+    from gpumon.sinks.base import Sink
 
 log = logging.getLogger("gpumon")
 
@@ -29,7 +33,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 def schemas() -> list[SectionSchema]:
     """The [daemon] section plus the section each installed collector and sink declares."""
     found = [DAEMON, HEALTH, imds.OPTIONS]
-    plugins = [(name, registry.collector_class) for name in registry.available_collectors()]
+    plugins: list[tuple[str, Callable[[str], type[Collector] | type[Sink]]]] = [
+        (name, registry.collector_class) for name in registry.available_collectors()]
     plugins += [(name, registry.sink_class) for name in registry.available_sinks()]
     for name, lookup in plugins:
         try:

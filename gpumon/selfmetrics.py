@@ -125,8 +125,8 @@ class SelfMetrics:
         names = sorted(collectors)
         out = [
             self._build,
-            MetricFamily(COLLECTOR_UP, tuple(COLLECTOR_UP.sample(int(collectors[n].up), n)
-                                            for n in names if collectors[n].up is not None)),
+            MetricFamily(COLLECTOR_UP, tuple(COLLECTOR_UP.sample(int(up), n)
+                                            for n in names if (up := collectors[n].up) is not None)),
             MetricFamily(COLLECTOR_STATE, _states(collectors, not_running or {})),
             MetricFamily(COLLECTOR_DURATION,
                          tuple(COLLECTOR_DURATION.sample(collectors[n].duration, n) for n in names)),

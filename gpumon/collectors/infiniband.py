@@ -379,6 +379,7 @@ class InfinibandCollector(Collector):
                     continue
                 if cf.stuck is not None:
                     sat_s.append(cf.stuck)
+                assert cf.sample is not None  # read() made it
                 (per_spec[cf.name] if cf.spec is not None else hw_s if cf.hw else other_s).append(cf.sample)
                 if cf is port.link_downed:
                     link_downed = value

@@ -98,7 +98,7 @@ def device_settings(ctx: Context, cfg: Section | None) -> dict[str, Any]:
     values = {opt.key: shared[opt.key] if shared is not None and opt.key in shared else opt.default
               for opt in DEVICE_OPTIONS}
     for key in values:
-        if _set_here(config, cfg, key):
+        if cfg is not None and _set_here(config, cfg, key):
             log.warning("[linkflap] %s is deprecated: set [infiniband] %s instead (it applies to both "
                         "collectors); the [linkflap] value is used for now", key, key)
             values[key] = cfg[key]

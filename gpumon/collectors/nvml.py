@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -509,7 +509,7 @@ class NvmlCollector(Collector):
             gpu.gpm = _Gpm(samples, "nvmlGpmSampleGet", (gpu.dev.handle,))
 
     def _alloc_samples(self, gpu: _Gpu, out: Collection) -> list[Any] | None:
-        samples = []
+        samples: list[Any] = []  # pynvml's GPM sample handles
         for _ in range(2):
             sample = self._try(gpu, ("static", "gpm_alloc"), "nvmlGpmSampleAlloc", out=out)
             if sample is None:
@@ -767,15 +767,17 @@ class NvmlCollector(Collector):
         for s in lost.samples if lost else ():
             gpus[s.label("gpu") or "?"]["lost"] = s.value == 1
 
-        def each(name: str, **match: str):
+        def each(name: str, **match: str) -> Iterator[tuple[dict[str, Any], Sample]]:
             fam = snapshot.family(name)
             for s in fam.samples if fam else ():
-                if all(s.label(k) == v for k, v in match.items()) and s.label("gpu") in gpus:
-                    yield gpus[s.label("gpu")], s
+                gpu = s.label("gpu")
+                if all(s.label(k) == v for k, v in match.items()) and gpu is not None and gpu in gpus:
+                    yield gpus[gpu], s
 
-        columns = (("util", M.UTIL, {"engine": "gpu"}), ("used", M.MEM_USED, {}), ("total", M.MEM_TOTAL, {}),
-                   ("temp", M.TEMP, {"sensor": "gpu"}), ("power", M.POWER, {}), ("limit", M.POWER_LIMIT, {}),
-                   ("sm", M.CLOCK, {"clock": "sm"}))
+        columns: tuple[tuple[str, MetricSpec, dict[str, str]], ...] = (
+            ("util", M.UTIL, {"engine": "gpu"}), ("used", M.MEM_USED, {}), ("total", M.MEM_TOTAL, {}),
+            ("temp", M.TEMP, {"sensor": "gpu"}), ("power", M.POWER, {}), ("limit", M.POWER_LIMIT, {}),
+            ("sm", M.CLOCK, {"clock": "sm"}))
         for column, spec, match in columns:
             for row, s in each(spec.name, **match):
                 row[column] = s.value
@@ -796,9 +798,9 @@ class NvmlCollector(Collector):
                 row.setdefault("health", []).append("remap-FAIL")
         xid_fam = snapshot.family("gpumon_gpu_xid_errors_total")
         for s in xid_fam.samples if xid_fam else ():
-            row = gpus.get(s.label("gpu") or "")
-            if row is not None and s.value:
-                row.setdefault("xids", []).append(f"{s.label('xid')}x{int(s.value)}")
+            xid_row = gpus.get(s.label("gpu") or "")
+            if xid_row is not None and s.value:
+                xid_row.setdefault("xids", []).append(f"{s.label('xid')}x{int(s.value)}")
 
         def num(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
             return fmt.format(row[key] * scale) if key in row else "-"

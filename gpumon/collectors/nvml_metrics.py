@@ -261,7 +261,7 @@ def _util(v: Any, _c: ParseContext) -> list[Row]:
 
 
 def _memory(v: Any, _c: ParseContext) -> list[Row]:
-    rows = [(MEM_TOTAL, (), float(v.total)), (MEM_USED, (), float(v.used)), (MEM_FREE, (), float(v.free))]
+    rows: list[Row] = [(MEM_TOTAL, (), float(v.total)), (MEM_USED, (), float(v.used)), (MEM_FREE, (), float(v.free))]
     if hasattr(v, "reserved"):
         rows.append((MEM_RESERVED, (), float(v.reserved)))
     return rows

@@ -210,7 +210,7 @@ class NvmlSession:
                     self._shutdown("discovery failed")
                 code = nvml_code(exc)
                 reason = f"NVML init failed: {exc}" + (f" ({error_name(code)})" if code else "")
-                self._fail(reason, now, retryable=error_name(code) != "library_not_found")
+                self._fail(reason, now, retryable=code is None or error_name(code) != "library_not_found")
                 raise CollectorUnavailable(self.reason) from None
             with self._lock:
                 self.ready = True

@@ -54,7 +54,7 @@ class Active:
         return self.rule + "".join(f"|{k}={v}" for k, v in self.subject)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "subject": dict(map(tuple, self.subject)), "severity": Level(self.level).label,
+        return {"rule": self.rule, "subject": {k: v for k, v in self.subject}, "severity": Level(self.level).label,
                 "action": self.action, "reason": self.reason, "sticky": self.sticky,
                 "since": self.since, "last_seen": self.last_seen}
 

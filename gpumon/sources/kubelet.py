@@ -10,6 +10,7 @@ protobuf runtime. ``grpcio`` is imported only when a client is made.
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 from dataclasses import dataclass
@@ -204,7 +205,7 @@ class PodResourcesClient:
     def list(self, timeout: float) -> list[Allocation]:
         return parse_list_response(self._call(self._list, timeout))
 
-    def allocatable(self, timeout: float) -> dict[str, list[str]]:
+    def allocatable(self, timeout: float) -> dict[str, builtins.list[str]]:  # list: the method above
         return parse_allocatable_response(self._call(self._allocatable, timeout))
 
     def _call(self, method: Any, timeout: float) -> bytes:

@@ -16,6 +16,7 @@ import os
 import ssl
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -103,7 +104,7 @@ class KubernetesAction:
         self.since = since  # only once the server took it
 
     def _patch(self, body: bytes) -> None:
-        url = f"{self.api}/api/v1/nodes/{urllib.request.quote(self.node, safe='')}/status"
+        url = f"{self.api}/api/v1/nodes/{urllib.parse.quote(self.node, safe='')}/status"
         request = urllib.request.Request(url, data=body, method="PATCH", headers={
             "Content-Type": PATCH_TYPE, "Accept": "application/json", "User-Agent": "gpumon",
             "Authorization": f"Bearer {self._token()}"})
