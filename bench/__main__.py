@@ -16,7 +16,8 @@ from bench.common import RESULTS, Options, write_result
 
 BENCHMARKS: dict[str, str] = {
     "startup": "spawn of `gpumon run` to the first 200 on /metrics",
-    "ib_cpu": "CPU per full IB run vs node_exporter's infiniband scrape (ratio)",
+    "daemon_cpu": "whole `gpumon run` CPU per IB run vs node_exporter's scrape; idle daemon share of a core",
+    "ib_cpu": "IB collector alone: CPU per full run vs node_exporter's infiniband scrape (ratio)",
     "watcher": "link-state watcher CPU share at 1 s, 0.5 s and 0.1 s on 9 ports",
     "nvml_calls": "NVML calls per GPU per run for each simulated profile; CPU per run for 8 GPUs",
     "scale": "CPU per run and page size for 1-72 GPUs and 1-36 IB ports, with the slope",
@@ -25,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "memory": "RSS of `gpumon run` per sink after warm-up and growth over time vs node_exporter",
     "azure_volume": "Azure Monitor sink bytes and requests per host per day",
     "kmsg_aer": "kmsg collector CPU at 1,000 lines/s; AER collector time per run for 16 PCI functions",
+    "health": "health rules CPU per ND H100 v5 snapshot; XID 79 to an unhealthy /health at the default interval",
 }
 
 MODULES = {"azure_volume": "bench.sink_volume"}

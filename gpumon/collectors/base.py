@@ -116,6 +116,16 @@ class Collector:
         """Cheap check that the source exists; must not raise."""
         return Availability(True)
 
+    def run_soon(self) -> None:
+        """Ask for a run now rather than at the next interval: a collector whose source pushes
+        (the XID event thread) calls this when something arrived. The loop sets the real hook;
+        before it (``gpumon once``, tests) it does nothing."""
+        hook = self._run_soon
+        if hook is not None:
+            hook()
+
+    _run_soon: Callable[[], None] | None = None
+
     def collect(self) -> Collection:
         raise NotImplementedError
 

@@ -264,6 +264,7 @@ class XidCollector(Collector):
             self.session.mark_lost(dev, "GPU unavailable event", {"event_data": seen.data})
         with self._lock:
             self._queue.append(seen)
+        self.run_soon()  # an XID reaches the page, the health verdict and the sinks within a second
 
     # --- collect -------------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ Returns every evaluated (rule, subject) pair, ok ones included, so the health se
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ class Finding:
     reason: str
     sticky: bool = False
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         return self.rule + "".join(f"|{k}={v}" for k, v in self.subject)
 
@@ -82,10 +83,16 @@ def _samples(fams: Mapping[str, MetricFamily], name: str) -> tuple[Sample, ...]:
 
 
 def _gpu(sample: Sample) -> Subject:
+    labels = sample.labels  # GPU series put gpu first (gpumon's naming rule): no search in the common case
+    if labels and labels[0][0] == "gpu":
+        return (labels[0],)
     return (("gpu", sample.label("gpu") or ""),)
 
 
 def _port(sample: Sample) -> Subject:
+    labels = sample.labels  # IB series start with device, port
+    if len(labels) > 1 and labels[0][0] == "device" and labels[1][0] == "port":
+        return (labels[0], labels[1])
     return (("device", sample.label("device") or ""), ("port", sample.label("port") or ""))
 
 

@@ -90,6 +90,7 @@ class HealthStage:
         self._verdict = Verdict(Level.OK, "none", (), "", 0.0)
         self._node_key: tuple[int, tuple[str, ...]] | None = None
         self._actions: Any = None
+        self._last_levels: tuple[dict, tuple[MetricFamily, ...]] | None = None
 
     def attach(self, actions: Any) -> None:
         """Hand every verdict to ``actions`` (``on_verdict``, ``stats``, ``close``: the health actions'
@@ -249,10 +250,14 @@ class HealthStage:
             subject = dict(f.subject)
             levels[(f.rule, subject.get("gpu", ""), subject.get("device", ""), subject.get("port", ""))] = 0.0
         for a in self._state.active.values():
-            subject = dict(map(tuple, a.subject))
+            subject = {k: v for k, v in a.subject}
             levels[(a.rule, subject.get("gpu", ""), subject.get("device", ""), subject.get("port", ""))] = a.level
+        if self._last_levels is not None and self._last_levels[0] == levels:
+            return self._last_levels[1]  # nothing moved: the same families (the renderer keeps its text)
         samples = tuple(Sample(tuple(zip(STATE.labels, key)), float(value)) for key, value in sorted(levels.items()))
-        return (MetricFamily(STATE, samples), MetricFamily(NODE, (Sample((), float(verdict.level)),)))
+        families = (MetricFamily(STATE, samples), MetricFamily(NODE, (Sample((), float(verdict.level)),)))
+        self._last_levels = (levels, families)
+        return families
 
 
 def _baseline(snapshot: Snapshot) -> dict[str, Any]:
