@@ -235,6 +235,8 @@ class CollectorRunner:
         self.overran = False
         self.dead = False
         self._stop = threading.Event()
+        self._soon = threading.Event()
+        collector._run_soon = self.run_soon
         self.thread = threading.Thread(target=self._run, name=f"collector-{self.name}", daemon=True)
 
     def start(self) -> None:
@@ -242,6 +244,13 @@ class CollectorRunner:
 
     def stop(self) -> None:
         self._stop.set()
+        self._soon.set()
+
+    def run_soon(self) -> None:
+        """The collector has news: run it now (runs stay at least MIN_GAP apart)."""
+        self._soon.set()
+
+    MIN_GAP = 0.2
 
     @property
     def stopping(self) -> bool:
@@ -266,7 +275,10 @@ class CollectorRunner:
             now = time.monotonic()
             if next_run < now:  # a slow run: skip the missed ticks rather than bunching runs up
                 next_run = now + self.interval - ((now - next_run) % self.interval)
-            self._stop.wait(next_run - now)
+            if self._soon.wait(next_run - now) and not self._stop.is_set():
+                self._soon.clear()
+                self._stop.wait(self.MIN_GAP)  # a burst of news is one run, not one each
+                next_run = time.monotonic()
         try:
             self.collector.close()
         except Exception:
