@@ -35,5 +35,5 @@ def make_credential(opt: Mapping[str, Any], section: str) -> Any:
         for key in ("tenant_id", "client_id", "client_secret"):
             if not opt[key]:
                 raise ConfigError(section, key, "is required with credential = service_principal")
-        return identity.ClientSecretCredential(tenant_id, client_id, opt["client_secret"])
+        return identity.ClientSecretCredential(opt["tenant_id"], opt["client_id"], opt["client_secret"])
     return identity.DefaultAzureCredential(managed_identity_client_id=client_id)

@@ -207,6 +207,7 @@ def _owners(fam: MetricFamily | None) -> dict[str, list[tuple[tuple[str, str], .
     for sample in fam.samples:
         lab = dict(sample.labels)
         gpu = lab.get("gpu", "")
+        owner: tuple[tuple[str, str], ...]
         if lab.get("pod"):
             owner = (("pod", lab["pod"]), ("namespace", lab.get("namespace", "")),
                      ("container", lab.get("container", "")))

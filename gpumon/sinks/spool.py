@@ -443,7 +443,7 @@ class Spool:
                         data += fh.read(first - len(data))
         except FileNotFoundError:  # dropped by the producer meanwhile; the caller reads again
             return None
-        records = []
+        records: list[bytes] = []
         pos = 0
         while pos + _HEADER.size <= len(data) and len(records) < max_records:
             length, crc = _HEADER.unpack_from(data, pos)
