@@ -320,8 +320,9 @@ class Loop:
     SOFT = 1.0
     """Seconds a publish may wait when only bookkeeping moved (run counts, durations)."""
     HEALTH_EVERY = 1.0
-    """Seconds between health evaluations: new runs are judged at most this often (the watch
-    interval), so a fast collector does not pay the rules on every run."""
+    """Seconds between health evaluations when a collector's series changed (the watch interval), so
+    a fast collector does not pay the rules on every run; runs that changed nothing are judged every
+    REFRESH seconds (the rules' windows and hold times move on)."""
 
     def __init__(self, config: Config, plan: Plan, ctx: Context, sinks: list[Sink],
                  reloads: dict[str, int] | None = None, health: HealthStage | None = None) -> None:
@@ -332,7 +333,8 @@ class Loop:
         """``[attribution] labels``: every per-GPU series also carries its holders' labels."""
         self._health_seen: tuple[int, ...] | None = None
         self._health_out: tuple[tuple[MetricFamily, ...], tuple[Event, ...]] = ((), ())
-        self._health_at = -self.HEALTH_EVERY
+        self._health_at = -self.REFRESH
+        self._health_series: tuple[tuple[MetricFamily, ...], ...] = ()
         self._owed = False
         """Bookkeeping (run counts, durations, a health evaluation) waits for a publish."""
         self._shown: dict[str, tuple[tuple[MetricFamily, ...], tuple]] = {}
@@ -602,10 +604,13 @@ class Loop:
         if seen == self._health_seen:
             return self._health_out[0], ()
         now = time.monotonic()
-        if now - self._health_at < self.HEALTH_EVERY:
-            self._owed = True  # judged on a publish within HEALTH_EVERY (see _run)
+        series = tuple(slot.families for slot in self._slots.values())
+        same = len(series) == len(self._health_series) and all(
+            a is b for a, b in zip(series, self._health_series))  # unchanged runs keep the shown tuple
+        if now - self._health_at < (self.REFRESH if same else self.HEALTH_EVERY):
+            self._owed = True  # judged on a later publish (see _run)
             return self._health_out[0], ()
-        self._health_seen, self._health_at = seen, now
+        self._health_seen, self._health_at, self._health_series = seen, now, series
         try:
             result = self.health.update(Snapshot(self.host, time.time(), tuple(families), events,
                                                  tuple(statuses)))
