@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from io import BufferedIOBase
+from typing import cast
 
 from gpumon.config import ConfigError, Option, SectionSchema, listen_check, parse_listen
 from gpumon.model import MetricFamily, Snapshot
@@ -267,7 +269,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, address, handler, sink: PrometheusSink, backlog: int, ipv6: bool) -> None:
+    def __init__(self, address, handler: type[_Handler], sink: PrometheusSink, backlog: int, ipv6: bool) -> None:
+        self.handler = handler
+        """Made per connection by ``_handle``, with the connection's ``_Conn``."""
         self.address_family = socket.AF_INET6 if ipv6 else socket.AF_INET
         self.request_queue_size = backlog
         self.sink = sink
@@ -378,7 +382,7 @@ class _Server(ThreadingHTTPServer):
             return  # idle: the slot goes back without waiting for request_timeout
         conn.deadline = time.monotonic() + sink.request_timeout
         conn.sock.settimeout(sink.request_timeout)
-        self.RequestHandlerClass(conn.sock, client_address, self, conn)
+        self.handler(conn.sock, client_address, self, conn)
 
     def _handshake(self, conn: _Conn, context: ssl.SSLContext, client_address) -> bool:
         try:
@@ -434,7 +438,8 @@ class _Handler(BaseHTTPRequestHandler):
         super().__init__(request, client_address, server)
 
     def setup(self) -> None:
-        self.timeout = self.server.sink.request_timeout
+        # typeshed declares StreamRequestHandler.timeout a ClassVar; setup() reads it from the instance
+        self.timeout = self.server.sink.request_timeout  # type: ignore[misc]
         super().setup()
 
     def handle_one_request(self) -> None:
@@ -472,7 +477,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _parse(self, budget: int) -> bool:
-        raw, self.rfile = self.rfile, _BoundedReader(self.rfile, budget)
+        # parse_request (and http.client.parse_headers) call only readline on rfile
+        raw, self.rfile = self.rfile, cast(BufferedIOBase, _BoundedReader(self.rfile, budget))
         try:
             return self.parse_request()
         except _HeadTooLarge:
@@ -544,8 +550,8 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send(503, b"collector loop is not running\n", "text/plain; charset=utf-8", head)
         elif path == "/":
-            body = LANDING.format(version=html.escape(sink.ctx.version), host=html.escape(sink.ctx.hostname))
-            self._send(200, body.encode("utf-8"), "text/html; charset=utf-8", head)
+            landing = LANDING.format(version=html.escape(sink.ctx.version), host=html.escape(sink.ctx.hostname))
+            self._send(200, landing.encode("utf-8"), "text/html; charset=utf-8", head)
         else:
             self._send(404, b"not found\n", "text/plain; charset=utf-8", head)
 
@@ -576,7 +582,7 @@ class _Handler(BaseHTTPRequestHandler):
         # headers and body in one write: one syscall and one TCP segment train per scrape
         buffered = getattr(self, "_headers_buffer", [])  # HTTP/0.9 requests buffer no headers
         data = b"".join(buffered) + b"\r\n" if buffered else b""
-        self._headers_buffer = []
+        self._headers_buffer: list[bytes] = []
         self.wfile.write(data if head else data + body)
 
     _date_cache: tuple[int, str] = (0, "")
