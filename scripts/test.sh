@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command and what CI runs: installs what the test suite needs and is missing,
-# then runs ruff and pytest (arguments go to pytest, e.g. `./scripts/test.sh tests/test_cli_commands.py`).
+# then runs ruff, mypy and pytest (arguments go to pytest, e.g. `./scripts/test.sh tests/test_cli_commands.py`).
 #
 # What it may install, and where:
 #  * Debian/Ubuntu packages, with apt-get, only for the commands that are missing (list below). It
@@ -102,4 +102,5 @@ export DEPLOY_TOOLS_BIN="$TOOLS/bin"
 # The Kusto language service parses the Workbook's KQL against the DCR template's table schemas.
 npm ci --prefix tests/kql --no-audit --no-fund --loglevel=error
 "$PYTHON" -m ruff check .
+"$PYTHON" -m mypy  # the configuration is pyproject.toml's [tool.mypy]
 "$PYTHON" -m pytest -q "$@"
