@@ -230,3 +230,20 @@ def prometheus_server(tmp_path):
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _never_the_real_imds(monkeypatch):
+    """No test asks the link-local IMDS (169.254.169.254): in-process clients built from a default
+    [azure] section get "unreachable" at once, as off Azure; subprocesses get a closed loopback port
+    through clean_env. Tests that want IMDS run the loopback stand-in (gpumon.simulate.imds)."""
+    from gpumon import imds
+
+    real = imds.ImdsClient._exchange
+
+    def exchange(self, path, body, timeout):
+        if "169.254.169.254" in self.url:
+            raise imds.ImdsError("unreachable", "tests never ask the real IMDS")
+        return real(self, path, body, timeout)
+
+    monkeypatch.setattr(imds.ImdsClient, "_exchange", exchange)
