@@ -155,12 +155,12 @@ def plan_collectors(config: Config, ctx: Context) -> Plan:
         i += 1
     plan = Plan()
     for name in names:
-        cls = classes[name]
-        if isinstance(cls, str):
-            plan.collectors.append(PlannedCollector(name, None, name in explicit, False, cls))
+        found = classes[name]
+        if isinstance(found, str):
+            plan.collectors.append(PlannedCollector(name, None, name in explicit, False, found))
             continue
         # the context's config is the one in effect (a simulated host points [azure] at its own IMDS)
-        collector = cls(ctx, (ctx.config or config).sections.get(name))
+        collector = found(ctx, (ctx.config or config).sections.get(name))
         available, reason, finished, retry = _probe(collector, collector_deadline(config, collector))
         waiting = not available and finished and retry
         if not (available or waiting) and finished:

@@ -70,7 +70,7 @@ class HealthStage:
     """Thread-safe: the loop calls :meth:`update`; the endpoint and actions read :meth:`verdict`."""
 
     def __init__(self, state_dir: str, settings: HealthSettings,
-                 vm_size: Callable[[], str] = lambda: "", clock: Callable[[], float] = time.time,
+                 vm_size: Callable[[], str | None] = lambda: "", clock: Callable[[], float] = time.time,
                  boot: str | None = None, persist: bool = True) -> None:
         self.settings = settings
         self.persist = persist  # ``gpumon once`` and ``gpumon health`` read the state, never write it
@@ -108,6 +108,8 @@ class HealthStage:
     # -- the inventory to compare with ------------------------------------------------------------
     def _expected(self, snapshot: Snapshot, findings_unhealthy: bool) -> tuple[Expected | None, str]:
         size = self.settings.vm_size or self._vm_size()
+        if size is None:  # not known yet (IMDS has not answered): no inventory, and no baseline taken
+            return None, ""
         sku = expected_for(size) if size else None
         if sku is not None:
             return sku, sku.family

@@ -431,7 +431,8 @@ class AzureMonitorSink(Sink):
         failed_ids = {r.get("RowId") for _, chunk in failures for r in chunk}
         sent = [r for r in rows if r.get("RowId") not in failed_ids]
         if sent:
-            self._delivered.update(r.get("RowId") for r in sent)
+            # as _dead_letter: a row without a RowId (None) must not mark every other such row delivered
+            self._delivered.update(r["RowId"] for r in sent if r.get("RowId") is not None)
             self._counters.sent += len(sent)
             self._counters.last_success = time.time()
             self._counters.detail = ""

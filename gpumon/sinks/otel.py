@@ -591,14 +591,15 @@ def _watched(cls: type[http.client.HTTPConnection], deadline: _Deadline | None) 
     def make(*args: Any, **kwargs: Any) -> http.client.HTTPConnection:
         conn = cls(*args, **kwargs)
         if deadline is not None:
-            create = conn._create_connection  # the stdlib's hook for the TCP connect
+            # the stdlib's hook for the TCP connect: private, so typeshed does not declare it
+            create = conn._create_connection  # type: ignore[attr-defined]
 
             def create_and_watch(*a: Any, **kw: Any) -> socket.socket:
                 sock = create(*a, **kw)
                 deadline.watch(sock)
                 return sock
 
-            conn._create_connection = create_and_watch  # type: ignore[method-assign]
+            conn._create_connection = create_and_watch  # type: ignore[attr-defined]
         return conn
 
     return make
@@ -708,13 +709,13 @@ class GrpcTransport:
         else:
             self._channel = grpc.insecure_channel(settings.endpoint, options, compression)
         if settings.signal == "metrics":
-            from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as service
+            from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 
-            self._call: Callable[..., Any] = service.MetricsServiceStub(self._channel).Export
+            self._call: Callable[..., Any] = metrics_service_pb2_grpc.MetricsServiceStub(self._channel).Export
         else:
-            from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc as service
+            from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 
-            self._call = service.LogsServiceStub(self._channel).Export
+            self._call = logs_service_pb2_grpc.LogsServiceStub(self._channel).Export
         self._metadata = tuple((k.lower(), v) for k, v in settings.headers)
 
     def send_message(self, message: Any, timeout: float | None = None) -> SendResult:
@@ -933,7 +934,7 @@ class OtelSink(Sink):
                             break
                         self._wake_metrics.wait(max(0.01, due - now) if fresh else None)
                     stopping, snapshot, resource = self._stopping, self._latest, dict(self._resource)
-                if not is_fresh(snapshot):
+                if snapshot is None or not is_fresh(snapshot):
                     if stopping:
                         return
                     continue
