@@ -139,6 +139,8 @@ def gpumon_run(tmp_path):
 
     def start(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> GpumonProcess:
         environment = clean_env(GPUMON_DAEMON_STATE_DIR=str(tmp_path / "state"))
+        if "--simulate" in args:  # a simulated host answers from its own loopback IMDS
+            environment.pop("GPUMON_AZURE_IMDS_URL", None)
         environment.update(env or {})
         process = GpumonProcess(list(args), environment, free_port())
         started.append(process)
