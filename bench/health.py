@@ -81,10 +81,10 @@ def xid_to_health(opts: Options) -> dict:
             env = clean_env(GPUMON_DAEMON_STATE_DIR=tmp, GPUMON_LOG_LEVEL="info")
             with running(gpumon_command("run", "--simulate", "nd-h100-v5", "--listen", f"127.0.0.1:{port}"),
                          env=env, log=log):
-                wait_until(lambda: _verdict(port).get("status") == "healthy", timeout=60)
+                wait_until(lambda p=port: _verdict(p).get("status") == "healthy", timeout=60)
                 t0 = time.time()
                 control(os.path.join(tmp, "simulate", "nd-h100-v5"), {"action": "xid", "gpu": 3, "xid": 79})
-                wait_until(lambda: _verdict(port).get("status") == "unhealthy", timeout=30)
+                wait_until(lambda p=port: _verdict(p).get("status") == "unhealthy", timeout=30)
                 t1 = time.time()
             picked = _pickup_time(log)
             raw.append(t1 - t0)
