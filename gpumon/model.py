@@ -10,7 +10,10 @@ import enum
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # the hint types; model imports nothing of gpumon at run time
+    from gpumon.metric_catalogue import AzureHint, OtelMetric
 
 Labels = tuple[tuple[str, str], ...]
 """Label pairs in a fixed order: hashable, so renderers can cache per-series text."""
@@ -32,13 +35,20 @@ class Severity(str, enum.Enum):
 @dataclass(frozen=True)
 class MetricSpec:
     """What a metric is. ``name`` is the exposed Prometheus name: counters end in ``_total``,
-    info metrics in ``_info`` (value 1, identity in the labels)."""
+    info metrics in ``_info`` (value 1, identity in the labels).
+
+    ``otel`` and ``azure`` are the hints a sink needs to map it (:mod:`gpumon.metric_catalogue`): the
+    OpenTelemetry metric(s) it maps to and the Log Analytics columns it fills. Without them the
+    catalogue's registry is asked by name, then the sink's generic mapping applies (a mechanical OTel
+    name; generic ``GpuMonMetrics_CL`` rows). They do not take part in equality."""
 
     name: str
     type: MetricType
     help: str
     unit: str = ""
     labels: tuple[str, ...] = ()
+    otel: tuple[OtelMetric, ...] = field(default=(), compare=False, repr=False)
+    azure: tuple[AzureHint, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.type is MetricType.COUNTER and not self.name.endswith("_total"):

@@ -5,7 +5,8 @@ column table, so the template, the docs and the code agree.
     python deploy/azure/generate.py           # rewrite the template
     python deploy/azure/generate.py --check   # exit 1 if the committed template is stale
 
-The stream declarations and the table schemas come from ``gpumon.sinks.azure_rows.stream_columns``;
+The stream declarations and the table schemas come from ``gpumon.sinks.azure_rows.stream_columns`` over
+every declared metric's Azure hint (the metric catalogue);
 everything else (DCR, optional DCE, role assignment, outputs) is laid out here.
 """
 
@@ -24,11 +25,13 @@ from gpumon.generated import sync  # noqa: E402
 from gpumon.sinks.azure_rows import (  # noqa: E402
     DEFAULT_STREAMS,
     HOLDER_COLUMNS,
-    INFO_COLUMNS,
-    METRIC_COLUMNS,
     TABLES,
+    InfoColumns,
+    MetricColumns,
+    column_hints,
     stream_columns,
 )
+from gpumon.sinks.otel_mapping import declared_specs  # noqa: E402
 
 TEMPLATE_PATH = os.path.join(HERE, "azuredeploy.json")
 DOCS_PATH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "azure-monitor.md")
@@ -44,7 +47,7 @@ _DESCRIPTIONS = {
 
 
 def build() -> dict[str, Any]:
-    columns = stream_columns()
+    columns = stream_columns(declared_specs())
     keys = ("gpu", "ib", "events")
     stream_decls = {
         DEFAULT_STREAMS[k]: {"columns": [{"name": n, "type": t} for n, t in columns[k]]} for k in keys
@@ -181,10 +184,11 @@ def _sources() -> dict[str, str]:
            "Attributes": "the event's attributes", "Collector": "subject label collector"}
     for label, column in HOLDER_COLUMNS:
         out[column] = f"`{label}` of the GPU's holders, comma-joined (see [Who held the GPU](#who-held-the-gpu))"
-    for info in INFO_COLUMNS:
+    hints = column_hints(declared_specs())
+    for info in (h for h in hints if isinstance(h, InfoColumns)):
         for label, column in info.labels:
             out.setdefault(column, f"`{info.metric}` label `{label}` (static)")
-    for mapping in METRIC_COLUMNS:
+    for mapping in (h for h in hints if isinstance(h, MetricColumns)):
         for agg in mapping.aggs:
             bases = [(value, mapping.column + infix) for value, infix in mapping.split] or [("", mapping.column)]
             for value, base in bases:
@@ -200,7 +204,7 @@ def _sources() -> dict[str, str]:
 def render_docs_section() -> str:
     sources = _sources()
     lines = [BEGIN]
-    for key, columns in stream_columns().items():
+    for key, columns in stream_columns(declared_specs()).items():
         lines += ["", f"### {TABLES[key]} (stream `{DEFAULT_STREAMS[key]}`, {len(columns)} columns)", "",
                   "| column | type | from |", "|---|---|---|"]
         lines += [f"| {name} | {typ} | {sources.get(name, '')} |" for name, typ in columns]

@@ -1,11 +1,11 @@
 """Snapshots -> Log Analytics rows: the column table, the interval aggregation, the event rows.
 
-The three custom tables have a *fixed* set of columns (a DCR stream declaration cannot grow at run
-time), so every metric the Azure tables carry is listed in :data:`METRIC_COLUMNS`, keyed by metric
-name. ``deploy/azure/generate.py`` builds the template's ``streamDeclarations`` from
-:func:`stream_columns`, and a test checks that the committed template equals the generated one: the
-code and the deployed schema cannot drift apart. A metric that is not in the table is not sent (it
-is still exported by the other sinks); a test lists the collectors' metrics that are missing.
+The custom tables have a *fixed* set of columns (a DCR stream declaration cannot grow at run time), so
+the columns a metric fills are its Azure hint in the metric catalogue (:mod:`gpumon.metric_catalogue`:
+beside the declaration, or registered by name). ``deploy/azure/generate.py`` builds the template's
+``streamDeclarations`` from :func:`stream_columns` over every declared metric, and a test checks that
+the committed template equals the generated one: the code and the deployed schema cannot drift apart.
+A test lists the collectors' per-GPU and per-port metrics that have no hint.
 
 Aggregations per metric (a column suffix each):
 - ``min``/``avg``/``max`` (``...Min``, ``...Avg``, ``...Max``): over the interval's samples;
@@ -29,242 +29,31 @@ import datetime as _dt
 import logging
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon import attribution_labels
 from gpumon.imds import AzureInstance
-from gpumon.model import Event, MetricFamily, MetricType, Snapshot
-from gpumon.sources.ib_sysfs import MLX5_QUEUE_COUNTERS, MLX5_ROCE_COUNTERS
+from gpumon.metric_catalogue import (  # noqa: F401 (EXCLUDED, HW_COUNTERS: this module's names before)
+    AZURE,
+    EVENTS,
+    EXCLUDED,
+    GPU,
+    HW_COUNTERS,
+    IB,
+    AzureHint,
+    InfoColumns,
+    MetricColumns,
+    azure_hints,
+)
+from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Snapshot
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")
 
-GPU, IB, EVENTS = "gpu", "ib", "events"
 TABLES = {GPU: "GpuMonGpu_CL", IB: "GpuMonInfiniBand_CL", EVENTS: "GpuMonEvents_CL"}
 DEFAULT_STREAMS = {key: f"Custom-{table}" for key, table in TABLES.items()}
 
-_SUFFIX = {"min": "Min", "avg": "Avg", "max": "Max", "increase": "Increase", "rate": "PerSecond"}
-_MINMAX = ("min", "avg", "max")
-_COUNTER = ("increase", "last")
-_RATE = ("increase", "rate", "last")
-_LAST = ("last",)
-_FLAG = ("flag",)
-
-
-@dataclass(frozen=True)
-class MetricColumns:
-    """How one metric becomes columns of one table."""
-
-    metric: str
-    table: str
-    column: str
-    aggs: tuple[str, ...]
-    split: tuple[tuple[str, str], ...] = ()
-    """(label value, column infix) pairs; with ``split_label`` set, one column group per value."""
-    split_label: str = ""
-    static: bool = False
-    """Changes rarely (limits, sizes, maxima): sent when it changes and at least every ``static_every``."""
-    where: tuple[tuple[str, str], ...] = ()
-    """Only samples with these label values count (e.g. ECC's volatile counter, not the lifetime one)."""
-
-    def column_names(self) -> list[tuple[str, str]]:
-        """(column name, Log Analytics type) pairs this metric contributes."""
-        bases = [self.column + infix for _, infix in self.split] if self.split else [self.column]
-        out = []
-        for base in bases:
-            for agg in self.aggs:
-                out.append((self._name(base, agg), "boolean" if agg == "flag" else "real"))
-        return out
-
-    def _name(self, base: str, agg: str) -> str:
-        if agg == "flag":
-            return base
-        if agg == "last":
-            if len(self.aggs) == 1:
-                return base
-            return base + "Total"
-        return base + _SUFFIX[agg]
-
-
-@dataclass(frozen=True)
-class InfoColumns:
-    """An ``_info`` metric whose labels become string columns of the row it describes."""
-
-    metric: str
-    table: str
-    labels: tuple[tuple[str, str], ...]
-
-
-HW_COUNTERS = MLX5_QUEUE_COUNTERS + MLX5_ROCE_COUNTERS
-"""The mlx5 hw_counters given columns; others the firmware offers are left to the other sinks."""
-
-EXCLUDED: dict[str, str] = {
-    "gpumon_ib_port_pma_other_total": "counters/ files gpumon does not know by name: no fixed column",
-    "gpumon_gpu_nvlink_link_up": "per-link (opt-in); the row has NvlinkLinksActiveMin",
-    "gpumon_gpu_nvlink_link_errors_total": "per-link (opt-in); the row has the per-type totals",
-    "gpumon_gpu_nvlink_link_bytes_total": "per-link (opt-in); the row has the totals",
-    "gpumon_gpu_process_memory_bytes": "per process id: unbounded, no fixed column",
-    "gpumon_gpu_mig_memory_total_bytes": "per MIG instance: no fixed column",
-    "gpumon_gpu_mig_memory_used_bytes": "per MIG instance: no fixed column",
-    "gpumon_gpu_mig_activity_ratio": "per MIG instance: no fixed column",
-}
-"""Metrics deliberately without columns, and why (the coverage test reads this)."""
-
-
-def _camel(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
-
-
-def _g(metric: str, column: str, aggs: tuple[str, ...] = _MINMAX, **kw: Any) -> MetricColumns:
-    return MetricColumns(metric, GPU, column, aggs, **kw)
-
-
-def _i(metric: str, column: str, aggs: tuple[str, ...] = _COUNTER, **kw: Any) -> MetricColumns:
-    return MetricColumns(metric, IB, column, aggs, **kw)
-
-
-def _each(prefix: str, values: tuple[str, ...], suffix: str = "") -> tuple[tuple[str, str], ...]:
-    return tuple((v, prefix + _camel(v) + suffix) for v in values)
-
-
-_REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
-            "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clock_setting")
-_VIOLATIONS = ("sw_power_cap", "thermal", "sync_boost", "board_limit", "low_utilization", "reliability",
-               "total_app_clocks", "total_base_clocks", "sw_thermal_slowdown", "hw_thermal_slowdown",
-               "hw_power_brake_slowdown")
-_ACTIVITIES = ("graphics", "sm", "sm_occupancy", "tensor", "dram_bandwidth", "fp64", "fp32", "fp16")
-_DIRECTIONS = (("tx", "Transmit"), ("rx", "Receive"))
-
-METRIC_COLUMNS: tuple[MetricColumns, ...] = (
-    # GPU: health
-    _g("gpumon_gpu_lost", "Lost", _FLAG),
-    _g("gpumon_gpu_recovery_action", "RecoveryAction", _LAST),
-    _g("gpumon_gpu_performance_state", "PerformanceState", ("min", "max")),
-    # GPU: utilisation and memory
-    _g("gpumon_gpu_utilization_ratio", "", split_label="engine", split=(
-        ("gpu", "Utilization"), ("memory", "MemoryUtilization"))),
-    _g("gpumon_gpu_utilization_ratio", "", ("max",), split_label="engine", split=(
-        ("encoder", "EncoderUtilization"), ("decoder", "DecoderUtilization"))),
-    _g("gpumon_gpu_activity_ratio", "", ("avg",), split_label="activity",
-       split=_each("", _ACTIVITIES, "Activity")),
-    _g("gpumon_gpu_memory_total_bytes", "MemoryTotalBytes", _LAST, static=True),
-    _g("gpumon_gpu_memory_used_bytes", "MemoryUsedBytes"),
-    _g("gpumon_gpu_memory_free_bytes", "MemoryFreeBytes", ("min",)),
-    _g("gpumon_gpu_memory_reserved_bytes", "MemoryReservedBytes", _LAST, static=True),
-    _g("gpumon_gpu_bar1_total_bytes", "Bar1TotalBytes", _LAST, static=True),
-    _g("gpumon_gpu_bar1_used_bytes", "Bar1UsedBytes", ("max",)),
-    _g("gpumon_gpu_compute_processes", "ComputeProcesses", ("max",)),
-    _g("gpumon_gpu_compute_processes_memory_bytes", "ComputeProcessesMemoryBytes", ("max",)),
-    # GPU: power, energy, thermals, clocks
-    _g("gpumon_gpu_power_watts", "PowerWatts"),
-    _g("gpumon_gpu_power_limit_watts", "PowerLimitWatts", _LAST, static=True),
-    _g("gpumon_gpu_power_min_watts", "PowerSamplesWatts", ("min",)),
-    _g("gpumon_gpu_power_max_watts", "PowerSamplesWatts", ("max",)),
-    _g("gpumon_gpu_power_mean_watts", "PowerSamplesWatts", ("avg",)),
-    _g("gpumon_gpu_energy_joules_total", "EnergyJoules", _COUNTER),
-    _g("gpumon_gpu_temperature_celsius", "", split_label="sensor", split=(
-        ("gpu", "TemperatureCelsius"), ("memory", "MemoryTemperatureCelsius"))),
-    _g("gpumon_gpu_temperature_threshold_celsius", "", _LAST, split_label="threshold", split=(
-        ("shutdown", "ShutdownTemperatureCelsius"), ("slowdown", "SlowdownTemperatureCelsius"),
-        ("gpu_max", "MaxTemperatureCelsius"), ("memory_max", "MemoryMaxTemperatureCelsius")), static=True),
-    _g("gpumon_gpu_fan_speed_ratio", "FanSpeed", ("max",)),
-    _g("gpumon_gpu_clock_hertz", "", split_label="clock", split=(("sm", "SmClockHertz"),)),
-    _g("gpumon_gpu_clock_hertz", "", ("min",), split_label="clock",
-       split=(("memory", "MemoryClockHertz"), ("graphics", "GraphicsClockHertz"))),
-    _g("gpumon_gpu_clock_max_hertz", "", _LAST, split_label="clock",
-       split=_each("", ("sm", "memory", "graphics"), "ClockMaxHertz"), static=True),
-    _g("gpumon_gpu_clock_event_reason_active", "", ("avg",), split_label="reason",
-       split=_each("ClockEvent", _REASONS)),
-    _g("gpumon_gpu_clock_event_violation_seconds_total", "", ("increase",), split_label="reason",
-       split=_each("ClockViolation", _VIOLATIONS)),  # seconds, as the metric
-    # GPU: PCIe and NVLink
-    _g("gpumon_gpu_pcie_link_generation", "PcieLinkGeneration", ("min",)),
-    _g("gpumon_gpu_pcie_link_generation_max", "PcieLinkGenerationMax", _LAST, static=True),
-    _g("gpumon_gpu_pcie_link_width", "PcieLinkWidth", ("min",)),
-    _g("gpumon_gpu_pcie_link_width_max", "PcieLinkWidthMax", _LAST, static=True),
-    _g("gpumon_gpu_pcie_bytes_total", "", ("increase", "rate"), split_label="direction",
-       split=tuple((v, f"Pcie{name}Bytes") for v, name in _DIRECTIONS)),
-    _g("gpumon_gpu_pcie_replay_total", "PcieReplays", _COUNTER),
-    _g("gpumon_gpu_pcie_throughput_bytes_per_second", "", ("avg",), split_label="direction",
-       split=tuple((v, f"GpmPcie{name}BytesPerSecond") for v, name in _DIRECTIONS)),
-    _g("gpumon_gpu_nvlink_links", "NvlinkLinks", _LAST, static=True),
-    _g("gpumon_gpu_nvlink_links_active", "NvlinkLinksActive", ("min",)),
-    _g("gpumon_gpu_nvlink_bytes_total", "", ("increase", "rate"), split_label="direction",
-       split=tuple((v, f"Nvlink{name}Bytes") for v, name in _DIRECTIONS)),
-    _g("gpumon_gpu_nvlink_throughput_bytes_per_second", "", ("avg",), split_label="direction",
-       split=tuple((v, f"GpmNvlink{name}BytesPerSecond") for v, name in _DIRECTIONS)),
-    _g("gpumon_gpu_nvlink_errors_total", "", ("increase",), split_label="type",
-       split=_each("Nvlink", ("crc_flit", "crc_data", "replay", "recovery"), "Errors")),
-    _g("gpumon_gpu_fabric_state", "FabricState", ("min",)),
-    _g("gpumon_gpu_fabric_status", "FabricStatus", _LAST),
-    _g("gpumon_gpu_fabric_health_overall", "FabricHealthSummary", ("max",)),
-    _g("gpumon_gpu_fabric_health_condition", "", _FLAG, split_label="condition", split=_each("Fabric", (
-        "degraded_bandwidth", "route_recovery", "route_unhealthy", "access_timeout_recovery",
-        "incorrect_configuration", "partition_unassigned", "gfm_disconnected"))),
-    # GPU: memory errors
-    _g("gpumon_gpu_ecc_enabled", "EccEnabled", _FLAG, static=True),
-    _g("gpumon_gpu_ecc_errors_total", "", _COUNTER, split_label="type", where=(("counter", "volatile"),),
-       split=(("corrected", "EccCorrectedErrors"), ("uncorrected", "EccUncorrectedErrors"))),
-    _g("gpumon_gpu_retired_pages", "", _LAST, split_label="cause", split=_each("RetiredPages", ("sbe", "dbe"))),
-    _g("gpumon_gpu_retired_pages_pending", "RetiredPagesPending", _FLAG),
-    _g("gpumon_gpu_remapped_rows", "", _LAST, split_label="cause",
-       split=_each("RemappedRows", ("correctable", "uncorrectable"))),
-    _g("gpumon_gpu_remapped_rows_pending", "RemappedRowsPending", _FLAG),
-    _g("gpumon_gpu_remapped_rows_failure", "RemappedRowsFailure", _FLAG),
-    # InfiniBand: state and speed
-    _i("gpumon_ib_port_up", "Up", ("min", "max")),
-    _i("gpumon_ib_port_state", "State", _LAST),
-    _i("gpumon_ib_port_phys_state", "PhysState", _LAST),
-    _i("gpumon_ib_port_rate_bytes_per_second", "RateBytesPerSecond", _LAST),
-    # InfiniBand: traffic
-    _i("gpumon_ib_port_data_received_bytes_total", "DataReceivedBytes", _RATE),
-    _i("gpumon_ib_port_data_transmitted_bytes_total", "DataTransmittedBytes", _RATE),
-    _i("gpumon_ib_port_packets_received_total", "PacketsReceived", _RATE),
-    _i("gpumon_ib_port_packets_transmitted_total", "PacketsTransmitted", _RATE),
-    _i("gpumon_ib_port_unicast_packets_received_total", "UnicastPacketsReceived", ("increase",)),
-    _i("gpumon_ib_port_unicast_packets_transmitted_total", "UnicastPacketsTransmitted", ("increase",)),
-    _i("gpumon_ib_port_multicast_packets_received_total", "MulticastPacketsReceived", ("increase",)),
-    _i("gpumon_ib_port_multicast_packets_transmitted_total", "MulticastPacketsTransmitted", ("increase",)),
-    _i("gpumon_ib_port_transmit_wait_ticks_total", "TransmitWaitTicks", ("increase", "rate")),
-    # InfiniBand: PMA error counters
-    _i("gpumon_ib_port_symbol_errors_total", "SymbolErrors", ("increase",)),
-    _i("gpumon_ib_port_link_error_recoveries_total", "LinkErrorRecoveries", ("increase",)),
-    _i("gpumon_ib_port_link_downed_total", "LinkDowned", _COUNTER),
-    _i("gpumon_ib_port_receive_errors_total", "ReceiveErrors", ("increase",)),
-    _i("gpumon_ib_port_receive_remote_physical_errors_total", "ReceiveRemotePhysicalErrors", ("increase",)),
-    _i("gpumon_ib_port_receive_switch_relay_errors_total", "ReceiveSwitchRelayErrors", ("increase",)),
-    _i("gpumon_ib_port_transmit_discards_total", "TransmitDiscards", ("increase",)),
-    _i("gpumon_ib_port_transmit_constraint_errors_total", "TransmitConstraintErrors", ("increase",)),
-    _i("gpumon_ib_port_receive_constraint_errors_total", "ReceiveConstraintErrors", ("increase",)),
-    _i("gpumon_ib_port_local_link_integrity_errors_total", "LocalLinkIntegrityErrors", ("increase",)),
-    _i("gpumon_ib_port_excessive_buffer_overrun_errors_total", "ExcessiveBufferOverrunErrors",
-       ("increase",)),
-    _i("gpumon_ib_port_vl15_dropped_total", "Vl15Dropped", ("increase",)),
-    _i("gpumon_ib_port_saturated", "CountersSaturated", _LAST),
-    # InfiniBand: mlx5 hw_counters, one column per counter, named by the counter file
-    _i("gpumon_ib_hw_stat_total", "", ("increase",), split_label="counter",
-       split=tuple((name, _camel(name)) for name in HW_COUNTERS)),
-    # InfiniBand: link flaps
-    _i("gpumon_ib_link_flaps_total", "Flaps", _COUNTER),
-    _i("gpumon_ib_link_flap_signals_total", "FlapSignals", ("increase",), split_label="signal",
-       split=(("state", "State"), ("link_downed", "LinkDowned"), ("carrier_changes", "CarrierChanges"))),
-    _i("gpumon_ib_port_flaps_in_window", "FlapsInWindow", _LAST),
-    _i("gpumon_ib_port_flapping", "Flapping", _FLAG),
-    _i("gpumon_ib_last_flap_timestamp_seconds", "LastFlapTimestampSeconds", _LAST),
-    _i("gpumon_ib_port_down_seconds", "DownSeconds", ("max",)),
-    _i("gpumon_ib_port_last_down_duration_seconds", "LastDownDurationSeconds", _LAST),
-)
-
-INFO_COLUMNS: tuple[InfoColumns, ...] = (
-    InfoColumns("gpumon_gpu_info", GPU, (
-        ("model", "Model"), ("pci_bus_id", "PciBusId"), ("serial", "Serial"), ("vbios", "VbiosVersion"),
-        ("driver_version", "DriverVersion"), ("cuda_version", "CudaVersion"), ("mig_mode", "MigMode"))),
-    InfoColumns("gpumon_gpu_fabric_info", GPU, (("cluster_uuid", "FabricClusterUuid"), ("clique_id", "FabricCliqueId"))),
-    InfoColumns("gpumon_ib_port_info", IB, (
-        ("link_layer", "LinkLayer"), ("fw_version", "FirmwareVersion"), ("board_id", "BoardId"),
-        ("hca_type", "HcaType"), ("node_guid", "NodeGuid"), ("netdev", "Netdev"))),
-)
 
 IDENTITY = {GPU: (("gpu", "Gpu", "int"), ("uuid", "Uuid", "string")),
             IB: (("device", "Device", "string"), ("port", "Port", "int"))}
@@ -292,14 +81,32 @@ EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("Collector", "string"), *((column, "string") for _, column in HOLDER_COLUMNS),
 )
 
+METRIC_COLUMNS: tuple[MetricColumns, ...] = tuple(h for h in AZURE if isinstance(h, MetricColumns))
+INFO_COLUMNS: tuple[InfoColumns, ...] = tuple(h for h in AZURE if isinstance(h, InfoColumns))
+"""Views of the catalogue's registered Azure hints (:data:`gpumon.metric_catalogue.AZURE`)."""
 BY_METRIC: dict[str, tuple[MetricColumns, ...]] = {}
 for _mapping in METRIC_COLUMNS:
     BY_METRIC[_mapping.metric] = BY_METRIC.get(_mapping.metric, ()) + (_mapping,)
 INFO_BY_METRIC: dict[str, InfoColumns] = {i.metric: i for i in INFO_COLUMNS}
 
 
-def stream_columns() -> dict[str, list[tuple[str, str]]]:
-    """Table key -> ordered (column, type) list: the one source for the streamDeclarations."""
+def column_hints(specs: Iterable[MetricSpec]) -> tuple[AzureHint, ...]:
+    """The registry's hints and those the given specs carry beside their declaration, each once."""
+    out: dict[AzureHint, None] = dict.fromkeys(AZURE)
+    for spec in specs:
+        if spec.azure:
+            out.update(dict.fromkeys(azure_hints(spec)))
+    return tuple(out)
+
+
+def stream_columns(specs: Iterable[MetricSpec] = ()) -> dict[str, list[tuple[str, str]]]:
+    """Table key -> ordered (column, type) list: the one source for the streamDeclarations.
+
+    ``specs``: the declared metrics (``deploy/azure/generate.py`` passes every built-in one), whose own
+    Azure hints add to the registry's."""
+    hints = column_hints(specs)
+    metric_columns = [h for h in hints if isinstance(h, MetricColumns)]
+    info_columns = [h for h in hints if isinstance(h, InfoColumns)]
     out: dict[str, list[tuple[str, str]]] = {}
     for table in (GPU, IB):
         cols = list(COMMON_COLUMNS) + list(INTERVAL_COLUMNS)
@@ -307,13 +114,13 @@ def stream_columns() -> dict[str, list[tuple[str, str]]]:
         if table == GPU:
             cols += [(col, "string") for _, col in HOLDER_COLUMNS]
         seen = {c for c, _ in cols}
-        for info in INFO_COLUMNS:
+        for info in info_columns:
             if info.table == table:
                 for _, col in info.labels:
                     if col not in seen:
                         cols.append((col, "string"))
                         seen.add(col)
-        for mapping in METRIC_COLUMNS:
+        for mapping in metric_columns:
             if mapping.table == table:
                 for col, typ in mapping.column_names():
                     if col in seen:
@@ -445,14 +252,13 @@ class RowBuilder:
             if self._seen.get(fam.name) is fam:
                 continue
             self._seen[fam.name] = fam
-            mappings = BY_METRIC.get(fam.name)
-            if mappings is not None:
-                for mapping in mappings:
-                    self._add_metric(mapping, fam, when)
-                continue
-            info = INFO_BY_METRIC.get(fam.name)
-            if info is not None:
-                self._add_info(info, fam)
+            hints = azure_hints(fam.spec)
+            for hint in hints:
+                if isinstance(hint, MetricColumns):
+                    self._add_metric(hint, fam, when)
+                else:
+                    self._add_info(hint, fam)
+            if hints:
                 continue
             if fam.name != attribution_labels.ALLOCATION_FAMILY:
                 self._unmapped.add(fam.name)

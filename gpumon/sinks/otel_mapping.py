@@ -1,7 +1,8 @@
 """How a gpumon (Prometheus-named) metric becomes an OpenTelemetry metric.
 
-One table keyed by the Prometheus name says which OpenTelemetry hardware semantic convention a
-metric maps to (``hw.gpu.utilization``, ``hw.network.io`` ...). Everything else is mapped
+The metric catalogue (:mod:`gpumon.metric_catalogue`: a spec's ``otel`` hint, or the registry's by name)
+says which OpenTelemetry hardware semantic convention a metric maps to (``hw.gpu.utilization``,
+``hw.network.io`` ...). Everything else is mapped
 mechanically: ``gpumon_<domain>_<rest>[_<unit>][_total]`` becomes ``gpumon.<domain>.<rest>`` with a
 UCUM unit derived from the spec's unit, so a metric a collector adds tomorrow still exports
 correctly. Pure data and string work: nothing here imports the OpenTelemetry SDK.
@@ -9,176 +10,23 @@ correctly. Pure data and string work: nothing here imports the OpenTelemetry SDK
 
 from __future__ import annotations
 
-import enum
 import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.metric_catalogue import OTEL, Domain, Kind, OtelMetric, otel_hints
 from gpumon.model import MetricSpec, MetricType
 
-
-class Kind(str, enum.Enum):
-    """The OpenTelemetry instrument a metric is exported as."""
-
-    GAUGE = "gauge"
-    """Gauge data points."""
-    COUNTER = "counter"
-    """Cumulative, monotonic Sum."""
-    UPDOWN = "updowncounter"
-    """Cumulative, non-monotonic Sum (hw.gpu.memory.usage, hw.network.up ...)."""
-    STATUS = "status"
-    """A 0/1 health gauge exported as ``hw.status`` (non-monotonic Sum): one point per ``hw.state``."""
-    STATUS_INVERTED = "status_inverted"
-    """As STATUS, from a gauge that is 1 when the component failed (``gpumon_gpu_lost``)."""
-
-
-class Domain(str, enum.Enum):
-    """Which hardware component a series describes, so the right hw.* attributes are attached."""
-
-    NONE = ""
-    GPU = "gpu"
-    GPU_TEMPERATURE = "gpu_temperature"
-    """A GPU's temperature sensor (hw.type=temperature, hw.parent=the GPU)."""
-    GPU_FAN = "gpu_fan"
-    """A GPU's fan (hw.type=fan, hw.parent=the GPU)."""
-    NETWORK = "network"
-    PROCESS = "process"
-    """The gpumon process itself (process.pid on the point)."""
-
-
-@dataclass(frozen=True)
-class OtelMetric:
-    """The OpenTelemetry side of one Prometheus metric (or of the samples of it that ``select`` picks)."""
-
-    name: str
-    unit: str
-    kind: Kind
-    domain: Domain = Domain.NONE
-    attributes: tuple[tuple[str, str], ...] = ()
-    """Fixed attributes added to every point (``network.io.direction=receive``)."""
-    label_map: tuple[tuple[str, str], ...] = ()
-    """Prometheus label -> attribute name, for labels that have a convention (``xid`` -> ``error.type``)."""
-    description: str = ""
-    """Used instead of the spec's help where several Prometheus metrics share one OpenTelemetry name."""
-    semconv: bool = False
-    select: tuple[tuple[str, str], ...] = ()
-    """Only samples with all these label values go to this metric; the labels are dropped (the name
-    says them): ``engine=memory`` -> ``hw.gpu.memory.utilization``."""
-    exclude: tuple[tuple[str, str], ...] = ()
-    """Samples with any of these label values do not go to this metric (another route takes them)."""
-    cpu_modes: bool = False
-    """The Prometheus value sums user and system time; the sink sends one point per ``cpu.mode``."""
-
-    def takes(self, labels: Mapping[str, str]) -> bool:
-        """Whether a sample with these labels is exported under this metric."""
-        if any(labels.get(k) != v for k, v in self.select):
-            return False
-        return not any(labels.get(k) == v for k, v in self.exclude)
-
+__all__ = ["Domain", "Kind", "OtelMetric", "TABLE", "routes", "resolve", "attributes", "markdown_table"]
 
 GPU_INFO = "gpumon_gpu_info"
 IB_PORT_INFO = "gpumon_ib_port_info"
 
-_RX = (("network.io.direction", "receive"),)
-_TX = (("network.io.direction", "transmit"),)
-_ERRORS_DESC = "Errors encountered by the hardware component."
-_STATUS_DESC = "Operational status of the component, one point per hw.state."
-_ECC_HELP = "volatile: since the driver loaded; aggregate: the GPU's lifetime"
-
-# The explicit part of the mapping: each Prometheus metric -> one or more OpenTelemetry metrics. Several
-# Prometheus metrics may share an OpenTelemetry name as long as their attributes tell their points apart
-# (received/transmitted -> one hw.network.io); one Prometheus metric may feed several names, each taking
-# the samples its ``select`` / ``exclude`` picks (engine=memory -> hw.gpu.memory.utilization).
-TABLE: dict[str, tuple[OtelMetric, ...]] = {
-    # GPU: hw.gpu.* and the common hw.* metrics with hw.type=gpu
-    "gpumon_gpu_utilization_ratio": (
-        OtelMetric("hw.gpu.utilization", "1", Kind.GAUGE, Domain.GPU, label_map=(("engine", "hw.gpu.task"),),
-                   description="Fraction of time the GPU's engines were busy (hw.gpu.task: general, encoder, "
-                               "decoder).", semconv=True, exclude=(("engine", "memory"),)),
-        OtelMetric("hw.gpu.memory.utilization", "1", Kind.GAUGE, Domain.GPU, semconv=True,
-                   description="Fraction of time the GPU's memory controller was busy.",
-                   select=(("engine", "memory"),)),
-    ),
-    "gpumon_gpu_memory_used_bytes": (OtelMetric("hw.gpu.memory.usage", "By", Kind.UPDOWN, Domain.GPU, semconv=True),),
-    "gpumon_gpu_memory_total_bytes": (
-        OtelMetric("hw.gpu.memory.limit", "By", Kind.UPDOWN, Domain.GPU, semconv=True),),
-    "gpumon_gpu_pcie_bytes_total": (OtelMetric(
-        "hw.gpu.io", "By", Kind.COUNTER, Domain.GPU, label_map=(("direction", "network.io.direction"),),
-        semconv=True),),
-    "gpumon_gpu_power_watts": (OtelMetric("hw.power", "W", Kind.GAUGE, Domain.GPU, semconv=True),),
-    "gpumon_gpu_energy_joules_total": (OtelMetric("hw.energy", "J", Kind.COUNTER, Domain.GPU, semconv=True),),
-    "gpumon_gpu_temperature_celsius": (OtelMetric(
-        "hw.temperature", "Cel", Kind.GAUGE, Domain.GPU_TEMPERATURE,
-        label_map=(("sensor", "hw.sensor_location"),), semconv=True),),
-    "gpumon_gpu_temperature_threshold_celsius": (OtelMetric(
-        "hw.temperature.limit", "Cel", Kind.GAUGE, Domain.GPU_TEMPERATURE,
-        label_map=(("threshold", "hw.limit_type"),), semconv=True,
-        description="Temperature limit of the GPU's or its memory's sensor, by hw.limit_type."),),
-    "gpumon_gpu_fan_speed_ratio": (OtelMetric("hw.fan.speed_ratio", "1", Kind.GAUGE, Domain.GPU_FAN, semconv=True),),
-    "gpumon_gpu_xid_errors_total": (OtelMetric(
-        "hw.errors", "{error}", Kind.COUNTER, Domain.GPU, label_map=(("xid", "error.type"),),
-        description=_ERRORS_DESC, semconv=True),),
-    # ECC: the volatile counter is hw.errors (see docs/metrics.md for why); the lifetime one has its own name
-    "gpumon_gpu_ecc_errors_total": (
-        OtelMetric("hw.errors", "{error}", Kind.COUNTER, Domain.GPU, label_map=(("type", "error.type"),),
-                   description=_ERRORS_DESC, semconv=True, select=(("counter", "volatile"),)),
-        OtelMetric("gpumon.gpu.ecc.errors.lifetime", "{error}", Kind.COUNTER, Domain.GPU,
-                   label_map=(("type", "error.type"),), select=(("counter", "aggregate"),),
-                   description="ECC errors over the GPU's lifetime (NVML's aggregate counter, kept in the "
-                               "InfoROM across driver reloads and reboots), error.type corrected/uncorrected."),
-    ),
-    "gpumon_gpu_pcie_replay_total": (OtelMetric(
-        "hw.errors", "{error}", Kind.COUNTER, Domain.GPU, (("error.type", "pcie_replay"),),
-        description=_ERRORS_DESC, semconv=True),),
-    "gpumon_gpu_lost": (OtelMetric("hw.status", "1", Kind.STATUS_INVERTED, Domain.GPU, semconv=True,
-                                   description=_STATUS_DESC),),
-    # InfiniBand ports: hw.network.* and the common hw.* metrics with hw.type=network
-    "gpumon_ib_port_data_received_bytes_total": (OtelMetric(
-        "hw.network.io", "By", Kind.COUNTER, Domain.NETWORK, _RX,
-        description="Bytes received and transmitted by the port.", semconv=True),),
-    "gpumon_ib_port_data_transmitted_bytes_total": (OtelMetric(
-        "hw.network.io", "By", Kind.COUNTER, Domain.NETWORK, _TX,
-        description="Bytes received and transmitted by the port.", semconv=True),),
-    "gpumon_ib_port_packets_received_total": (OtelMetric(
-        "hw.network.packets", "{packet}", Kind.COUNTER, Domain.NETWORK, _RX,
-        description="Packets received and transmitted by the port.", semconv=True),),
-    "gpumon_ib_port_packets_transmitted_total": (OtelMetric(
-        "hw.network.packets", "{packet}", Kind.COUNTER, Domain.NETWORK, _TX,
-        description="Packets received and transmitted by the port.", semconv=True),),
-    "gpumon_ib_port_up": (
-        OtelMetric("hw.network.up", "1", Kind.UPDOWN, Domain.NETWORK, semconv=True),
-        OtelMetric("hw.status", "1", Kind.STATUS, Domain.NETWORK, semconv=True, description=_STATUS_DESC),
-    ),
-    "gpumon_ib_port_rate_bytes_per_second": (OtelMetric(
-        "hw.network.bandwidth.limit", "By/s", Kind.UPDOWN, Domain.NETWORK, semconv=True),),
-    # The process_* self-metrics, in the process.* semantic conventions
-    "process_cpu_seconds_total": (OtelMetric("process.cpu.time", "s", Kind.COUNTER, Domain.PROCESS, semconv=True,
-                                             cpu_modes=True, description="CPU time of the gpumon process."),),
-    "process_resident_memory_bytes": (
-        OtelMetric("process.memory.usage", "By", Kind.UPDOWN, Domain.PROCESS, semconv=True),),
-    "process_virtual_memory_bytes": (
-        OtelMetric("process.memory.virtual", "By", Kind.UPDOWN, Domain.PROCESS, semconv=True),),
-    "process_open_fds": (OtelMetric(
-        "process.unix.file_descriptor.count", "{file_descriptor}", Kind.UPDOWN, Domain.PROCESS, semconv=True),),
-}
-
-# The IB PMA error counters: hw.errors with hw.type=network, told apart by error.type (and direction).
-for _stem, _etype, _direction in (
-    ("symbol_errors", "symbol", ""),
-    ("receive_errors", "receive", "receive"),
-    ("receive_remote_physical_errors", "remote_physical", "receive"),
-    ("receive_switch_relay_errors", "switch_relay", "receive"),
-    ("receive_constraint_errors", "constraint", "receive"),
-    ("transmit_constraint_errors", "constraint", "transmit"),
-    ("local_link_integrity_errors", "local_link_integrity", ""),
-    ("excessive_buffer_overrun_errors", "excessive_buffer_overrun", ""),
-):
-    TABLE[f"gpumon_ib_port_{_stem}_total"] = (OtelMetric(
-        "hw.errors", "{error}", Kind.COUNTER, Domain.NETWORK,
-        (("error.type", _etype),) + ((("network.io.direction", _direction),) if _direction else ()),
-        description=_ERRORS_DESC, semconv=True),)
+TABLE = OTEL
+"""The registry's OpenTelemetry hints by Prometheus name (a view of :data:`gpumon.metric_catalogue.OTEL`):
+a spec's own ``otel`` hint, which :func:`routes` reads first, is not in it."""
 
 # Label values renamed where the attribute has a convention of its own.
 VALUE_MAPS: dict[str, dict[str, str]] = {
@@ -303,9 +151,10 @@ _KIND = {MetricType.GAUGE: Kind.GAUGE, MetricType.COUNTER: Kind.COUNTER, MetricT
 
 
 def routes(spec: MetricSpec) -> tuple[OtelMetric, ...]:
-    """Every OpenTelemetry metric ``spec``'s samples go to: the table's entries, else the mechanical one."""
-    explicit = TABLE.get(spec.name)
-    if explicit is not None:
+    """Every OpenTelemetry metric ``spec``'s samples go to: its catalogue hints (beside the declaration
+    or in the registry), else the mechanical one."""
+    explicit = otel_hints(spec)
+    if explicit:
         return explicit
     return (OtelMetric(mechanical_name(spec.name), ucum(spec.unit, spec.name, spec.type), _KIND[spec.type],
                        _domain_for(spec)),)
