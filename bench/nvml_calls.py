@@ -21,7 +21,7 @@ from gpumon.collectors.nvml import NvmlCollector
 from gpumon.simulate import HOSTS
 from gpumon.simulate.nvml import PROFILES, FakeNVML
 
-TARGET_CALLS_PER_GPU = 9   # 8 for the values, 1 for the power sample buffer
+TARGET_CALLS_PER_GPU = 8   # the power sample buffer's call among them
 
 
 def gpus_for(profile: str) -> int:

@@ -95,8 +95,9 @@ def test_h100_exports_every_default_family_with_the_profiles_values() -> None:
     c.close()
 
 
-def test_h100_steady_state_is_at_most_9_nvml_calls_per_gpu_per_run() -> None:
-    """8 calls for the values, and one for the power sample buffer (min/max/mean power)."""
+def test_h100_steady_state_is_at_most_8_nvml_calls_per_gpu_per_run() -> None:
+    """8 calls, the power sample buffer (min/max/mean power) among them: the SM clock shares the slow
+    rotation so that the per-run power-sample call fits the budget."""
     fake, c, _ = rig()
     c.collect()   # discovery run: identity, maxima, GPM buffers, every slow value once
     per_run = []
@@ -105,8 +106,8 @@ def test_h100_steady_state_is_at_most_9_nvml_calls_per_gpu_per_run() -> None:
         fake.tick(10)
         c.collect()
         per_run.append([fake.calls_for_gpu(g) for g in range(8)])
-    assert max(max(r) for r in per_run) <= 9
-    assert per_run[-1] == [9] * 8   # the budget is used, not wasted
+    assert max(max(r) for r in per_run) <= 8
+    assert per_run[-1] == [8] * 8   # the budget is used, not wasted
     assert fake.gpu_calls[("nvmlDeviceGetSamples", 0)] == 1   # in the last run: once per GPU per run
     c.close()
 

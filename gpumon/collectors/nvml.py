@@ -63,7 +63,7 @@ OPTIONS = SectionSchema(
         Option("reprobe_interval", float, 3600.0,
                "Seconds before a metric NVML refused for a GPU is asked again, and between re-reads of "
                "static facts (identity, maxima, MIG layout).", min=60.0, max=86400.0),
-        Option("max_calls_per_gpu", int, 9,
+        Option("max_calls_per_gpu", int, 8,
                "NVML calls per GPU per run in steady state. Fast values are read every run; slowly moving "
                "ones share what is left (at least one per run). 0 reads everything every run.",
                min=0, max=1000),
@@ -117,6 +117,8 @@ class _Gpu:
     dropped: dict[Any, float] = field(default_factory=dict)
     slow_cache: dict[str, list[M.Row]] = field(default_factory=dict)
     slow_last: dict[str, int] = field(default_factory=dict)
+    #: The virtual time of each slow item's next turn (stride scheduling by weight).
+    slow_turn: dict[str, float] = field(default_factory=dict)
     lost_checked: float = 0.0
     #: The compute processes of the latest processes call (a slow call: kept between its runs).
     processes: tuple[GpuProcess, ...] = ()
@@ -284,9 +286,13 @@ class NvmlCollector(Collector):
         slots = len(slow) if budget <= 0 else max(1, budget - calls)
         # an item never read yet (first run, after a re-probe or a recovery) is read now, budget or not
         slots = max(slots, sum(1 for it in slow if it.key not in gpu.slow_last))
-        slow.sort(key=lambda it: self._slow_priority(gpu, it), reverse=True)
+        # stride order: each read moves an item's turn on by 1/weight, so over W runs (W = the sum of
+        # the weights) an item of weight w is read w times per slot, exactly, whatever the phase
+        now_turn = min((gpu.slow_turn.get(it.key, 0.0) for it in slow), default=0.0)
+        slow.sort(key=lambda it: self._slow_order(gpu, it))
         for item in slow[:slots]:
             gpu.slow_last[item.key] = self._run
+            gpu.slow_turn[item.key] = max(gpu.slow_turn.get(item.key, now_turn), now_turn) + 1.0 / max(item.weight, 1)
             result = self._call_item(gpu, item, out)
             if result is not None and item.key in FABRIC_KEYS:
                 out.events.extend(fabric_events(gpu.dev, gpu.fabric_rows, result))
@@ -304,11 +310,12 @@ class NvmlCollector(Collector):
         for gi, pair in gpu.mig_gpm.items():
             self._mig_gpm(gpu, gi, pair, rows, out)
 
-    def _slow_priority(self, gpu: _Gpu, item: M.CallItem) -> float:
-        last = gpu.slow_last.get(item.key)
-        if last is None:
-            return float("inf")
-        return (self._run - last) * item.weight
+    @staticmethod
+    def _slow_order(gpu: _Gpu, item: M.CallItem) -> tuple[float, int]:
+        """Never read first, then the earliest turn; of equal turns the heavier item."""
+        if item.key not in gpu.slow_last:
+            return (float("-inf"), -item.weight)
+        return (gpu.slow_turn.get(item.key, 0.0), -item.weight)
 
     def _slow_items(self, gpu: _Gpu) -> list[M.CallItem]:
         items = list(M.SLOW_CALLS) + [FABRIC_ITEM] + self._field_fallbacks(gpu, fast=False)

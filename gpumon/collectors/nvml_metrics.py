@@ -6,10 +6,11 @@ Three tiers keep the NVML call count per GPU small and bounded:
   field id (power, energy, memory temperature, ECC, row remapping, PCIe counters, clock-event
   violation times, NVLink per-link values and their sums), each with its own return code;
 - **fast calls**: values with no field id that move every second (utilization, memory, GPU
-  temperature, SM clock), one call each per run;
-- **slow calls**: values that move slowly (memory/graphics clocks, clock-event reason bits, PCIe link
-  state, BAR1, P-state, encoder/decoder, processes, fan) share the per-GPU call budget left after the
-  fast tier, oldest first, weighted so the clock-event reasons refresh more often.
+  temperature) and the power sample buffer, one call each per run;
+- **slow calls**: point readings and values that move slowly (SM/memory/graphics clocks, clock-event
+  reason bits, PCIe link state, BAR1, P-state, encoder/decoder, processes, fan) share the per-GPU call
+  budget left after the fast tier, oldest first, weighted so the SM clock and the clock-event reasons
+  refresh more often.
 
 Static facts (identity, maxima, temperature thresholds, ECC/MIG mode, GPM support, NVLink count) are
 read at discovery and at every hourly re-probe.
@@ -322,10 +323,12 @@ FAST_CALLS: tuple[CallItem, ...] = (
     # nvmlDeviceGetTemperatureV exists from R570 on; older drivers answer FUNCTION_NOT_FOUND
     CallItem("temperature", "nvmlDeviceGetTemperatureV", (0,), _scalar(TEMP, ("gpu",)),
              fallback="temperature_legacy"),
-    CallItem("clock_sm", "nvmlDeviceGetClockInfo", (CLOCK_SM,), _clock("sm")),
 )
 SLOW_CALLS: tuple[CallItem, ...] = (
     CallItem("clock_reasons", "nvmlDeviceGetCurrentClocksEventReasons", (), _reasons, weight=3),
+    # the SM clock, a point reading, left the per-run tier so that the per-run power-sample call fits the
+    # budget of 8; the violation counters (fields, every run) are the precise throttling measure
+    CallItem("clock_sm", "nvmlDeviceGetClockInfo", (CLOCK_SM,), _clock("sm")),
     CallItem("clock_memory", "nvmlDeviceGetClockInfo", (CLOCK_MEM,), _clock("memory")),
     CallItem("clock_graphics", "nvmlDeviceGetClockInfo", (CLOCK_GRAPHICS,), _clock("graphics")),
     CallItem("pcie_generation", "nvmlDeviceGetCurrPcieLinkGeneration", (), _scalar(PCIE_GEN)),
