@@ -54,8 +54,8 @@ def breaches() -> dict[str, set[tuple[str, str]]]:
                     inside(target, "gpumon.sources") or target in ("gpumon.model", "gpumon.config")):
                 breach("sources import only model, config and sources", source, target)
             if inside(target, "gpumon.simulate") and not (
-                    inside(source, "gpumon.simulate") or source in ("gpumon.daemon", "gpumon.cli")):
-                breach("simulate is imported only by simulate, daemon and cli", source, target)
+                    inside(source, "gpumon.simulate") or source in ("gpumon.daemon.context", "gpumon.cli")):
+                breach("simulate is imported only by simulate, daemon.context and cli", source, target)
             if source in ("gpumon.model", "gpumon.config") and target != "gpumon":
                 breach("model and config import nothing of gpumon", source, target)
     return found

@@ -225,7 +225,7 @@ class HangingProbe(Scripted):
 def test_a_probe_that_hangs_is_unavailable_after_the_deadline():
     import time
 
-    from gpumon.daemon import _probe
+    from gpumon.daemon.plan import _probe
 
     collector = HangingProbe("hp")
     t0 = time.monotonic()

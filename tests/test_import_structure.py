@@ -116,7 +116,7 @@ def test_the_graph_sees_real_edges():
     edges = graph()
     assert "gpumon.config" in edges["gpumon.collectors.base"]
     assert "gpumon.sources.ib_sysfs" in edges["gpumon.simulate.sysfs"]
-    assert "gpumon.simulate" in edges["gpumon.daemon"]  # imported inside make_context
+    assert "gpumon.simulate" in edges["gpumon.daemon.context"]  # imported inside make_context
     assert "gpumon.daemon" in edges["gpumon.cli"]       # `from gpumon import daemon`
 
 

@@ -12,7 +12,8 @@ from gpumon.collectors.nvml import NvmlCollector
 from gpumon.collectors.nvml_session import NvmlSession
 from gpumon.collectors.xid import XidCollector
 from gpumon.config import load
-from gpumon.daemon import Loop, _close_plan, plan_collectors
+from gpumon.daemon import Loop, plan_collectors
+from gpumon.daemon.plan import close_plan as _close_plan
 from gpumon.simulate.nvml import FakeNVML
 from tests.conftest import wait_for
 

@@ -1,0 +1,86 @@
+"""The host a daemon reads: its name, the collectors' Context (a simulated host under the state
+directory for ``--simulate``, with that host's own IMDS and KVP pool in the config) and the sinks'
+SinkContext."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+from gpumon import __version__
+from gpumon.collectors.base import Context
+from gpumon.config import Config, ConfigError
+from gpumon.sinks.base import SinkContext
+
+
+def hostname(config: Config) -> str:
+    return config.daemon.hostname or socket.gethostname()
+
+
+def make_context(config: Config) -> Context:
+    """The collectors' view of the host; with ``simulate`` set, a simulated host under state_dir.
+    Raises ConfigError for a sysfs root that was given and does not exist, or an unknown profile."""
+    d = config.daemon
+    ctx = Context(hostname=hostname(config), sysfs_root=d.sysfs_root, state_dir=d.state_dir, config=config)
+    if d.simulate:
+        from gpumon.simulate import Simulation, UnknownProfile, host_profile
+
+        try:
+            host_profile(d.simulate)
+        except UnknownProfile as exc:
+            raise ConfigError(config.origin("daemon", "simulate"), "[daemon] simulate", str(exc)) from None
+        base = d.state_dir
+        if not _writable(base):
+            base = tempfile.mkdtemp(prefix="gpumon-simulate-")
+        simulation = Simulation(d.simulate, os.path.join(base, "simulate", d.simulate), hostname=ctx.hostname)
+        ctx.simulation = simulation
+        ctx.config = _simulated_azure(config, simulation)
+        ctx.sysfs_root = simulation.sysfs_root
+        ctx.state_dir = os.path.join(simulation.workdir, "state")
+        ctx.nvml = simulation.nvml
+        os.makedirs(ctx.state_dir, exist_ok=True)
+    else:
+        _check_sysfs_root(config)
+    return ctx
+
+
+def _simulated_azure(config: Config, simulation) -> Config:
+    """A simulated host's IMDS and KVP pool, where the config does not name others."""
+    out = config
+    if "azure" in config.sections and "azure.imds_url" not in config.origins:
+        out = out.replace("azure", imds_url=simulation.azure.imds_url)
+    if "host_info" in config.sections and "host_info.kvp_pool" not in config.origins:
+        out = out.replace("host_info", kvp_pool=simulation.azure.kvp_pool)
+    return out
+
+
+def host_state_dir(config: Config) -> str:
+    """Where ``gpumon run`` keeps this host's state: the state directory, or a simulated host's own
+    under it (what ``gpumon health`` reads and ``gpumon health clear`` changes)."""
+    d = config.daemon
+    return os.path.join(d.state_dir, "simulate", d.simulate, "state") if d.simulate else d.state_dir
+
+
+def _check_sysfs_root(config: Config) -> None:
+    """A root that was asked for and is not there is a mistake (a missing ``/host/sys`` mount), not
+    a host without InfiniBand; the default ``/sys`` is always accepted."""
+    where = config.origins.get("daemon.sysfs_root")
+    root = config.daemon.sysfs_root
+    if where is not None and not os.path.isdir(root):
+        problem = "no such directory" if not os.path.exists(root) else "not a directory"
+        raise ConfigError(where, "[daemon] sysfs_root", f"{root}: {problem}")
+
+
+def _writable(path: str) -> bool:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK)
+
+
+def sink_context(config: Config, loop_alive=lambda: True, simulation=None) -> SinkContext:
+    """``config``: the one in effect, ``make_context``'s (a simulated host's IMDS and KVP pool)."""
+    return SinkContext(hostname=hostname(config), state_dir=config.daemon.state_dir, version=__version__,
+                       loop_alive=loop_alive, simulation=simulation, config=config)
