@@ -36,6 +36,28 @@ def log_event(event: Event) -> None:
     event_log.log(level, "%s %s: %s", event.kind, subject, event.message, extra={"event": event.as_dict()})
 
 
+@dataclass
+class ReloadCounts:
+    """The daemon's SIGHUP reloads: ``gpumon_config_reloads_total{result}`` and
+    ``gpumon_config_last_reload_successful``. Owned by the Daemon, read by every Loop it starts."""
+
+    success: int = 0
+    failure: int = 0
+    last_ok: bool = True
+
+    def succeeded(self) -> None:
+        self.success += 1
+        self.last_ok = True
+
+    def failed(self) -> None:
+        self.failure += 1
+        self.last_ok = False
+
+    def as_dict(self) -> dict[str, int]:
+        """The self-metrics' view (a copy, taken under the loop's lock)."""
+        return {"success": self.success, "failure": self.failure, "last_ok": int(self.last_ok)}
+
+
 class CollectorRunner:
     """One collector's thread. Results go to ``loop.accept``; the loop enforces the deadline."""
 
@@ -139,7 +161,7 @@ class Loop:
     REFRESH seconds (the rules' windows and hold times move on)."""
 
     def __init__(self, config: Config, plan: Plan, ctx: Context, sinks: list[Sink],
-                 reloads: dict[str, int] | None = None, health: HealthStage | None = None) -> None:
+                 reloads: ReloadCounts | None = None, health: HealthStage | None = None) -> None:
         self.config = config
         self.health = health
         attribution = config.sections.get("attribution")
@@ -387,10 +409,7 @@ class Loop:
                 self._shown[planned.name] = (slot.families, (slot.book.up, slot.book.state, slot.book.reason))
                 statuses.append(slot.status or CollectorStatus(planned.name, False, 0.0, "no run yet"))
             books = {name: slot.book for name, slot in self._slots.items()}
-            reloads = None
-            if self.reloads is not None:
-                reloads = {k: v for k, v in self.reloads.items() if k != "last_ok"}
-                reloads["last_ok"] = self.reloads["last_ok"]
+            reloads = self.reloads.as_dict() if self.reloads is not None else None
             not_running = {p.name: p.reason for p in self.plan.collectors if p.name not in self._slots}
             events, self._events = tuple(self._events), []
             allocation = next((f for f in families if f.name == attribution_labels.ALLOCATION_FAMILY), None)

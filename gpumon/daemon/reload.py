@@ -13,7 +13,7 @@ from gpumon.collectors.base import Context
 from gpumon.config import Config
 from gpumon.daemon.context import make_context, sink_context
 from gpumon.daemon.health import endpoint_verdict, health_stage
-from gpumon.daemon.loop import Loop
+from gpumon.daemon.loop import Loop, ReloadCounts
 from gpumon.daemon.plan import Plan, StartupError, close_plan, make_sinks, plan_collectors
 from gpumon.health.stage import HealthStage
 from gpumon.sinks.base import Sink
@@ -26,6 +26,20 @@ CARRIED_ACROSS_RELOAD = ("flaps", "xid_ledger")
 
 
 @dataclass
+class LoopHolder:
+    """The loop a set-up's sinks ask about: built before it (so they can be started first), they
+    learn it once it is launched. Until then the loop counts as alive and there is no verdict."""
+
+    loop: Loop | None = None
+
+    def alive(self) -> bool:
+        return self.loop.alive() if self.loop is not None else True
+
+    def verdict(self) -> dict | None:
+        return endpoint_verdict(self.loop)
+
+
+@dataclass
 class _Build:
     """A validated, probed, not yet running set-up for one config."""
 
@@ -34,7 +48,7 @@ class _Build:
     plan: Plan
     sinks: list[Sink]
     fresh: list[Sink]
-    holder: dict[str, Loop]
+    holder: LoopHolder
     health: HealthStage | None = None
 
 
@@ -48,7 +62,7 @@ class Daemon:
         self.config = config
         self.loop: Loop | None = None
         self.ctx: Context | None = None
-        self.reloads = {"success": 0, "failure": 0, "last_ok": 1}
+        self.reloads = ReloadCounts()
         self._fingerprints: dict[str, dict | None] = {}
         self._state_lock: statelock.StateLock | None = None
         self._health_key: tuple | None = None
@@ -70,12 +84,12 @@ class Daemon:
             problems = plan.problems()
             if problems:
                 raise StartupError("; ".join(problems))
-            holder: dict[str, Loop] = {}
-            sctx = sink_context(ctx.config, lambda: holder["loop"].alive() if "loop" in holder else True,
+            holder = LoopHolder()
+            sctx = sink_context(ctx.config, holder.alive,
                                 ctx.simulation)
             section = config.sections.get("health")
             if section is not None and section["enabled"]:
-                sctx.health_verdict = lambda: endpoint_verdict(holder.get("loop"))
+                sctx.health_verdict = holder.verdict
             fresh = make_sinks(config.replace("daemon", sinks=[n for n in config.daemon.sinks if n not in kept]),
                                sctx)
             pending = list(fresh)
@@ -105,7 +119,7 @@ class Daemon:
         loop = Loop(build.config, build.plan, build.ctx, build.sinks, self.reloads, build.health)
         if previous is not None:
             loop.carry_over(previous)
-        build.holder["loop"] = loop
+        build.holder.loop = loop
         if build.ctx.simulation is not None:
             build.ctx.simulation.start()
         loop.start()
@@ -199,8 +213,7 @@ class Daemon:
         if new_lock is not None and self._state_lock is not None:
             self._state_lock.release()  # the state directory moved: the old one is free now
             self._state_lock = new_lock
-        self.reloads["success"] += 1
-        self.reloads["last_ok"] = 1
+        self.reloads.succeeded()
 
     def _lock_for(self, config: Config) -> statelock.StateLock | None:
         """A lock on the new state directory when a reload moves it; None when it stays (or when
@@ -210,8 +223,7 @@ class Daemon:
         return statelock.acquire(config)
 
     def reload_rejected(self) -> None:
-        self.reloads["failure"] += 1
-        self.reloads["last_ok"] = 0
+        self.reloads.failed()
         if self.loop is not None:
             self.loop.poke()
 
