@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
-from gpumon.sinks.azure_rows import RowBuilder
+from gpumon.sinks.azure_rows import METRICS, RowBuilder
 from tests.conftest import REPO, GpumonProcess, clean_env, free_port, http_get, wait_for, write_distribution
 from tests.remote_write_helpers import Receiver
 from tests.test_otel_receiver import OtlpHttpReceiver
@@ -196,14 +196,16 @@ def test_run_publishes_the_plugins_metrics_through_every_sink(venv):
     assert code == 0, out
 
 
-def test_azure_rows_leave_a_plugins_metrics_unmapped():
-    """Azure Monitor tables have fixed columns: a plugin's family has none, and the row builder says so
-    rather than dropping it silently (the other sinks carry it)."""
+def test_azure_rows_carry_a_plugins_metrics_as_generic_rows():
+    """Azure Monitor tables have fixed columns: a plugin's family has none of its own, so the row
+    builder lists it as unmapped and sends it as generic GpuMonMetrics_CL rows (Name, Labels, Value)."""
     spec = MetricSpec(INLET, MetricType.GAUGE, "Rack inlet air temperature.", "celsius", ("sensor",))
     snapshot = Snapshot("node-1", 1000.0, (MetricFamily(spec, (Sample((("sensor", "inlet-a"),), 24.5),)),), (), ())
     rows = RowBuilder("node-1")
     rows.add(snapshot, 1000.0)
     assert INLET in rows.unmapped
+    (row,) = rows.close_interval(1060.0, 60.0)[METRICS]
+    assert (row["Name"], row["Labels"], row["Value"]) == (INLET, {"sensor": "inlet-a"}, 24.5)
 
 
 

@@ -38,7 +38,7 @@ from gpumon.imds import IMDS_URL, ImdsClient
 from gpumon.model import Snapshot
 from gpumon.sinks import azure_host
 from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
-from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, TABLES, RowBuilder, host_values
+from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, METRICS, TABLES, RowBuilder, host_values
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.spool import Spool, SpoolError
 
@@ -48,8 +48,8 @@ MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
 
 OPTIONS = SectionSchema(
     "azure_monitor",
-    "Azure Monitor Logs Ingestion: rows into GpuMonGpu_CL, GpuMonInfiniBand_CL and GpuMonEvents_CL "
-    "through a data collection rule (deploy/azure/ creates it).",
+    "Azure Monitor Logs Ingestion: rows into GpuMonGpu_CL, GpuMonInfiniBand_CL, GpuMonEvents_CL and "
+    "GpuMonMetrics_CL through a data collection rule (deploy/azure/ creates it).",
     (
         Option("endpoint", str, "",
                "Logs ingestion endpoint: the Direct DCR's `logsIngestion` endpoint or a DCE's, "
@@ -58,6 +58,10 @@ OPTIONS = SectionSchema(
         Option("stream_gpu", str, DEFAULT_STREAMS[GPU], "Stream declared for GPU rows."),
         Option("stream_infiniband", str, DEFAULT_STREAMS[IB], "Stream declared for InfiniBand port rows."),
         Option("stream_events", str, DEFAULT_STREAMS[EVENTS], "Stream declared for event rows."),
+        Option("stream_metrics", str, DEFAULT_STREAMS[METRICS],
+               "Stream declared for generic rows (Name, Labels, Value) of metrics without columns of their "
+               "own, such as a plugin's; empty: such metrics are logged and counted but not sent (a DCR "
+               "deployed before the stream existed)."),
         Option("credential", str, "managed_identity",
                "How to get a token: `managed_identity` (VM/VMSS, system-assigned or the user-assigned "
                "`client_id`), `workload_identity` (AKS), `service_principal` (tenant_id, client_id, "
@@ -172,9 +176,11 @@ class AzureMonitorSink(Sink):
         self._imds: ImdsClient | None = None
         self._spool: Spool | None = None
         self._builder = RowBuilder(ctx.hostname, bool(self._opt["omit_zero_increases"]),
-                                   float(self._opt["static_every"]))
+                                   float(self._opt["static_every"]), generic=bool(self._opt["stream_metrics"]))
         self._streams = {GPU: self._opt["stream_gpu"], IB: self._opt["stream_infiniband"],
                          EVENTS: self._opt["stream_events"]}
+        if self._opt["stream_metrics"]:
+            self._streams[METRICS] = self._opt["stream_metrics"]
         self._lock = threading.Lock()
         self._window_start: float | None = None
         self._wake = threading.Event()
@@ -291,7 +297,7 @@ class AzureMonitorSink(Sink):
 
     def _interval_records(self, wall_time: float, seconds: float) -> list[bytes]:
         rows = self._builder.close_interval(wall_time, seconds)
-        return [self._record(key, row) for key in (GPU, IB) for row in rows[key]]
+        return [self._record(key, row) for key in (GPU, IB, METRICS) for row in rows[key]]
 
     @staticmethod
     def _record(key: str, row: dict[str, Any]) -> bytes:
@@ -587,6 +593,7 @@ class AzureMonitorSink(Sink):
             "spool_bytes": float(stats.bytes if stats else 0),
             "rows_queued": float(stats.records if stats else 0),
             "last_success_timestamp_seconds": c.last_success,
+            "unmapped_metrics": float(self._builder.unmapped_count),
         }
         dropped = (stats.dropped if stats else 0) + c.rejected + self._append_failures
         spool_error = stats.error if stats else ""

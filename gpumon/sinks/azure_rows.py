@@ -42,6 +42,7 @@ from gpumon.metric_catalogue import (  # noqa: F401 (EXCLUDED, HW_COUNTERS: this
     GPU,
     HW_COUNTERS,
     IB,
+    METRICS,
     AzureHint,
     InfoColumns,
     MetricColumns,
@@ -51,7 +52,7 @@ from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Snapshot
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")
 
-TABLES = {GPU: "GpuMonGpu_CL", IB: "GpuMonInfiniBand_CL", EVENTS: "GpuMonEvents_CL"}
+TABLES = {GPU: "GpuMonGpu_CL", IB: "GpuMonInfiniBand_CL", EVENTS: "GpuMonEvents_CL", METRICS: "GpuMonMetrics_CL"}
 DEFAULT_STREAMS = {key: f"Custom-{table}" for key, table in TABLES.items()}
 
 
@@ -84,6 +85,12 @@ EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
 METRIC_COLUMNS: tuple[MetricColumns, ...] = tuple(h for h in AZURE if isinstance(h, MetricColumns))
 INFO_COLUMNS: tuple[InfoColumns, ...] = tuple(h for h in AZURE if isinstance(h, InfoColumns))
 """Views of the catalogue's registered Azure hints (:data:`gpumon.metric_catalogue.AZURE`)."""
+GENERIC_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("Name", "string"), ("MetricType", "string"), ("Unit", "string"), ("Labels", "dynamic"), ("Value", "real"),
+    ("Min", "real"), ("Avg", "real"), ("Max", "real"), ("Increase", "real"))
+"""GpuMonMetrics_CL: one row per series of a metric without columns of its own (a plugin's, a new
+one) per interval: its name, type, unit and labels, the last value, and min/avg/max (gauges) or the
+increase (counters) over the interval."""
 BY_METRIC: dict[str, tuple[MetricColumns, ...]] = {}
 for _mapping in METRIC_COLUMNS:
     BY_METRIC[_mapping.metric] = BY_METRIC.get(_mapping.metric, ()) + (_mapping,)
@@ -129,6 +136,7 @@ def stream_columns(specs: Iterable[MetricSpec] = ()) -> dict[str, list[tuple[str
                     seen.add(col)
         out[table] = cols
     out[EVENTS] = list(COMMON_COLUMNS) + list(EVENT_COLUMNS)
+    out[METRICS] = list(COMMON_COLUMNS) + list(INTERVAL_COLUMNS) + list(GENERIC_COLUMNS)
     return out
 
 
@@ -216,7 +224,8 @@ class RowBuilder:
     Not thread-safe: the sink calls it from the loop's thread only.
     """
 
-    def __init__(self, computer: str, omit_zero_increases: bool = True, static_every: float = 3600.0) -> None:
+    def __init__(self, computer: str, omit_zero_increases: bool = True, static_every: float = 3600.0,
+                 generic: bool = True) -> None:
         self.computer = computer
         self.static_every = static_every
         """Seconds between rows that repeat unchanged static columns (info labels, limits, sizes);
@@ -231,6 +240,11 @@ class RowBuilder:
         self._seen: dict[str, MetricFamily] = {}
         self._snapshots = 0
         self._unmapped: set[str] = set()
+        self.unmapped_count = 0
+        """Families seen without columns of their own (each logged once): ``gpumon_sink_unmapped_metrics``."""
+        self.generic = generic
+        """Send those families as GpuMonMetrics_CL rows (off: logged and counted only)."""
+        self._generic: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[MetricFamily, _Series]] = {}
         self._allocation: MetricFamily | None = None
         self._holders: dict[str, dict[attribution_labels.Holding, None]] = {}
         """Per GPU index: who held it during the interval, in the order first seen."""
@@ -238,7 +252,8 @@ class RowBuilder:
 
     @property
     def unmapped(self) -> set[str]:
-        """Metric names seen that have no columns (the other sinks still export them)."""
+        """Metric names seen that have no columns of their own: sent as generic rows (the other sinks
+        export them as they do every metric)."""
         return set(self._unmapped)
 
     def add(self, snapshot: Snapshot, when: float) -> None:
@@ -260,8 +275,28 @@ class RowBuilder:
                     self._add_info(hint, fam)
             if hints:
                 continue
-            if fam.name != attribution_labels.ALLOCATION_FAMILY:
-                self._unmapped.add(fam.name)
+            if fam.name != attribution_labels.ALLOCATION_FAMILY and fam.name not in EXCLUDED:
+                self._add_generic(fam, when)
+
+    def _add_generic(self, fam: MetricFamily, when: float) -> None:
+        """A family without columns: logged once, counted, and folded into generic rows per series."""
+        if fam.name not in self._unmapped:
+            self._unmapped.add(fam.name)
+            self.unmapped_count += 1
+            log.info("azure_monitor: %s has no columns of its own; %s", fam.name,
+                     f"sent as generic {TABLES[METRICS]} rows" if self.generic else
+                     "not sent ([azure_monitor] stream_metrics is empty)")
+        if not self.generic:
+            return
+        counter = fam.spec.type is MetricType.COUNTER
+        for sample in fam.samples:
+            key = (fam.name, sample.labels)
+            entry = self._generic.get(key)
+            if entry is None:
+                entry = self._generic[key] = (fam, _Series())
+            elif entry[0] is not fam:
+                entry = self._generic[key] = (fam, entry[1])
+            entry[1].add(sample.value, counter, when)
 
     def _add_holders(self, allocation: MetricFamily | None) -> None:
         """Remember who holds each GPU now (no allocation family: nobody holds any)."""
@@ -322,7 +357,7 @@ class RowBuilder:
 
     def close_interval(self, wall_time: float, seconds: float) -> dict[str, list[dict[str, Any]]]:
         """The rows of the interval that ends now; statistics restart, counter baselines stay."""
-        out: dict[str, list[dict[str, Any]]] = {GPU: [], IB: []}
+        out: dict[str, list[dict[str, Any]]] = {GPU: [], IB: [], METRICS: self._generic_rows(wall_time, seconds)}
         for table in (GPU, IB):
             for row in list(self._rows[table].values()):
                 try:
@@ -341,6 +376,31 @@ class RowBuilder:
         self._holders = {}
         self._add_holders(self._allocation)
         return out
+
+    def _generic_rows(self, wall_time: float, seconds: float) -> list[dict[str, Any]]:
+        """The interval's GpuMonMetrics_CL rows; a series not seen for a whole interval is forgotten."""
+        rows = []
+        for key, (fam, series) in list(self._generic.items()):
+            if not series.n:
+                del self._generic[key]
+                continue
+            try:
+                row = self._common(wall_time)
+                row.update(IntervalSeconds=_num(seconds, derived=True), Samples=series.n, Name=fam.name,
+                           MetricType=fam.spec.type.value, Unit=fam.spec.unit, Labels=dict(key[1]),
+                           Value=_num(series.last))
+                if fam.spec.type is MetricType.COUNTER:
+                    row["Increase"] = _aggregate("increase", [series])
+                else:
+                    row.update(Min=_aggregate("min", [series]), Avg=_aggregate("avg", [series]),
+                               Max=_aggregate("max", [series]))
+                rows.append({k: v for k, v in row.items() if v is not None})
+            except (TypeError, ValueError, OverflowError) as exc:  # one odd series costs one row
+                self.build_errors += 1
+                if self.build_errors == 1:
+                    log.error("azure_monitor: cannot build a %s row for %s: %s", TABLES[METRICS], fam.name, exc)
+            series.restart()
+        return rows
 
     def _common(self, wall_time: float) -> dict[str, Any]:
         row: dict[str, Any] = {"TimeGenerated": iso_time(wall_time), "Computer": self.computer,
