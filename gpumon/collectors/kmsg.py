@@ -26,7 +26,7 @@ from gpumon.collectors.nvml_tables import xid_info
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity
 from gpumon.sources import driver_log
-from gpumon.sources.kmsg import DEFAULT_PATH, FIRST_START, KmsgReader, Record
+from gpumon.sources.kmsg import DEFAULT_PATH, FIRST_START, Batch, KmsgReader, Record
 from gpumon.sources.pci import nvml_bus_id, sysfs_name
 from gpumon.xid_ledger import XidLedger, shared_ledger
 
@@ -35,6 +35,8 @@ log = logging.getLogger("gpumon.collectors.kmsg")
 GRACE = 2.0
 """Seconds a kernel-log XID waits for NVML's copy of it before it counts as the kernel log's own."""
 MAX_PER_RUN = 100_000
+CHUNK = 1_000
+"""Records read and handled at a time within a run."""
 STATE_FILE = "kmsg.json"
 
 KINDS = ("xid", "gpu_off_bus", "sxid", "mlx5_health", "mlx5_port_module", "mlx5_port_module_error",
@@ -88,6 +90,7 @@ class KmsgCollector(Collector):
         self._pending: list[tuple[Record, driver_log.DriverMessage]] = []
         self._logged: set[str] = set()
         self._ib_by_pci: dict[str, str] = {}
+        self._names: dict[str, tuple[str, str]] = {}
         self._ipoib: dict[str, bool] = {}
         self._boot_wall = time.time() - time.monotonic()
 
@@ -106,11 +109,27 @@ class KmsgCollector(Collector):
 
     def collect(self) -> Collection:
         out = Collection()
-        try:
-            batch = self.reader.read(MAX_PER_RUN)
-        except OSError as exc:
-            self.reader.close()
-            raise CollectorUnavailable(_reason(self.path, exc)) from None
+        taken = 0
+        while True:  # in chunks, so that a busy interval's records do not all live at once
+            try:
+                batch = self.reader.read(min(CHUNK, MAX_PER_RUN - taken))
+            except OSError as exc:
+                self.reader.close()
+                if not taken:
+                    raise CollectorUnavailable(_reason(self.path, exc)) from None
+                break  # what was read counts; the next run opens the log again (or fails)
+            self._take(batch, out)
+            taken += len(batch.records)
+            if not batch.more or taken >= MAX_PER_RUN:
+                break
+        self._settle(out, time.time())
+        self._save()
+        self._publish(out)
+        return out
+
+    # --- records -------------------------------------------------------------------------------------
+
+    def _take(self, batch: Batch, out: Collection) -> None:
         self._lost += batch.lost
         if batch.lost:
             self._once("lost", "kernel log: %d records were overwritten before they were read", batch.lost)
@@ -119,12 +138,6 @@ class KmsgCollector(Collector):
             self._once("garbled", "kernel log: record not in the dev-kmsg format: %r", raw[:120])
         for record in batch.records:
             self._handle(record, out)
-        self._settle(out, time.time())
-        self._save()
-        self._publish(out)
-        return out
-
-    # --- records -------------------------------------------------------------------------------------
 
     def _handle(self, record: Record, out: Collection) -> None:
         msg = driver_log.recognise(record.message)
@@ -152,14 +165,14 @@ class KmsgCollector(Collector):
                 keep.append((record, msg))
                 continue
             xid = int(msg.attrs["xid"])
-            bus = nvml_bus_id(msg.pci)
+            bus = self._pci_names(msg.pci)[0]
             if self.ledger.claim_kernel(bus, xid, when):
                 self._xids[(bus, str(xid))] += 1
                 out.events.append(self._event(record, msg))
         self._pending = keep
 
     def _event(self, record: Record, msg: driver_log.DriverMessage) -> Event:
-        bus = nvml_bus_id(msg.pci) if msg.pci else ""
+        bus = self._pci_names(msg.pci)[0] if msg.pci else ""
         subject = {"pci_bus_id": bus} if bus else {}
         attrs: dict[str, Any] = {**msg.attrs, "line": record.message, "source": "kmsg", "seq": record.seq}
         if msg.kind == "xid":
@@ -186,9 +199,19 @@ class KmsgCollector(Collector):
 
     # --- names -------------------------------------------------------------------------------------
 
+    def _pci_names(self, pci: str) -> tuple[str, str]:
+        """(NVML bus id, sysfs name) of an address as a driver printed it, remembered: a host has a
+        few dozen, and a busy log names them again and again (a hostile one gets a fresh memo)."""
+        names = self._names.get(pci)
+        if names is None:
+            if len(self._names) >= 1024:
+                self._names.clear()
+            names = self._names[pci] = (nvml_bus_id(pci), sysfs_name(pci))
+        return names
+
     def _ib_device(self, pci: str) -> str:
         """The RDMA device on this PCI function (``mlx5_ib0``), so events join the IB series."""
-        name = sysfs_name(pci)
+        name = self._pci_names(pci)[1]
         if name not in self._ib_by_pci:
             base = os.path.join(self.ctx.sysfs_root, "class", "infiniband")
             try:

@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 DEFAULT_PATH = "/dev/kmsg"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -32,7 +33,6 @@ FIRST_START = {"end": os.SEEK_END, "cleared": getattr(os, "SEEK_DATA", 3), "all"
 """Where a reader with no saved position starts: after the newest record, after the last
 ``dmesg --clear``, or at the oldest record still in the buffer."""
 
-_HEADER = re.compile(rb"([0-9]{1,4}),([0-9]{1,20}),([0-9]{1,20}),([^,;]*)(?:,[^;]*)?;")
 _ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 
 
@@ -40,9 +40,8 @@ class Garbled(ValueError):
     """A record that is not in the dev-kmsg format (truncated, binary junk)."""
 
 
-@dataclass(frozen=True)
-class Record:
-    """One kernel log record."""
+class Record(NamedTuple):
+    """One kernel log record (immutable; a named tuple because one is made per kernel-log line)."""
 
     seq: int
     level: int
@@ -51,7 +50,7 @@ class Record:
     """Microseconds since boot on the kernel's log clock (CLOCK_MONOTONIC-like: stops in suspend)."""
     flags: str
     message: str
-    fields: dict[str, str] = field(default_factory=dict)
+    fields: dict[str, str]
     """Dictionary lines, e.g. ``SUBSYSTEM=pci``, ``DEVICE=+pci:0000:3b:00.0``."""
 
 
@@ -64,22 +63,31 @@ def unescape(text: str) -> str:
 
 def parse(data: bytes) -> Record:
     """One record as read from /dev/kmsg; raises :class:`Garbled`."""
-    match = _HEADER.match(data)
-    if match is None:
+    # the header holds no ';': the first one ends it (the message may hold more)
+    head, sep, body = data.partition(b";")
+    parts = head.split(b",", 4)
+    if (not sep or len(parts) < 4 or not _digits(parts[0], 4) or not _digits(parts[1], 20)
+            or not _digits(parts[2], 20)):
         raise Garbled(f"no dev-kmsg header in {data[:60]!r}")
-    body = data[match.end():]
     if not body.endswith(b"\n"):
         raise Garbled(f"truncated record {data[:60]!r}")
-    lines = body[:-1].decode("utf-8", "replace").split("\n")
+    end = body.find(b"\n")
+    message = unescape(body[:end].decode("utf-8", "replace"))
     fields: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line.startswith(" ") or "=" not in line:
-            raise Garbled(f"bad dictionary line {line[:60]!r}")
-        key, _, value = line[1:].partition("=")
-        fields[key] = unescape(value)
-    prio = int(match.group(1))
-    return Record(int(match.group(2)), prio & 7, prio >> 3, int(match.group(3)),
-                  match.group(4).decode("ascii", "replace"), unescape(lines[0]), fields)
+    if end < len(body) - 1:
+        for line in body[end + 1:-1].decode("utf-8", "replace").split("\n"):
+            if not line.startswith(" ") or "=" not in line:
+                raise Garbled(f"bad dictionary line {line[:60]!r}")
+            key, _, value = line[1:].partition("=")
+            fields[key] = unescape(value)
+    prio = int(parts[0])
+    return Record(int(parts[1]), prio & 7, prio >> 3, int(parts[2]), parts[3].decode("ascii", "replace"),
+                  message, fields)
+
+
+def _digits(text: bytes, most: int) -> bool:
+    """1 to ``most`` ASCII digits."""
+    return 0 < len(text) <= most and text.isdigit()
 
 
 def boot_id(path: str = BOOT_ID_PATH) -> str:
