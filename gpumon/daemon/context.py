@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+from collections.abc import Callable
 
 from gpumon import __version__
 from gpumon.collectors.base import Context
@@ -80,7 +81,7 @@ def _writable(path: str) -> bool:
     return os.access(path, os.W_OK)
 
 
-def sink_context(config: Config, loop_alive=lambda: True, simulation=None) -> SinkContext:
+def sink_context(config: Config, loop_alive: Callable[[], bool] = lambda: True) -> SinkContext:
     """``config``: the one in effect, ``make_context``'s (a simulated host's IMDS and KVP pool)."""
     return SinkContext(hostname=hostname(config), state_dir=config.daemon.state_dir, version=__version__,
-                       loop_alive=loop_alive, simulation=simulation, config=config)
+                       loop_alive=loop_alive, config=config)

@@ -85,8 +85,7 @@ class Daemon:
             if problems:
                 raise StartupError("; ".join(problems))
             holder = LoopHolder()
-            sctx = sink_context(ctx.config, holder.alive,
-                                ctx.simulation)
+            sctx = sink_context(ctx.config, holder.alive)
             section = config.sections.get("health")
             if section is not None and section["enabled"]:
                 sctx.health_verdict = holder.verdict

@@ -50,7 +50,6 @@ class SinkContext:
     version: str
     loop_alive: Callable[[], bool] = lambda: True
     """True while the collector loop is running; the Prometheus sink's /healthz reads it."""
-    simulation: Any = None
     health_verdict: Callable[[], dict[str, Any] | None] | None = None
     """The node's latest health verdict as a dict (None before the first); unset when ``[health]`` is
     off. The Prometheus sink's /health serves it."""
