@@ -24,7 +24,9 @@ def test_flips_and_bumps_are_counted_once_each_with_events(gpumon_run, tmp_path)
     def seen(name: str, expected: float) -> bool:
         return value(process.metrics(), name, device) == expected
 
-    wait_for(lambda: seen("gpumon_ib_port_up", 1))
+    # the infiniband and linkflap collectors publish as each run ends: wait for both first runs
+    wait_for(lambda: seen("gpumon_ib_port_up", 1) and value(process.metrics(), "gpumon_ib_link_flaps_total",
+                                                            device) is not None)
     assert seen("gpumon_ib_link_flaps_total", 0)
 
     fabric.set_down(device, port)  # a long outage the 1 s watcher sees
