@@ -22,6 +22,7 @@ from gpumon.collectors.base import Availability, Collector, CollectorUnavailable
 from gpumon.collectors.gpu_directory import KEY as DIRECTORY_KEY
 from gpumon.collectors.gpu_directory import GpuDirectory, GpuEntry, GpuProcess
 from gpumon.collectors.nvml_fabric import FABRIC_ITEM, FABRIC_LEGACY_ITEM, fabric_events
+from gpumon.collectors.nvml_gpm import GpmPair, alloc_samples, free_samples
 from gpumon.collectors.nvml_session import Device, NvmlSession, classify, nvml_code, shared_session, text
 from gpumon.collectors.nvml_tables import (
     CLOCK_EVENT_REASONS,
@@ -82,21 +83,6 @@ class _NvmlGone(Exception):
 
 
 @dataclass
-class _Gpm:
-    """Two GPM sample buffers used alternately: each run's metrics span the previous run's sample."""
-
-    samples: list[Any]
-    sampler: str
-    args: tuple[Any, ...]
-    idx: int = 0
-    taken: int = 0
-
-    @property
-    def valid(self) -> bool:
-        return self.taken >= 2
-
-
-@dataclass
 class _Mig:
     handle: Any
     gpu_instance: int
@@ -111,9 +97,9 @@ class _Gpu:
     info: tuple[str, ...] = ()
     static_rows: list[M.Row] = field(default_factory=list)
     link_count: int = 0
-    gpm: _Gpm | None = None
+    gpm: GpmPair | None = None
     mig: list[_Mig] = field(default_factory=list)
-    mig_gpm: dict[int, _Gpm] = field(default_factory=dict)
+    mig_gpm: dict[int, GpmPair] = field(default_factory=dict)
     dropped: dict[Any, float] = field(default_factory=dict)
     slow_cache: dict[str, list[M.Row]] = field(default_factory=dict)
     slow_last: dict[str, int] = field(default_factory=dict)
@@ -513,25 +499,14 @@ class NvmlCollector(Collector):
             return
         samples = self._alloc_samples(gpu, out)
         if samples is not None:
-            gpu.gpm = _Gpm(samples, "nvmlGpmSampleGet", (gpu.dev.handle,))
+            gpu.gpm = GpmPair(samples, "nvmlGpmSampleGet", (gpu.dev.handle,))
 
     def _alloc_samples(self, gpu: _Gpu, out: Collection) -> list[Any] | None:
-        samples: list[Any] = []  # pynvml's GPM sample handles
-        for _ in range(2):
-            sample = self._try(gpu, ("static", "gpm_alloc"), "nvmlGpmSampleAlloc", out=out)
-            if sample is None:
-                self._free_samples(samples)
-                return None
-            samples.append(sample)
-        return samples
+        return alloc_samples(self.session, lambda: self._try(gpu, ("static", "gpm_alloc"), "nvmlGpmSampleAlloc",
+                                                             out=out))
 
     def _free_samples(self, samples: list[Any]) -> None:
-        for sample in samples:
-            try:
-                self.session.call("nvmlGpmSampleFree", sample)
-            except Exception as exc:  # noqa: BLE001 - a buffer NVML will not take back is lost either way
-                log.debug("nvmlGpmSampleFree: %s", exc)
-        samples.clear()
+        free_samples(self.session, samples)
 
     def _free_gpm(self, gpu: _Gpu) -> None:
         """Give back every GPM buffer of the GPU (before dropping them: NVML allocated them)."""
@@ -572,7 +547,7 @@ class NvmlCollector(Collector):
                 if gi not in gpu.mig_gpm:
                     samples = self._alloc_samples(gpu, out)
                     if samples is not None:
-                        gpu.mig_gpm[gi] = _Gpm(samples, "nvmlGpmMigSampleGet", (gpu.dev.handle, gi))
+                        gpu.mig_gpm[gi] = GpmPair(samples, "nvmlGpmMigSampleGet", (gpu.dev.handle, gi))
 
     # --- fields --------------------------------------------------------------------------------------
 
@@ -676,7 +651,7 @@ class NvmlCollector(Collector):
         extra = (str(mig.gpu_instance), str(mig.compute_instance))
         return [(M.MIG_MEM_TOTAL, extra, float(mem.total)), (M.MIG_MEM_USED, extra, float(mem.used))]
 
-    def _mig_gpm(self, gpu: _Gpu, gi: int, pair: _Gpm, rows: list[M.Row], out: Collection) -> None:
+    def _mig_gpm(self, gpu: _Gpu, gi: int, pair: GpmPair, rows: list[M.Row], out: Collection) -> None:
         if ("gpm_mig", gi) in gpu.dropped:
             return
         self._gpm_sample(gpu, pair, out, key=("gpm_mig", gi))
@@ -690,20 +665,15 @@ class NvmlCollector(Collector):
 
     # --- GPM -----------------------------------------------------------------------------------------
 
-    def _gpm_sample(self, gpu: _Gpu, pair: _Gpm, out: Collection, key: Any = ("gpm",)) -> None:
+    def _gpm_sample(self, gpu: _Gpu, pair: GpmPair, out: Collection, key: Any = ("gpm",)) -> None:
         """Take one sample into the next buffer; the pair becomes valid once two samples exist."""
-        sample = pair.samples[pair.idx]
         try:
-            self.session.call(pair.sampler, *pair.args, sample)
+            pair.sample(self.session)
         except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome
-            pair.taken = 0
             self._handle_error(gpu, key, pair.sampler, exc, out)
             if key in gpu.dropped and key == ("gpm",) and gpu.gpm is not None:
                 self._free_samples(gpu.gpm.samples)
                 gpu.gpm = None
-            return
-        pair.idx ^= 1
-        pair.taken += 1
 
     @staticmethod
     def _needs_second_sample(gpu: _Gpu) -> bool:
@@ -720,36 +690,25 @@ class NvmlCollector(Collector):
             if pair.taken == 1:
                 self._mig_gpm(gpu, gi, pair, rows, out)
 
-    def _gpm_metrics(self, gpu: _Gpu, pair: _Gpm, rows: list[M.Row], extra: tuple[str, ...],
+    def _gpm_metrics(self, gpu: _Gpu, pair: GpmPair, rows: list[M.Row], extra: tuple[str, ...],
                      ratio_spec: MetricSpec, out: Collection, ratios_only: bool = False) -> None:
-        lib = self.session.lib
         ids = [mid for mid in GPM_ALL_IDS if ("gpm_metric", mid) not in gpu.dropped]
         if ratios_only:
             ratio_ids = {mid for mid, _ in GPM_RATIOS}
             ids = [mid for mid in ids if mid in ratio_ids]
         if not ids:
             return
-        mg = lib.c_nvmlGpmMetricsGet_t()
-        mg.version = lib.NVML_GPM_METRICS_GET_VERSION
-        mg.numMetrics = len(ids)
-        mg.sample1 = pair.samples[pair.idx]        # the older sample
-        mg.sample2 = pair.samples[pair.idx ^ 1]    # the one just taken
-        for i, mid in enumerate(ids):
-            mg.metrics[i].metricId = mid
         try:
-            self.session.call("nvmlGpmMetricsGet", mg)
+            read = pair.read(self.session, ids)
         except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome
             self._handle_error(gpu, ("gpm_metrics",), "nvmlGpmMetricsGet", exc, out)
             return
         names = dict(GPM_RATIOS)
         pcie, nvlink = dict(GPM_PCIE), dict(GPM_NVLINK)
-        for i, mid in enumerate(ids):
-            metric = mg.metrics[i]
-            if int(metric.nvmlReturn) != 0:
-                self._handle_error(gpu, ("gpm_metric", mid), f"GPM metric {mid}",
-                                   _code_error(int(metric.nvmlReturn)), out)
+        for mid, code, value in read:
+            if code != 0:
+                self._handle_error(gpu, ("gpm_metric", mid), f"GPM metric {mid}", _code_error(code), out)
                 continue
-            value = float(metric.value)
             if mid in names:
                 rows.append((ratio_spec, extra + (names[mid],), max(0.0, min(1.0, value / 100.0))))
             elif mid in pcie:
