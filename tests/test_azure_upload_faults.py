@@ -357,3 +357,30 @@ def test_uploader_outlives_a_full_disk_when_acknowledging(server, make_sink, mon
     assert len(delivered_ids(server)) == 9  # nothing sent twice
     sink.stop(2.0)
     assert Spool(str(tmp_path / "spool" / "azure_monitor"), 256 << 20).stats().records == 0
+
+
+PLUGIN = MetricSpec("acme_rack_inlet_celsius", MetricType.GAUGE, "inlet", "celsius", ("rack",))
+METRICS_STREAM = "Custom-GpuMonMetrics_CL"
+
+
+@pytest.mark.parametrize("server", [None, "undeclared-stream-400"], indirect=True)
+def test_a_dcr_without_the_generic_stream_turns_generic_rows_off_and_blocks_nothing(server, make_sink, caplog):
+    """A DCR deployed before the generic metrics stream existed answers 404 (or 400) for it: the GPU
+    rows of the same batch, and every later batch, still arrive; generic rows stop, logged once."""
+    server.declarations.pop(METRICS_STREAM)
+    sink = make_sink(upload_interval=0.2)
+
+    def snapshot(value: float) -> Snapshot:
+        power = MetricFamily(POWER, (POWER.sample(value, "0", "GPU-a"),))
+        rack = MetricFamily(PLUGIN, (PLUGIN.sample(21.5, "r1"),))
+        return Snapshot("node-1", time.time(), (power, rack), (), ())
+
+    deadline = time.monotonic() + 10
+    while len(server.rows(GPU_STREAM)) < 3 and time.monotonic() < deadline:
+        sink.publish(snapshot(300 + len(server.rows(GPU_STREAM))))
+        server.wait_for(lambda s: len(s.rows(GPU_STREAM)) >= 3, timeout=0.05)
+    assert len(server.rows(GPU_STREAM)) >= 3, "GPU rows stopped behind the missing stream"
+    assert server.rows(METRICS_STREAM) == []
+    assert sum("for generic metric rows" in r.getMessage() for r in caplog.records) == 1
+    assert not any("deadletter" in r.getMessage() for r in caplog.records)
+    assert sink.health().up

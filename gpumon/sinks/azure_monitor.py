@@ -118,6 +118,8 @@ class _Outcome:
     delay: float = 0.0
     config_fault: bool = False
     reason: str = ""
+    stream_missing: bool = False
+    """The DCR does not have the stream (404, or a 400 about the request itself)."""
 
 
 class _StopBatch(Exception):
@@ -379,6 +381,10 @@ class AzureMonitorSink(Sink):
         for key, rows in by_stream.items():
             stream = self._streams.get(key)
             todo = [r for r in rows if r.get("RowId") not in self._delivered]
+            if stream is None and key == METRICS:  # generic rows turned off: spooled ones go quietly
+                self._delivered.update(r["RowId"] for r in todo if r.get("RowId") is not None)
+                self._counters.rejected += len(todo)
+                continue
             if stream is None:
                 for row in todo:
                     self._dead_letter(key, row, "no stream configured for this table")
@@ -387,8 +393,25 @@ class AzureMonitorSink(Sink):
                 continue
             outcome = self._upload(stream, todo)
             if not outcome.ok:
+                if key == METRICS and outcome.stream_missing:
+                    self._generic_rows_off(stream, todo)
+                    continue  # the other tables' rows still go: a DCR older than this gpumon blocks nothing
                 return outcome
         return _Outcome(True)
+
+    def _generic_rows_off(self, stream: str, rows: list[dict[str, Any]]) -> None:
+        """The DCR has no stream for the generic metric rows (deployed before it existed): stop making
+        them, drop these (counted as rejected) and say how to get them, once."""
+        self._streams.pop(METRICS, None)
+        self._builder.generic = False
+        for row in rows:
+            if row.get("RowId") is not None:
+                self._delivered.add(row["RowId"])
+        self._counters.rejected += len(rows)
+        log.error("azure_monitor: the DCR %s has no stream %s for generic metric rows (a template deployed "
+                  "before this gpumon); they are off until restart, the other tables are sent: redeploy "
+                  "deploy/azure/azuredeploy.json to get them, or set [azure_monitor] stream_metrics = \"\" "
+                  "to silence this", self._opt["dcr_immutable_id"], stream)
 
     def _upload(self, stream: str, rows: list[dict[str, Any]], probe: bool = True) -> _Outcome:
         """Send rows; isolate rejected rows by bisection. Not ok = retry the whole batch later."""
@@ -499,7 +522,7 @@ class AzureMonitorSink(Sink):
                   "this gpumon sends columns it lacks; rows stay in the spool and are retried")
         self._note(reason, logging.ERROR)
         headers = getattr(getattr(error, "response", None), "headers", None)
-        return _Outcome(False, _retry_after(headers) or 0.0, True, reason)
+        return _Outcome(False, _retry_after(headers) or 0.0, True, reason, stream_missing=True)
 
     def _classify(self, error: BaseException, status: int | None, stream: str, auth_error: type) -> _Outcome:
         dcr = self._opt["dcr_immutable_id"]
@@ -507,7 +530,7 @@ class AzureMonitorSink(Sink):
         if status in _CONFIG_STATUS:
             reason = _status_verdict(status, dcr, stream, self._identity_hint(), _error_text(error))
             self._note(reason, logging.ERROR)
-            return _Outcome(False, _retry_after(headers) or 0.0, True, reason)
+            return _Outcome(False, _retry_after(headers) or 0.0, True, reason, stream_missing=status == 404)
         if isinstance(error, auth_error):
             reason = f"cannot get a token ({self._opt['credential']}): {_error_text(error)}"
             self._note(reason, logging.ERROR)
