@@ -250,3 +250,55 @@ def test_once_deadlines_run_in_parallel_not_one_after_another():
         c.release.set()
     assert all(not c.ok for c in snapshot.collectors)
     assert elapsed < 1.5, elapsed
+
+
+class SlowHealth:
+    """A health stage whose evaluation stalls (a slow disk under its state file, a hung action)."""
+
+    def __init__(self, seconds: float) -> None:
+        import tempfile
+
+        from gpumon.health.rules import Thresholds
+        from gpumon.health.stage import HealthSettings, HealthStage
+
+        self.stage = HealthStage(tempfile.mkdtemp(), HealthSettings(Thresholds()), persist=False)
+        self.seconds = seconds
+        self.updates = 0
+
+    def update(self, snapshot: Snapshot):
+        self.updates += 1
+        threading.Event().wait(self.seconds)
+        return self.stage.update(snapshot)
+
+    def verdict(self):
+        return self.stage.verdict()
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_slow_health_evaluation_never_makes_a_fast_collector_late(loop_of) -> None:
+    """The rules run outside the loop's lock: a collector handing in a run while the health stage
+    takes longer than the collector's deadline is not reported down."""
+    fast = Scripted("fast")
+    loop, sink = make_loop(fast, interval=0.1, deadline=0.5)
+    slow = SlowHealth(1.2)
+    loop.health = slow  # type: ignore[assignment]
+    loop.start()
+    try:
+        wait_for(lambda: slow.updates >= 3, timeout=20)
+        downs = [e for s in sink.snapshots for e in s.events if e.kind == "collector_down"]
+        assert downs == []
+        assert all(s.collectors[0].ok for s in sink.snapshots if s.collectors and s.collectors[0].name == "fast"
+                   and s.collectors[0].error != "no run yet")
+    finally:
+        loop.stop(2.0)
+
+
+def test_a_collector_that_has_not_run_keeps_one_status_object() -> None:
+    """Sinks tell a new run by the status object (has_new_results): a placeholder must not be new on
+    every compose."""
+    waiting = Scripted("waiting")
+    loop, _ = make_loop(waiting)
+    first, second = loop.compose(), loop.compose()
+    assert first.collectors[0] is second.collectors[0]

@@ -99,14 +99,15 @@ class CollectorRunner:
             self.overran = False
             result, failure, unavailable = run_collect(self.collector)
             duration = time.monotonic() - t0
+            if duration > self.deadline:
+                self.overran = True  # late, whether or not the loop noticed before the run ended
+            self.started = None  # the run is over: time spent handing it to the loop is not the run's
             if self._stop.is_set():
                 break
             try:
                 self.loop.accept(self, result, failure, unavailable, duration)
             except Exception:  # never let bookkeeping kill the thread: its series would go stale
                 log.exception("accepting a result of collector %s failed", self.name)
-            finally:
-                self.started = None
             next_run += self.interval
             now = time.monotonic()
             if next_run < now:  # a slow run: skip the missed ticks rather than bunching runs up
@@ -174,6 +175,7 @@ class Loop:
         self._owed = False
         """Bookkeeping (run counts, durations, a health evaluation) waits for a publish."""
         self._shown: dict[str, tuple[tuple[MetricFamily, ...], tuple]] = {}
+        self._placeholders: dict[tuple[str, str, bool], CollectorStatus] = {}
         self.reloads = reloads
         self.plan = plan
         self.ctx = ctx
@@ -397,53 +399,70 @@ class Loop:
                 self._sink_health[sink.name] = sink.health()
             except Exception as exc:
                 self._sink_health[sink.name] = SinkHealth(up=False, detail=str(exc))
-        with self._lock:
+        with self._lock:  # only copies under the lock: collector threads wait on it in accept()
             families: list[MetricFamily] = []
             statuses = []
             for planned in self.plan.collectors:
                 slot = self._slots.get(planned.name)
                 if slot is None:
-                    statuses.append(CollectorStatus(planned.name, False, 0.0, planned.reason, available=False))
+                    statuses.append(self._placeholder(planned.name, planned.reason, available=False))
                     continue
                 families.extend(slot.families)
                 self._shown[planned.name] = (slot.families, (slot.book.up, slot.book.state, slot.book.reason))
-                statuses.append(slot.status or CollectorStatus(planned.name, False, 0.0, "no run yet"))
+                statuses.append(slot.status or self._placeholder(planned.name, "no run yet"))
             books = {name: slot.book for name, slot in self._slots.items()}
             reloads = self.reloads.as_dict() if self.reloads is not None else None
             not_running = {p.name: p.reason for p in self.plan.collectors if p.name not in self._slots}
             events, self._events = tuple(self._events), []
-            allocation = next((f for f in families if f.name == attribution_labels.ALLOCATION_FAMILY), None)
-            health_families, health_events = self._judge(families, events, statuses)
-            families.extend(health_families)
-            events += health_events
-            if allocation is not None and self._relabel:
-                families = list(attribution_labels.relabel(families, allocation))
-            families.extend(self.self_metrics.families(books, self._sink_health, reloads, not_running))
+            judge = self._due_for_judgement()
+        allocation = next((f for f in families if f.name == attribution_labels.ALLOCATION_FAMILY), None)
+        # the rules (and a save of the verdicts to disk) run outside the lock
+        health_families, health_events = self._judge(families, events, statuses) if judge else \
+            (self._health_out[0], ())
+        families.extend(health_families)
+        events += health_events
+        if allocation is not None and self._relabel:
+            families = list(attribution_labels.relabel(families, allocation))
+        families.extend(self.self_metrics.families(books, self._sink_health, reloads, not_running))
+        with self._lock:
             self._seq += 1
             snapshot = Snapshot(self.host, time.time(), _merged(families), events, tuple(statuses), self._seq)
             self.latest = snapshot
             self.snapshot_ready.notify_all()
         return snapshot
 
-    def _judge(self, families: list[MetricFamily], events: tuple[Event, ...],
-               statuses: list[CollectorStatus]) -> tuple[tuple[MetricFamily, ...], tuple[Event, ...]]:
-        """The health stage's view of the collectors' latest results: evaluated only when a collector
-        brought a new run (a status object is replaced per run), its series kept between."""
-        if self.health is None:
-            return (), ()
-        if any(slot.status is None for slot in self._slots.values()):
-            return (), ()  # no verdict before every collector has reported once
+    def _placeholder(self, name: str, reason: str, available: bool = True) -> CollectorStatus:
+        """The status of a collector that has not run (or cannot): one object per name and reason, so
+        a sink comparing statuses by identity sees no new run where there was none."""
+        key = (name, reason, available)
+        status = self._placeholders.get(key)
+        if status is None:
+            status = self._placeholders[key] = CollectorStatus(name, False, 0.0, reason, available=available)
+        return status
+
+    def _due_for_judgement(self) -> bool:
+        """Whether the health stage should look again (called with the lock held): only when a
+        collector brought a new run, every collector has reported once, and not more often than
+        HEALTH_EVERY (REFRESH when the runs brought the same series)."""
+        if self.health is None or any(slot.status is None for slot in self._slots.values()):
+            return False  # no verdict before every collector has reported once
         seen = tuple(slot.book.runs for slot in self._slots.values())
         if seen == self._health_seen:
-            return self._health_out[0], ()
+            return False
         now = time.monotonic()
         series = tuple(slot.families for slot in self._slots.values())
         same = len(series) == len(self._health_series) and all(
             a is b for a, b in zip(series, self._health_series))  # unchanged runs keep the shown tuple
         if now - self._health_at < (self.REFRESH if same else self.HEALTH_EVERY):
             self._owed = True  # judged on a later publish (see _run)
-            return self._health_out[0], ()
+            return False
         self._health_seen, self._health_at, self._health_series = seen, now, series
+        return True
+
+    def _judge(self, families: list[MetricFamily], events: tuple[Event, ...],
+               statuses: list[CollectorStatus]) -> tuple[tuple[MetricFamily, ...], tuple[Event, ...]]:
+        """The health stage's verdict on the collectors' latest results (outside the loop's lock)."""
+        assert self.health is not None
         try:
             result = self.health.update(Snapshot(self.host, time.time(), tuple(families), events,
                                                  tuple(statuses)))
