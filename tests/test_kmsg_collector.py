@@ -5,6 +5,8 @@ and garbled records are counted; the position survives a restart; a missing log 
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 from gpumon.collectors.base import Context
@@ -94,6 +96,57 @@ def test_mlx5_sxid_and_ipoib_lines_name_their_devices(tmp_path):
     assert kinds["netdev_link_ready"].subject == {"netdev": "ib0"}
     assert values(out, "gpumon_nvswitch_sxid_errors_total") == {("nvidia-nvswitch0", "00000000:C6:00.0", "20034"): 1}
     assert values(out, "gpumon_kmsg_records_total")[("other",)] == 1      # the veth is not IPoIB
+
+
+def test_driver_lines_a_process_wrote_are_userspace_records_not_events(tmp_path):
+    log, c = rig(tmp_path)
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+    log.record(1, xid, prio=(1 << 3) | 4, usec=usec_ago(10))     # echo ... > /dev/kmsg: LOG_USER
+    log.record(2, xid, prio=(3 << 3) | 3, usec=usec_ago(10))     # <27>: a prefix naming LOG_DAEMON
+    log.record(3, "nvidia-nvswitch0: SXid (PCI:0000:c6:00.0): 20034, Fatal, Link 30", prio=12, usec=usec_ago(10))
+    log.record(4, xid, prio=4, usec=usec_ago(10))                # the driver's own: facility 0
+    out = c.collect()
+    assert [e.attributes["seq"] for e in out.events] == [4]
+    assert values(out, "gpumon_kmsg_xid_errors_total") == {("00000000:3B:00.0", "79"): 1}
+    records = values(out, "gpumon_kmsg_records_total")
+    assert (records[("userspace",)], records[("xid",)], records[("sxid",)]) == (3, 1, 0)
+
+
+def ready(netdev: str) -> str:
+    return f"IPv6: ADDRCONF(NETDEV_CHANGE): {netdev}: link becomes ready"
+
+
+def test_link_ready_names_that_are_no_netdev_or_no_regular_file_are_not_ipoib(tmp_path):
+    log, c = rig(tmp_path)
+    (tmp_path / "sys" / "escaped").mkdir(parents=True)
+    (tmp_path / "sys" / "escaped" / "type").write_text("32\n")          # what ../../escaped would reach
+    (tmp_path / "sys" / "class" / "net" / "fifo0").mkdir(parents=True)
+    fifo = tmp_path / "sys" / "class" / "net" / "fifo0" / "type"
+    os.mkfifo(fifo)                                                      # a blocking open() waits forever
+    log.record(1, ready("../../escaped"))
+    log.record(2, ready("fifo0"))
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(c.collect()), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    if worker.is_alive():
+        with open(fifo, "w"):                                            # let the stuck open() go
+            pass
+        worker.join(timeout=10)
+    assert result and not result[0].events
+    assert values(result[0], "gpumon_kmsg_records_total")[("other",)] == 2
+
+
+def test_a_netdev_name_that_was_not_ipoib_is_asked_again(tmp_path):
+    log, c = rig(tmp_path)
+    net = tmp_path / "sys" / "class" / "net" / "ib7"
+    net.mkdir(parents=True)
+    (net / "type").write_text("1\n")                # a veth that was called ib7 for a while
+    log.record(1, ready("ib7"))
+    assert c.collect().events == []
+    (net / "type").write_text("32\n")               # gone, and the name now is an IPoIB interface
+    log.record(2, ready("ib7"))
+    assert [e.subject for e in c.collect().events] == [{"netdev": "ib7"}]
 
 
 def test_lost_garbled_and_unknown_format_driver_lines_are_counted(tmp_path, caplog):

@@ -17,6 +17,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
+import stat
 import time
 from collections import Counter
 from typing import Any
@@ -38,9 +40,14 @@ MAX_PER_RUN = 100_000
 CHUNK = 1_000
 """Records read and handled at a time within a run."""
 STATE_FILE = "kmsg.json"
+KERNEL = 0
+"""The kernel's own facility (LOG_KERN): a process writing to /dev/kmsg gets LOG_USER or the one its
+``<N>`` prefix names, never 0, so only facility 0 records can be driver lines."""
+NETDEV = re.compile(r"[\w.:-]{1,15}", re.ASCII)
+"""A name that can be a netdev (IFNAMSIZ - 1 characters, no ``/``): the name becomes a sysfs path."""
 
 KINDS = ("xid", "gpu_off_bus", "sxid", "mlx5_health", "mlx5_port_module", "mlx5_port_module_error",
-         "mlx5_pcie_power", "netdev_link_up", "netdev_link_down", "netdev_link_ready", "other")
+         "mlx5_pcie_power", "netdev_link_up", "netdev_link_down", "netdev_link_ready", "other", "userspace")
 
 RECORDS = MetricSpec("gpumon_kmsg_records_total", MetricType.COUNTER,
                      "Kernel log records read, by the driver message recognised (other: anything else).",
@@ -91,7 +98,9 @@ class KmsgCollector(Collector):
         self._logged: set[str] = set()
         self._ib_by_pci: dict[str, str] = {}
         self._names: dict[str, tuple[str, str]] = {}
-        self._ipoib: dict[str, bool] = {}
+        self._ipoib: set[str] = set()
+        """IPoIB netdevs seen (only those: every other name is asked again, so pod churn's veths
+        leave nothing behind)."""
         self._boot_wall = time.time() - time.monotonic()
 
     @classmethod
@@ -140,6 +149,9 @@ class KmsgCollector(Collector):
             self._handle(record, out)
 
     def _handle(self, record: Record, out: Collection) -> None:
+        if record.facility != KERNEL:  # written by a process: anyone with the device can say "Xid"
+            self._records["userspace"] += 1
+            return
         msg = driver_log.recognise(record.message)
         if msg is None:
             self._records["other"] += 1
@@ -224,14 +236,30 @@ class KmsgCollector(Collector):
         return self._ib_by_pci[name]
 
     def _is_ipoib(self, netdev: str) -> bool:
-        """ARPHRD_INFINIBAND (32) in ``class/net/<netdev>/type``: an IPoIB interface."""
-        if netdev not in self._ipoib:
-            try:
-                with open(os.path.join(self.ctx.sysfs_root, "class", "net", netdev, "type"), encoding="ascii") as fh:
-                    self._ipoib[netdev] = fh.read().strip() == "32"
-            except OSError:
-                return False  # not there (yet): ask again next time
-        return self._ipoib[netdev]
+        """ARPHRD_INFINIBAND (32) in ``class/net/<netdev>/type``: an IPoIB interface. The name comes
+        from a log line: one that is no netdev name, or a path that is no regular file, is not IPoIB."""
+        if netdev in self._ipoib:
+            return True
+        if not NETDEV.fullmatch(netdev) or netdev in (".", ".."):
+            return False
+        path = os.path.join(self.ctx.sysfs_root, "class", "net", netdev, "type")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return False  # not there (yet): ask again next time
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False
+            ipoib = os.read(fd, 64).strip() == b"32"
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        if ipoib:
+            if len(self._ipoib) >= 1024:
+                self._ipoib.clear()
+            self._ipoib.add(netdev)
+        return ipoib
 
     # --- output ------------------------------------------------------------------------------------
 
