@@ -4,6 +4,7 @@ exports are retried with backoff and counted, and stop() keeps its deadline."""
 from __future__ import annotations
 
 import contextlib
+import ssl
 import time
 
 import pytest
@@ -265,3 +266,50 @@ def test_retry_info_is_read_from_the_status_details():
     assert otel._grpc_retry_delay([("grpc-status-details-bin", b"\xff\x00 not a status")]) is None
     assert otel._grpc_retry_delay([("retry-after", "3")]) == 3.0
     assert otel._grpc_retry_delay([]) is None
+
+
+# ------------------------------------------------------------------- a transport that cannot be built
+
+
+def test_a_certificate_that_is_not_there_fails_start_not_the_export_threads(tmp_path):
+    """The OTEL_* variables name files no config check has seen: start() says which and why."""
+    missing = str(tmp_path / "absent-ca.pem")
+    sink = make_sink("https://127.0.0.1:4318", tmp_path, environ={"OTEL_EXPORTER_OTLP_CERTIFICATE": missing})
+    with pytest.raises(RuntimeError) as err:
+        sink.start()
+    assert "certificate" in str(err.value) and missing in str(err.value)
+    assert not sink._threads
+
+
+def test_a_certificate_that_is_not_pem_fails_start_naming_the_file(tmp_path):
+    garbage = tmp_path / "ca.pem"
+    garbage.write_text("not a certificate\n")
+    sink = make_sink("https://127.0.0.1:4318", tmp_path, certificate=str(garbage))
+    with pytest.raises(RuntimeError) as err:
+        sink.start()
+    assert str(garbage) in str(err.value) and "metrics" in str(err.value)
+
+
+def test_a_transport_fault_is_a_retried_attempt_not_a_dead_thread(http_receiver, tmp_path, monkeypatch):
+    real = otel.sink.send
+    faults = {"left": 2}
+
+    def flaky(transport, message, timeout=None):
+        if faults["left"]:
+            faults["left"] -= 1
+            raise ssl.SSLError("certificate verify failed: unable to get local issuer certificate")
+        return real(transport, message, timeout)
+
+    monkeypatch.setattr(otel.sink, "send", flaky)
+    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False)
+    sink.start()
+    try:
+        sink.publish(snapshot(time.time(), 1.0, 1.0))
+        wait_for(lambda: sink.health().failed >= 1, timeout=10)
+        assert "certificate verify failed" in sink.health().detail
+        http_receiver.wait(lambda r: r.metrics)
+        wait_for(lambda: sink.health().up, timeout=10)
+        assert sink.health().failed == 2
+        assert all(t.is_alive() for t in sink._threads)
+    finally:
+        sink.stop(2)

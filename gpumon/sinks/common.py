@@ -11,7 +11,9 @@ from __future__ import annotations
 import datetime
 import email.utils
 import logging
+import os
 import random
+import stat
 import threading
 import time
 from collections.abc import Mapping
@@ -60,6 +62,29 @@ def retry_after_from_headers(headers: Mapping[str, Any] | Any | None, now: float
             except ValueError:
                 pass
     return parse_retry_after(headers.get("Retry-After"), now)
+
+
+def read_regular_file(path: str, max_bytes: int = 1 << 20) -> bytes:
+    """A file a sink reads while running (a password, a token, a certificate, the web config):
+    opened without blocking, so a FIFO with no writer or a device does not hang the caller, and
+    refused (OSError) unless it is a regular file no larger than ``max_bytes``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        raise OSError(f"{path} is larger than {max_bytes} bytes")
+    return b"".join(chunks)
 
 
 @dataclass

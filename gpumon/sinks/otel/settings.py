@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpumon.config import Option, SectionSchema
+from gpumon.config import Option, SectionSchema, readable_file_check
 from gpumon.imds import IMDS_URL
 
 if TYPE_CHECKING:
@@ -56,9 +56,10 @@ OPTIONS = SectionSchema(
         Option("insecure", bool, False, "gRPC without TLS for an endpoint given without a scheme "
                "(OTEL_EXPORTER_OTLP_INSECURE does the same). `http://` endpoints never use TLS."),
         Option("certificate", str, "", "CA bundle (PEM) that verifies the collector's certificate; "
-               "empty: OTEL_EXPORTER_OTLP_CERTIFICATE, else the system store."),
-        Option("client_certificate", str, "", "Client certificate (PEM) for mutual TLS."),
-        Option("client_key", str, "", "Client private key (PEM) for mutual TLS."),
+               "empty: OTEL_EXPORTER_OTLP_CERTIFICATE, else the system store.", check=readable_file_check),
+        Option("client_certificate", str, "", "Client certificate (PEM) for mutual TLS.",
+               check=readable_file_check),
+        Option("client_key", str, "", "Client private key (PEM) for mutual TLS.", check=readable_file_check),
         Option("interval", float, 0.0, "Seconds between metric exports; 0 exports every new snapshot, "
                "so the export follows the collection interval.", min=0.0, max=3600.0),
         Option("resource_attributes", list, [], "Extra resource attributes as KEY=VALUE; they win over "

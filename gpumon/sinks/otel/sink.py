@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from gpumon.config import readable_file_check
 from gpumon.imds import ImdsClient
 from gpumon.model import Event, Snapshot
 from gpumon.sinks import azure_host
@@ -65,6 +66,8 @@ class OtelSink(Sink):
         self._imds: ImdsClient | None = None
         self._threads: list[threading.Thread] = []
         self._settings: dict[str, SignalSettings] = {}
+        self._transports: dict[str, Any] = {}
+        """Built by start(), so that a certificate that will not load fails start-up, not a thread."""
         self._started = False
         self._log_once = LogOnce(log)
 
@@ -83,9 +86,15 @@ class OtelSink(Sink):
             except ImportError as exc:
                 raise RuntimeError("otel protocol grpc needs grpcio: pip install 'gpumon-exporter[otel]'") from exc
         pb_modules()  # fail start-up now, not on the first export, if the protobuf classes do not load
-        self._resource = resource_attributes(self.ctx, self._opts["resource_attributes"], self._environ)
-        if self._opts["azure_detect"]:
-            self._imds = azure_host.imds_client(self.ctx, self.name, self.cfg, OPTIONS, IMDS_ALIASES)
+        self._transports = self._make_transports()
+        try:
+            self._resource = resource_attributes(self.ctx, self._opts["resource_attributes"], self._environ)
+            if self._opts["azure_detect"]:
+                self._imds = azure_host.imds_client(self.ctx, self.name, self.cfg, OPTIONS, IMDS_ALIASES)
+        except BaseException:
+            for transport in self._transports.values():
+                transport.close()
+            raise
         if self._imds is not None:
             threading.Thread(target=self._detect_azure, name="otel-imds", daemon=True).start()
         else:
@@ -98,6 +107,46 @@ class OtelSink(Sink):
             thread.start()
         where = ", ".join(f"{s.signal} -> {s.endpoint}" for s in self._settings.values())
         log.info("otel: exporting over %s (%s)", self._settings["metrics"].protocol, where)
+
+    def _make_transports(self) -> dict[str, Any]:
+        """One transport per signal; raises RuntimeError naming the signal, the endpoint and the files
+        when one cannot be built (a certificate or key missing, unreadable or not PEM)."""
+        built: dict[str, Any] = {}
+        try:
+            for signal, settings in self._settings.items():
+                files = [(key, path) for key, path in (
+                    ("certificate", settings.certificate), ("client_certificate", settings.client_certificate),
+                    ("client_key", settings.client_key)) if path]
+                for key, path in files:  # the OTEL_* variables name files no config check has seen
+                    problem = readable_file_check(path)
+                    if problem:
+                        raise RuntimeError(f"otel {signal} {key}: {problem}")
+                try:
+                    built[signal] = make_transport(settings, self.ctx.version)
+                except Exception as exc:
+                    named = ", ".join(f"{key} {path}" for key, path in files)
+                    raise RuntimeError(f"otel {signal} export to {settings.endpoint}: cannot set up the "
+                                       f"transport{f' ({named})' if named else ''}: {exc}") from exc
+        except BaseException:
+            for transport in built.values():
+                transport.close()
+            raise
+        return built
+
+    def _send(self, signal: str, transport: Any, request: Any, timeout: float | None) -> tuple[Any, SendResult]:
+        """Send through ``transport`` (built anew when a previous fault discarded it); a fault in the
+        transport itself is a failed, retryable attempt, never the end of the export thread."""
+        try:
+            if transport is None:
+                transport = make_transport(self._settings[signal], self.ctx.version)
+            return transport, send(transport, request, timeout)
+        except Exception as exc:  # noqa: BLE001 - the thread must outlive it and retry with backoff
+            if transport is not None:
+                try:
+                    transport.close()
+                except Exception:  # noqa: BLE001 - closing a broken transport
+                    pass
+            return None, SendResult(False, True, f"transport: {type(exc).__name__}: {exc}")
 
     def _detect_azure(self) -> None:
         """Once, at start: the resource identifies the exporter, it does not follow it around."""
@@ -155,7 +204,7 @@ class OtelSink(Sink):
 
     def _metrics_loop(self) -> None:
         settings = self._settings["metrics"]
-        transport = make_transport(settings, self.ctx.version)
+        transport = self._transports.get("metrics")
         encoder = MetricEncoder(self.ctx.version)
         backoff = Backoff(self._opts["backoff_initial"], self._opts["backoff_max"])
         interval = float(self._opts["interval"])
@@ -197,7 +246,7 @@ class OtelSink(Sink):
                     exported = snapshot
                     continue
                 timeout = self._final_timeout(settings.timeout) if stopping else None
-                result = send(transport, request, timeout)
+                transport, result = self._send("metrics", transport, request, timeout)
                 exported = snapshot
                 self._account(self._metrics, result, points, backoff, "metrics", settings)
                 if not result.ok and result.retryable and not stopping:
@@ -209,11 +258,12 @@ class OtelSink(Sink):
                 if stopping:
                     return
         finally:
-            transport.close()
+            if transport is not None:
+                transport.close()
 
     def _logs_loop(self) -> None:
         settings = self._settings["logs"]
-        transport = make_transport(settings, self.ctx.version)
+        transport = self._transports.get("logs")
         backoff = Backoff(self._opts["backoff_initial"], self._opts["backoff_max"])
         throttled = 0  # attempts of the head batch answered RESOURCE_EXHAUSTED without RetryInfo
         self._resource_ready.wait(self._detect_wait())
@@ -238,7 +288,7 @@ class OtelSink(Sink):
                     self._log_once.warning("encode-logs", "otel: could not encode events: %s", exc)
                     result = SendResult(False, False, f"encode: {exc}")
                 else:
-                    result = send(transport, request, timeout)
+                    transport, result = self._send("logs", transport, request, timeout)
                 keep = not result.ok and (result.retryable
                                           or (result.throttled and throttled + 1 < THROTTLED_LOG_ATTEMPTS))
                 throttled = throttled + 1 if keep and not result.retryable else 0
@@ -265,7 +315,8 @@ class OtelSink(Sink):
                 if done:
                     return
         finally:
-            transport.close()
+            if transport is not None:
+                transport.close()
 
     def _account(self, counters: DeliveryCounters, result: SendResult, items: int, backoff: Backoff,
                  signal: str, settings: SignalSettings) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpumon.sinks.common import (
     parse_retry_after,
+    read_regular_file,
     retry_after_from_headers,
 )
 from gpumon.sinks.otel.encoding import pb_modules
@@ -218,10 +219,7 @@ class GrpcTransport:
         compression = grpc.Compression.Gzip if settings.compression == "gzip" else grpc.Compression.NoCompression
         if settings.tls:
             def read(path: str) -> bytes | None:
-                if not path:
-                    return None
-                with open(path, "rb") as fh:
-                    return fh.read()
+                return read_regular_file(path) if path else None
 
             credentials = grpc.ssl_channel_credentials(
                 read(settings.certificate), read(settings.client_key), read(settings.client_certificate))
