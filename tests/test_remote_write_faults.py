@@ -132,6 +132,20 @@ def test_413_splits_the_request_until_it_goes(receiver, started):
     assert receiver.samples() == 8 and sink.health().dropped == 0
 
 
+def test_413_split_whose_second_half_fails_resends_only_that_half(receiver, started):
+    receiver.answer(Reply(413), Reply(204), Reply(503))
+    sink = started(receiver.url)
+    sink.publish(small_snapshot(T0, gpus=6))
+    wait_for(lambda: delivered(sink) and receiver.samples() >= 8)
+    # 8 series: 413; the first half of 4 goes, the second gets 503 and is retried alone
+    assert receiver.refused == [413, 503] and [len(r.series) for r in receiver.received] == [4, 4]
+    names = [sorted(str(labels) for labels, _ in r.series) for r in receiver.received]
+    assert not set(names[0]) & set(names[1])  # no series sent twice
+    health = sink.health()
+    assert receiver.samples() == 8 and health.exported == 8 and health.dropped == 0
+    assert health.extra["requests_queued"] == 0
+
+
 def test_413_for_a_single_series_drops_it(receiver, started):
     receiver.answer(*[Reply(413)] * 5)
     sink = started(receiver.url)

@@ -9,6 +9,8 @@ spool's bound. Faults, each counted and logged once per kind:
 - no connection, a timeout (whole-request deadline), 5xx, 408, 429: the record stays, retried with
   backoff and jitter, Retry-After honoured;
 - 413: the request is split in halves until each part goes or is a single series (then dropped);
+  when some parts went and another met a retryable fault, the parts that did not go are spooled as
+  new records and the original acknowledged, so nothing is sent twice;
 - 401, 403, 404, 407 and token failures are configuration faults: the record stays and is retried
   slowly (a role assignment can take 30 minutes to reach an Azure Monitor workspace);
 - any other 4xx (400 for out-of-order or duplicate samples): dropped and counted, never retried.
@@ -114,6 +116,10 @@ class _Verdict:
 
     done: bool
     delay: float = 0.0
+    rest: tuple[tuple[bytes, int], ...] = ()
+    """With ``done``: the parts of a split request that did not go (compressed body, samples), to be
+    spooled as new records while the original is acknowledged, so that the parts that went are not
+    sent (and counted) again."""
 
 
 class RemoteWriteSink(Sink):
@@ -281,6 +287,8 @@ class RemoteWriteSink(Sink):
             return 0.0
         verdict = self._deliver(batch)
         if verdict.done:
+            if verdict.rest:  # appended before the ack: a crash between the two re-sends, never loses
+                spool.append([_RECORD_HEAD.pack(samples) + body for body, samples in verdict.rest])
             spool.ack(batch)
         return verdict.delay
 
@@ -334,11 +342,17 @@ class RemoteWriteSink(Sink):
             self._log_once.warning("413", "remote_write: a single series is too large for %s, dropped: %s",
                                    _redact(self._opt["url"]), _describe(response))
             return _Verdict(True)
-        share = [samples // 2, samples - samples // 2]
-        for part, count in zip(halves, share):
-            verdict = self._send(encoding.compress(part), count)
-            if not verdict.done:
-                return verdict
+        parts = [(encoding.compress(part), count)
+                 for part, count in zip(halves, (samples // 2, samples - samples // 2))]
+        for i, (part, count) in enumerate(parts):
+            verdict = self._send(part, count)
+            if verdict.done and not verdict.rest:
+                continue
+            if i == 0 and not verdict.done:
+                return verdict  # nothing went: the whole request stays as it is
+            # part of the request went: what did not is kept apart from it, to be retried alone
+            unsent = verdict.rest if verdict.done else ((part, count),)
+            return _Verdict(True, verdict.delay, (*unsent, *parts[i + 1:]))
         return _Verdict(True)
 
     # -- shutdown and health --------------------------------------------------------------------
