@@ -179,7 +179,9 @@ def _reload(args: argparse.Namespace, runner: daemon.Daemon) -> None:
 def _once_context(config: Config):
     """``once`` never leaves a simulated tree behind: it simulates in a temporary directory."""
     if not config.daemon.simulate:
-        return daemon.make_context(config), None
+        ctx = daemon.make_context(config)
+        ctx.persist_state = False  # a one-shot run leaves the daemon's saved state (read positions) alone
+        return ctx, None
     tmp = tempfile.mkdtemp(prefix="gpumon-once-")
     try:
         return daemon.make_context(config.replace("daemon", state_dir=tmp)), tmp

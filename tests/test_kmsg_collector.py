@@ -5,7 +5,10 @@ and garbled records are counted; the position survives a restart; a missing log 
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -14,7 +17,7 @@ from gpumon.collectors.kmsg import KmsgCollector
 from gpumon.collectors.xid import XidCollector
 from gpumon.simulate.nvml import FakeNVML
 from gpumon.simulate.sysfs import build_tree
-from tests.conftest import values, wait_for
+from tests.conftest import clean_env, values, wait_for
 from tests.test_kmsg_reader import OVERRUN, KernelLog
 
 
@@ -172,6 +175,32 @@ def test_position_survives_a_restart(tmp_path):
     again = KmsgCollector(c.ctx)
     again.reader = log.reader(again.reader.state_file)
     assert [e.attributes["xid"] for e in again.collect().events] == [43]
+
+
+def test_a_read_only_context_reads_from_the_saved_position_and_leaves_it(tmp_path):
+    log, c = rig(tmp_path, Context(hostname="test", state_dir=str(tmp_path), persist_state=False))
+    state = tmp_path / "kmsg.json"
+    state.write_text(json.dumps({"boot_id": c.reader.boot, "seq": 1}))
+    log.record(1, "NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, MMU Fault", usec=usec_ago(10))
+    log.record(2, "NVRM: Xid (PCI:0000:3b:00): 43, pid=1, name=x, Reset channel", usec=usec_ago(10))
+    assert [e.attributes["xid"] for e in c.collect().events] == [43]
+    assert json.loads(state.read_text())["seq"] == 1
+    assert sorted(os.listdir(tmp_path)) == ["boot_id", "kmsg.json"]
+
+
+def test_gpumon_once_leaves_the_daemons_kernel_log_position_alone(tmp_path):
+    kernel_log = tmp_path / "kmsg"
+    kernel_log.write_text("0,7,100,-;a record gpumon once reads\n")    # a file reads as one record, then EOF
+    state = tmp_path / "state"
+    state.mkdir()
+    result = subprocess.run([sys.executable, "-m", "gpumon", "once", "--collectors", "kmsg", "--format", "json"],
+                            env=clean_env(GPUMON_KMSG_PATH=str(kernel_log), GPUMON_KMSG_FIRST_START="all",
+                                          GPUMON_DAEMON_STATE_DIR=str(state)),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    records = next(m for m in json.loads(result.stdout)["metrics"] if m["name"] == "gpumon_kmsg_records_total")
+    assert {s["labels"]["kind"]: s["value"] for s in records["samples"]}["other"] == 1
+    assert os.listdir(state) == []
 
 
 def test_missing_or_simulated_kernel_log_is_unavailable(tmp_path):

@@ -133,6 +133,19 @@ def test_restart_resumes_after_the_saved_record_and_counts_what_was_overwritten(
     assert [x.seq for x in batch.records] == [9] and batch.lost == 3
 
 
+def test_a_save_writes_through_a_temporary_file_of_its_own(tmp_path):
+    state = tmp_path / "kmsg.json"
+    (tmp_path / "kmsg.json.tmp").mkdir()        # a fixed temporary name another process holds
+    log = KernelLog(tmp_path)
+    r = log.reader(state)
+    log.record(5, "seen")
+    r.read()
+    r.save()
+    r.save(7)
+    assert json.loads(state.read_text())["seq"] == 7
+    assert sorted(os.listdir(tmp_path)) == ["boot_id", "kmsg.json", "kmsg.json.tmp"]
+
+
 def test_a_position_saved_in_another_boot_is_not_used(tmp_path):
     state = tmp_path / "kmsg.json"
     state.write_text(json.dumps({"boot_id": "another-boot", "seq": 5000}))

@@ -62,6 +62,9 @@ class Context:
     config: Any = None
     """The whole validated Config (None where a collector is built alone): for a section two collectors
     share, as the linkflap watcher reads [infiniband]'s device filter and read mode."""
+    persist_state: bool = True
+    """False for one-shot commands (``once``, ``check``, ``health``): a collector reads what it saved
+    under ``state_dir`` (such as a read position) but writes nothing there, leaving the daemon's alone."""
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

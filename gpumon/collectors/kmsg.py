@@ -264,6 +264,8 @@ class KmsgCollector(Collector):
     # --- output ------------------------------------------------------------------------------------
 
     def _save(self) -> None:
+        if not self.ctx.persist_state:  # a one-shot command: the daemon's position stays where it is
+            return
         seq = min(r.seq for r, _ in self._pending) - 1 if self._pending else None
         try:
             self.reader.save(seq)

@@ -20,6 +20,7 @@ import errno
 import json
 import os
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -168,10 +169,17 @@ class KmsgReader:
         seq = self.last_seq if seq is None else seq
         if not self.state_file or seq is None:
             return
-        tmp = f"{self.state_file}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"boot_id": self.boot, "seq": seq}, fh)
-        os.replace(tmp, self.state_file)
+        # a temporary name of its own: two processes saving at once never write into one file
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.state_file)}.",
+                                   dir=os.path.dirname(self.state_file) or ".")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"boot_id": self.boot, "seq": seq}, fh)
+            os.replace(tmp, self.state_file)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def read(self, limit: int = 100_000) -> Batch:
         """Every record available now (at most ``limit``), without blocking."""
