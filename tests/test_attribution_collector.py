@@ -127,3 +127,23 @@ def test_unavailable_without_any_source(tmp_path) -> None:
         pytest.fail("this test host unexpectedly has an NVIDIA driver")
     availability = collector.probe()
     assert not availability.available and "kubelet" in availability.reason
+
+
+def test_without_grpcio_the_kubelet_source_is_down_and_processes_still_attribute(tmp_path, kubelet,
+                                                                                  monkeypatch, caplog) -> None:
+    """grpcio is the optional `attribution` extra: a node with the kubelet socket but no grpcio still
+    attributes jobs by process, and says what to install, once."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "grpc", None)  # as if grpcio were not installed
+    proc = tmp_path / "proc" / "100"
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_555/step_0/user/task_0\n")
+    collector, directory = make(tmp_path, kubelet_socket=kubelet.socket_path)
+    directory.publish((GpuEntry("0", U[0], processes=(GpuProcess(100),)),))
+    for _ in range(2):
+        out = collector.collect()
+    assert rows(out) == {("0", U[0], "", "", "", "", "555")}
+    assert source_up(out) == {"kubelet": 0.0, "processes": 1.0}
+    assert out.errors == {"kubelet_grpc_missing": 1}
+    assert sum("gpumon-exporter[attribution]" in r.getMessage() for r in caplog.records) == 1

@@ -172,3 +172,23 @@ def test_check_names_each_action_that_cannot_work(tmp_path, monkeypatch) -> None
     assert "no node name" in text and "no API server" in text and "token" in text
     assert f"hook {not_executable} is not an executable file" in text
     assert check(ActionSettings()) == []  # everything off: nothing to complain about
+
+
+def test_a_flapping_verdict_does_not_drive_a_failing_action_faster_than_its_backoff(tmp_path) -> None:
+    """Each new transition waits out the backoff a failing hook earned: 40 flips within a second make
+    a handful of attempts, not 40."""
+    hook, log = recorder(tmp_path, "exit 1\n")
+    a = runner(tmp_path, hook=hook, backoff_initial=0.4, backoff_max=2.0)
+    try:
+        bad = verdict("unhealthy", ("gpu.xid.48", "reset_gpu"))
+        worse = verdict("unhealthy", ("gpu.xid.48", "reset_gpu"), ("gpu.lost", "reboot"))
+        deadline = time.monotonic() + 1.0
+        flips = 0
+        while time.monotonic() < deadline:
+            a.on_verdict(bad if flips % 2 == 0 else worse)
+            flips += 1
+            time.sleep(0.025)
+        assert flips >= 30
+        assert 1 <= a.stats()["hook"]["runs"] <= 4, a.stats()
+    finally:
+        a.close()

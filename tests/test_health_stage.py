@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -134,7 +135,24 @@ def test_unknown_vm_size_takes_the_first_healthy_run_as_baseline(tmp_path, host)
     with open(tmp_path / "state" / "health.json", encoding="utf-8") as fh:
         baseline = json.load(fh)["baseline"]
     assert baseline == {"gpus": 8, "gpu_model": "NVIDIA H100 80GB HBM3", "ib_ports": 8, "ib_rate_gbps": 400,
-                        "pcie_gen": 5, "pcie_width": 16}
+                        "pcie_gen": 5, "pcie_width": 16, "vm_size": "Standard_Unknown_v9"}
+
+
+def test_no_baseline_while_the_gpu_collector_is_not_up(tmp_path, host) -> None:
+    """A driver still loading at boot: the GPUs are absent because NVML is not up yet, which must not
+    become the norm the node is held to; a resize takes the baseline again."""
+    snap = host.snapshot()
+    down = dataclasses.replace(snap, collectors=tuple(
+        dataclasses.replace(c, ok=False, available=False, error="Driver Not Loaded") if c.name == "nvml" else c
+        for c in snap.collectors), families=tuple(f for f in snap.families if not f.name.startswith("gpumon_gpu")))
+    clock = Clock()
+    s = stage(tmp_path, clock, vm_size="Standard_Unknown_v9")
+    assert s.update(down).verdict.sku == ""
+    assert s.update(snap).verdict.sku == "baseline"
+    resized = stage(tmp_path, clock, vm_size="Standard_Unknown_v10")
+    resized.update(snap)
+    with open(tmp_path / "state" / "health.json", encoding="utf-8") as fh:
+        assert json.load(fh)["baseline"]["vm_size"] == "Standard_Unknown_v10"
 
 
 def test_a_smaller_node_than_its_vm_size_is_unhealthy(tmp_path, host) -> None:
@@ -188,3 +206,27 @@ def test_the_guide_lists_every_rule_xid_and_vm_size() -> None:
 
     with open(os.path.join(REPO, "docs", "health.md"), encoding="utf-8") as fh:
         assert markdown() in fh.read(), "regenerate with python -m gpumon.health.doc"
+
+
+def test_kernel_log_xids_are_judged_per_gpu_by_pci_address(tmp_path, host) -> None:
+    """gpumon_kmsg_xid_errors_total names the GPU by PCI address: each GPU's count is followed on
+    its own, and the finding names the GPU index that gpumon_gpu_info gives that address."""
+    from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample
+
+    spec = MetricSpec("gpumon_kmsg_xid_errors_total", MetricType.COUNTER, "x", labels=("pci_bus_id", "xid"))
+    snap = host.snapshot()
+    info = {s.label("gpu"): s.label("pci_bus_id") for s in snap.family("gpumon_gpu_info").samples}
+
+    def with_kmsg(counts: dict[str, float]):
+        fam = MetricFamily(spec, tuple(Sample((("pci_bus_id", info[g].lower()), ("xid", "94")), v)
+                                       for g, v in counts.items()))
+        return dataclasses.replace(snap, families=snap.families + (fam,))
+
+    clock = Clock()
+    s = stage(tmp_path, clock)
+    s.update(with_kmsg({"1": 0.0, "2": 0.0}))
+    first = s.update(with_kmsg({"1": 1.0, "2": 0.0}))
+    assert [f["subject"] for f in first.verdict.findings if f["rule"] == "gpu.xid.94"] == [{"gpu": "1"}]
+    clock.now += 600
+    again = s.update(with_kmsg({"1": 1.0, "2": 0.0}))
+    assert again.events == ()  # the count did not rise again: no new finding, no flip-flop

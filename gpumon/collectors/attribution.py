@@ -46,6 +46,8 @@ SOURCE_UP = MetricSpec(
     labels=("source",))
 
 KEEP_STALE_INTERVALS = 3
+STALE_DIRECTORY = 300.0
+"""Seconds after which the NVML collector's GPU list is too old to attribute by."""
 _GPU_N = re.compile(r"^gpu-(\d+)$")
 _UUID_IN = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}")
 
@@ -117,7 +119,9 @@ class AttributionCollector(Collector):
         if not self._waited:  # the first run starts beside the NVML collector's: let it publish first
             self._waited = True
             self._directory.wait_first(min(2.0, float(self._o["interval"]) / 2))
-        gpus, _ = self._directory.latest()
+        gpus, read_at = self._directory.latest()
+        if read_at is not None and time.monotonic() - read_at > STALE_DIRECTORY:
+            gpus = ()  # the NVML collector has not run for minutes (down, driver gone): no stale holders
         holders: list[Holder] = []
         up: list[tuple[str, float]] = []
         if self._socket() and os.path.exists(self._socket()):
@@ -148,6 +152,13 @@ class AttributionCollector(Collector):
             self._kube_last = self._client.list(timeout)
             self._kube_ok_at = self.clock()
             self._logged.discard("kubelet")
+        except ImportError as exc:  # grpcio is the optional `attribution` extra
+            ok = False
+            out.count_error("kubelet_grpc_missing")
+            self._log_once("kubelet-grpc", "attribution: the kubelet's PodResources API is gRPC and grpcio is "
+                           "not installed (%s): install gpumon-exporter[attribution]; jobs and containers are "
+                           "still attributed by process", exc)
+            self._kube_last = []
         except kubelet.PodResourcesError as exc:
             ok = False
             out.count_error("kubelet")

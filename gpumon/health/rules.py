@@ -206,10 +206,15 @@ class Evaluator:
     def _xids(self, fams: Mapping[str, MetricFamily]) -> list[Finding]:
         """An XID whose count rose since the last look (NVML's and the kernel log's counters)."""
         out = []
+        # the kernel log names a GPU by its PCI address: gpumon_gpu_info maps it to the index
+        by_bus = {(s.label("pci_bus_id") or "").lower(): s.label("gpu") or ""
+                  for s in _samples(fams, "gpumon_gpu_info")}
         for name in ("gpumon_gpu_xid_errors_total", "gpumon_kmsg_xid_errors_total"):
             for s in _samples(fams, name):
-                xid_text, gpu = s.label("xid") or "", s.label("gpu") or ""
-                key = f"{name}|{gpu}|{xid_text}"
+                xid_text = s.label("xid") or ""
+                bus = s.label("pci_bus_id")
+                gpu = s.label("gpu") or (by_bus.get(bus.lower(), "") if bus else "")
+                key = f"{name}|{bus if bus is not None else gpu}|{xid_text}"
                 before = self.history.xid_totals.get(key, 0.0)
                 self.history.xid_totals[key] = s.value
                 if not xid_text.isdigit() or s.value <= before:
@@ -217,8 +222,9 @@ class Evaluator:
                 policy = XID_POLICY.get(int(xid_text))
                 if policy is None:
                     continue
-                out.append(Finding(f"gpu.xid.{xid_text}", (("gpu", gpu),), policy.level, policy.action,
-                                   f"GPU {gpu}: XID {xid_text}", policy.sticky))
+                where = f"GPU {gpu}" if gpu else f"the GPU at PCI {bus}"
+                out.append(Finding(f"gpu.xid.{xid_text}", (("gpu", gpu or bus or ""),), policy.level,
+                                   policy.action, f"{where}: XID {xid_text}", policy.sticky))
         return out
 
     # -- InfiniBand ---------------------------------------------------------------------------

@@ -113,8 +113,12 @@ class HealthStage:
         sku = expected_for(size) if size else None
         if sku is not None:
             return sku, sku.family
-        if self._state.baseline is None and not findings_unhealthy and snapshot.families:
-            self._state.baseline = _baseline(snapshot)
+        if self._state.baseline is not None and self._state.baseline.get("vm_size", size) != size:
+            log.info("health: the VM size changed (%s -> %s): the baseline is taken again",
+                     self._state.baseline.get("vm_size"), size)
+            self._state.baseline = None
+        if self._state.baseline is None and not findings_unhealthy and _settled(snapshot):
+            self._state.baseline = {**_baseline(snapshot), "vm_size": size}
             log.info("health: no inventory known for VM size %r; this run is the baseline: %s",
                      size, self._state.baseline)
         if self._state.baseline is None:
@@ -260,6 +264,14 @@ class HealthStage:
         families = (MetricFamily(STATE, samples), MetricFamily(NODE, (Sample((), float(verdict.level)),)))
         self._last_levels = (levels, families)
         return families
+
+
+def _settled(snapshot: Snapshot) -> bool:
+    """Whether this run can be the baseline: the GPU collector up (a driver still loading at boot
+    must not make "no GPUs" the norm), InfiniBand up or without any source."""
+    status = {s.name: s for s in snapshot.collectors}
+    nvml, ib = status.get("nvml"), status.get("infiniband")
+    return bool(snapshot.families) and (nvml is None or nvml.ok) and (ib is None or ib.ok or not ib.available)
 
 
 def _baseline(snapshot: Snapshot) -> dict[str, Any]:

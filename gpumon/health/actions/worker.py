@@ -45,7 +45,8 @@ class Worker:
         """Replace whatever waits in the slot; never blocks beyond taking the lock."""
         with self._cond:
             self._pending = verdict
-            self._backoff.succeeded()  # a new transition is tried at once, not after an old backoff
+            # a failing target (scontrol hung, the API server refusing) keeps its backoff across new
+            # transitions: a flapping verdict must not drive it with no backoff at all
             self._cond.notify()
 
     def stats(self) -> dict[str, int]:
