@@ -3,7 +3,9 @@ IMDS, and the verdict the Prometheus endpoint serves."""
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -14,6 +16,8 @@ from gpumon.health.stage import HealthStage
 
 if TYPE_CHECKING:
     from gpumon.daemon.loop import Loop
+
+log = logging.getLogger(__name__)
 
 
 def health_stage(config: Config, ctx: Context, persist: bool = True, act: bool = False,
@@ -33,29 +37,49 @@ def health_stage(config: Config, ctx: Context, persist: bool = True, act: bool =
     return stage
 
 
-def _vm_size_of(ctx: Context) -> Callable[[], str | None]:
+class _VmSize:
     """Where the health stage learns the VM size: IMDS's ``vmSize`` (a simulated host serves its
-    profile's), asked on a thread of its own so the loop never waits on IMDS; None until IMDS has
-    answered or is known absent (then "")."""
-    from gpumon import imds
+    profile's), asked on a thread of its own so the loop never waits on IMDS. None until IMDS has
+    answered or is known absent (then ""). A failure other than "not on Azure" (a timeout at boot,
+    a 5xx, a 429) is asked again after ASK_AGAIN seconds, so one bad moment does not hold the node
+    to a baseline for the life of the process."""
 
-    azure = ctx.config.sections.get("azure") if ctx.config is not None else None
-    found: list[str] = []
-    asked = threading.Event()
+    ASK_AGAIN = 60.0
 
-    def ask() -> None:
+    def __init__(self, ctx: Context) -> None:
+        self._azure = ctx.config.sections.get("azure") if ctx.config is not None else None
+        self._size: str | None = None
+        self._asking = False
+        self._next_ask = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> str | None:
+        with self._lock:
+            if not self._size and not self._asking and time.monotonic() >= self._next_ask:
+                self._asking = True
+                threading.Thread(target=self._ask, name="health-imds", daemon=True).start()
+            return self._size
+
+    def _ask(self) -> None:
+        from gpumon import imds
+
+        size: str | None
+        again = 0.0
         try:
-            found.append(imds.configured(azure).instance().vm_size)
-        except imds.ImdsError:
-            found.append("")  # off Azure: the health stage holds the node to its baseline
+            size = imds.configured(self._azure).instance().vm_size
+        except imds.ImdsError as exc:
+            size = ""  # meanwhile the node is held to its baseline
+            again = float("inf") if exc.reason == "unreachable" else self.ASK_AGAIN  # off Azure: stop asking
+        except Exception:  # noqa: BLE001 - a bug here must not leave the stage waiting forever
+            log.debug("health: asking IMDS for the VM size failed", exc_info=True)
+            size, again = "", self.ASK_AGAIN
+        with self._lock:
+            self._size, self._asking = size, False
+            self._next_ask = time.monotonic() + again
 
-    def vm_size() -> str | None:
-        if not asked.is_set():
-            asked.set()
-            threading.Thread(target=ask, name="health-imds", daemon=True).start()
-        return found[0] if found else None
 
-    return vm_size
+def _vm_size_of(ctx: Context) -> Callable[[], str | None]:
+    return _VmSize(ctx)
 
 
 def endpoint_verdict(loop: Loop | None) -> dict | None:
