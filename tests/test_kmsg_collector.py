@@ -203,6 +203,25 @@ def test_gpumon_once_leaves_the_daemons_kernel_log_position_alone(tmp_path):
     assert os.listdir(state) == []
 
 
+def test_a_reload_counts_an_xid_still_waiting_for_nvml_once(tmp_path):
+    log, old = rig(tmp_path)
+    xid = "NVRM: Xid (PCI:0000:3b:00): 13, pid=7, name=a.out, Graphics Exception"
+    log.record(1, "before it", usec=usec_ago(1))
+    log.record(2, xid, usec=usec_ago(1))
+    log.record(3, "after it", usec=usec_ago(1))
+    assert old.collect().events == []                  # held for its grace period; saved position: 1
+    old.close()                                        # the stopped loop closes its collectors first
+    new = KmsgCollector(old.ctx)
+    new.reader = log.reader(new.reader.state_file)
+    new.inherit(old)
+    for seq, text in ((2, xid), (3, "after it")):      # still in the ring buffer the new reader opens
+        log.record(seq, text, usec=usec_ago(1))
+    out = wait_for(lambda: (lambda o: o if o.events else None)(new.collect()), timeout=5)
+    assert [e.attributes["seq"] for e in out.events] == [2]
+    assert values(out, "gpumon_kmsg_xid_errors_total") == {("00000000:3B:00.0", "13"): 1}
+    assert values(out, "gpumon_kmsg_records_total")[("xid",)] == 1
+
+
 def test_missing_or_simulated_kernel_log_is_unavailable(tmp_path):
     c = KmsgCollector(Context(hostname="t", state_dir=str(tmp_path)), {"path": str(tmp_path / "no-kmsg")})
     verdict = c.probe()

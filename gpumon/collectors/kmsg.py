@@ -291,9 +291,17 @@ class KmsgCollector(Collector):
         self._lost += previous._lost
         self._xids.update(previous._xids)
         self._sxids.update(previous._sxids)
+        if self.path != previous.path:
+            self._pending = previous._pending + self._pending
+            return
+        if self.reader.fd is not None:
+            return  # this reader resumed from the saved position, before the oldest waiting XID, and
+            # reads those again: carrying them as well would count them twice
         self._pending = previous._pending + self._pending
-        if self.reader.fd is None and previous.reader.fd is not None and self.path == previous.path:
+        if previous.reader.fd is not None:
             self.reader, previous.reader = previous.reader, self.reader
+        elif previous.reader.last_seq is not None:  # closed already: go on after its last record
+            self.reader.resume_after(previous.reader.last_seq)
 
     def close(self) -> None:
         self.reader.close()

@@ -135,11 +135,17 @@ class KmsgReader:
         self.last_seq: int | None = None
         """Sequence number of the last record handed out (or skipped as already seen)."""
         self._resume_after: int | None = None
+        self._carried: int | None = None
+
+    def resume_after(self, seq: int) -> None:
+        """Start after ``seq`` rather than at the saved position: a reload's new reader takes the
+        place of the one it replaces, which may be ahead of what that one saved."""
+        self._carried = self.last_seq = seq
 
     def open(self) -> None:
         """Open and position; raises OSError (EACCES/EPERM without root or CAP_SYSLOG)."""
         fd = self._open_fd(self.path)
-        saved = self._load()
+        saved = self._carried if self._carried is not None else self._load()
         try:
             if saved is not None:
                 self._resume_after = self.last_seq = saved  # the default position is the oldest record
