@@ -157,6 +157,17 @@ def test_a_position_saved_in_another_boot_is_not_used(tmp_path):
     assert [x.seq for x in r.read().records] == [3]
 
 
+def test_one_boot_id_for_the_kernel_log_and_the_health_state(tmp_path):
+    from gpumon.health import state
+    from gpumon.sources import kmsg
+
+    path = tmp_path / "boot_id"
+    path.write_text("8d1b7a5e-4f3c-4a57-9d0e-2f7c1b2a3e4d\n")
+    assert state.boot_id is kmsg.boot_id
+    assert state.boot_id(str(path)) == "8d1b7a5e-4f3c-4a57-9d0e-2f7c1b2a3e4d"
+    assert state.boot_id(str(tmp_path / "none")) == ""
+
+
 def test_the_real_kernel_log_when_readable():
     try:
         fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)

@@ -21,19 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.health.catalogue import Level
+from gpumon.sources.kmsg import boot_id as boot_id  # the stage compares it with the saved one
 
 log = logging.getLogger(__name__)
 STATE_FILE = "health.json"
 LOCK_FILE = "health.lock"
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-
-
-def boot_id(path: str = BOOT_ID_PATH) -> str:
-    try:
-        with open(path, encoding="ascii") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
 
 
 @dataclass

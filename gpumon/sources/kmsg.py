@@ -92,7 +92,8 @@ def _digits(text: bytes, most: int) -> bool:
 
 
 def boot_id(path: str = BOOT_ID_PATH) -> str:
-    """This boot's id: sequence numbers restart at each boot, so a saved position is per boot."""
+    """This boot's id ("" when unreadable): what was saved in another boot (a kernel-log position, whose
+    sequence numbers restart at boot; a sticky health verdict, which a reboot clears) is set aside."""
     try:
         with open(path, encoding="ascii") as fh:
             return fh.read().strip()
