@@ -50,6 +50,7 @@ class _Build:
     fresh: list[Sink]
     holder: LoopHolder
     health: HealthStage | None = None
+    health_key: tuple | None = None
 
 
 class Daemon:
@@ -67,7 +68,11 @@ class Daemon:
         self._state_lock: statelock.StateLock | None = None
         self._health_key: tuple | None = None
 
-    def _build(self, config: Config, kept: dict[str, Sink]) -> _Build:
+    def _build(self, config: Config, kept: dict[str, Sink], running_health: HealthStage | None = None) -> _Build:
+        """``running_health``: the health stage to keep when ``[health]`` did not change (the running
+        loop's, or the previous loop's for a rollback after a failed reload)."""
+        if running_health is None and self.loop is not None:
+            running_health = self.loop.health
         ctx = make_context(config)
         if self.ctx is not None and (self.ctx.sysfs_root, self.ctx.state_dir) == (ctx.sysfs_root, ctx.state_dir):
             for key in CARRIED_ACROSS_RELOAD:
@@ -99,7 +104,8 @@ class Daemon:
         except BaseException:
             close_plan(plan)
             raise
-        return _Build(config, ctx, plan, sinks, fresh, holder, self._health_for(config, ctx))
+        health, health_key = self._health_for(config, ctx, running_health)
+        return _Build(config, ctx, plan, sinks, fresh, holder, health, health_key)
 
     def _launch(self, build: _Build, previous: Loop | None = None) -> None:
         """Start the new sinks (binding ports), then the loop. On a sink failure nothing is left
@@ -123,24 +129,25 @@ class Daemon:
             build.ctx.simulation.start()
         loop.start()
         self.config, self.loop, self.ctx = build.config, loop, build.ctx
+        self._health_key = build.health_key
         # taken now: comparing two configs later would stat the same (already changed) files twice
         self._fingerprints = {sink.name: _fingerprint(build.config, sink.name) for sink in build.sinks}
         log.info("gpumon %s running collectors: %s; sinks: %s", __version__,
                  ", ".join(p.name for p in build.plan.running) or "none",
                  ", ".join(s.name for s in build.sinks))
 
-    def _health_for(self, config: Config, ctx: Context) -> HealthStage | None:
-        """The health stage; a reload that changes neither ``[health]`` nor the state directory keeps
-        the running one (its memory of counters and of the last verdict)."""
+    def _health_for(self, config: Config, ctx: Context,
+                    running: HealthStage | None) -> tuple[HealthStage | None, tuple | None]:
+        """The health stage and its key; a reload that changes neither ``[health]`` nor the state
+        directory keeps the running one (its memory of counters and of the last verdict). The key is
+        the daemon's only once the set-up launched (``_launch``)."""
         section = config.sections.get("health")
         if section is None or not section["enabled"]:
-            return None
+            return None, None
         key = (dict(section), ctx.state_dir)
-        running = self.loop.health if self.loop is not None else None
         if running is not None and self._health_key == key:
-            return running
-        self._health_key = key
-        return health_stage(config, ctx, act=True)
+            return running, key
+        return health_stage(config, ctx, act=True), key
 
     def start(self) -> Plan:
         """Lock the state directory, probe, start sinks, start collectors. Raises StartupError for
@@ -204,8 +211,11 @@ class Daemon:
             log.error("reload failed (%s); going back to the previous configuration", exc)
             if new_lock is not None:
                 new_lock.release()
+            if build.health is not None and (previous is None or build.health is not previous.health):
+                build.health.close()  # the rejected set-up's actions stop with it
             self.reload_rejected()
-            self._launch(self._build(old, kept), previous)  # it worked before; if not, exit 1
+            rollback = self._build(old, kept, previous.health if previous is not None else None)
+            self._launch(rollback, previous)  # it worked before; if not, exit 1
             return
         if previous is not None and previous.health is not None and previous.health is not build.health:
             previous.health.close()  # its actions: the new stage has its own
