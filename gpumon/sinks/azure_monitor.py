@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.config import Config, ConfigError, Option, SectionSchema
+from gpumon.config import Config, ConfigError, Option, SectionSchema, readable_file_check
 from gpumon.imds import IMDS_URL, ImdsClient
 from gpumon.model import Snapshot
 from gpumon.sinks import azure_host
@@ -45,6 +45,13 @@ from gpumon.sinks.spool import Spool, SpoolError
 log = logging.getLogger("gpumon.sinks.azure_monitor")
 
 MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
+
+def _ca_bundle_check(value: str) -> str | None:
+    """``readable_file_check``, saying "no such file" in this sink's words for a path not there."""
+    if value and not os.path.lexists(value):
+        return f"no such file: {value}"
+    return readable_file_check(value)
+
 
 OPTIONS = SectionSchema(
     "azure_monitor",
@@ -86,7 +93,7 @@ OPTIONS = SectionSchema(
                "Seconds between rows that repeat unchanged static columns (model, serial, firmware, limits, "
                "sizes); a change is sent at once; 0 = on every row.", min=0.0, max=86400.0),
         Option("ca_bundle", str, "", "PEM file of CAs to trust for the endpoint (private CAs, tests); "
-               "empty means the system's."),
+               "empty means the system's.", check=_ca_bundle_check),
         Option("timeout", float, 30.0, "Seconds to connect or to wait for a response.", min=0.1, max=600.0),
         Option("imds_url", str, IMDS_URL,
                "Deprecated alias of `[azure] imds_url` (where the rows' VM and placement columns come "

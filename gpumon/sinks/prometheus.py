@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import BufferedIOBase
 from typing import cast
 
-from gpumon.config import ConfigError, Option, SectionSchema, listen_check, parse_listen
+from gpumon.config import ConfigError, Option, SectionSchema, listen_check, parse_listen, readable_file_check
 from gpumon.model import MetricFamily, Snapshot
 from gpumon.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
 from gpumon.sinks.base import CheckResult, Sink, SinkHealth
@@ -44,7 +44,8 @@ OPTIONS = SectionSchema(
                check=listen_check),
         Option("web_config_file", str, "",
                "Exporter-toolkit web config (YAML) with `tls_server_config` and `basic_auth_users`, the "
-               "same file node_exporter takes as `--web.config.file`. Empty: plain HTTP, no auth."),
+               "same file node_exporter takes as `--web.config.file`. Empty: plain HTTP, no auth.",
+               check=readable_file_check),
         Option("request_timeout", float, 10.0,
                "Seconds a kept-alive connection may stay idle, and a request may take to arrive and be "
                "answered, before the connection is closed.", min=0.1, max=300.0),

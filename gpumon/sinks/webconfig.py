@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from gpumon.config import ConfigError
+from gpumon.config import ConfigError, readable_file_check
+from gpumon.sinks.common import read_regular_file
 
 _CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -183,13 +184,16 @@ def file_stamp(paths: tuple[str, ...]) -> tuple[tuple[str, tuple[int, int, int] 
 
 def load_web_config(path: str) -> WebConfig:
     """Parse and validate the file; every problem is a ConfigError naming the key and the file."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh)
+    try:  # without blocking, and only a regular file: a FIFO must not hold start-up or a reload
+        text = read_regular_file(path).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(path, "(file)", "no such web config file") from None
     except OSError as exc:
         raise ConfigError(path, "(file)", exc.strerror or str(exc)) from None
+    except UnicodeDecodeError:
+        raise ConfigError(path, "(file)", "not UTF-8") from None
+    try:
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(path, "(syntax)", f"not valid YAML: {exc}".splitlines()[0]) from None
     if doc is None:
@@ -241,6 +245,10 @@ def _tls_context(path: str, tls: Any) -> ssl.SSLContext:
         raise ConfigError(path, "tls_server_config.cert_file", "cert_file and key_file are both required")
     base = os.path.dirname(os.path.abspath(path))
     cert, key = (os.path.join(base, str(p)) for p in (cert, key))  # relative to the file, as the toolkit
+    for name, named in (("cert_file", cert), ("key_file", key)):
+        problem = readable_file_check(named)  # OpenSSL would block on a FIFO
+        if problem:
+            raise ConfigError(path, f"tls_server_config.{name}", problem)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = _version(path, tls, "min_version", "TLS12")
     if tls.get("max_version"):
@@ -266,6 +274,9 @@ def _tls_context(path: str, tls: Any) -> ssl.SSLContext:
         ca = tls.get("client_ca_file")
         if not ca:
             raise ConfigError(path, "tls_server_config.client_ca_file", f"required with {auth}")
+        problem = readable_file_check(os.path.join(base, str(ca)))
+        if problem:
+            raise ConfigError(path, "tls_server_config.client_ca_file", problem)
         try:
             context.load_verify_locations(os.path.join(base, str(ca)))
         except (OSError, ssl.SSLError) as exc:

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon import __version__
-from gpumon.config import ConfigError, Option, SectionSchema
+from gpumon.config import ConfigError, Option, SectionSchema, readable_file_check
 from gpumon.model import Snapshot
 from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
-from gpumon.sinks.common import Backoff, DeliveryCounters, LogOnce, has_new_results
+from gpumon.sinks.common import Backoff, DeliveryCounters, LogOnce, has_new_results, read_regular_file
 from gpumon.sinks.remote_write import encoding
 from gpumon.sinks.remote_write.transport import Response, Transport, basic_authorization, tls_context
 from gpumon.sinks.spool import Batch, Spool, SpoolError
@@ -46,6 +46,8 @@ _RECORD_HEAD = struct.Struct(">I")
 """A spool record: the request's sample count, then its body exactly as it is POSTed."""
 _RETRY_STATUS = {408, 429}
 _CONFIG_STATUS = {401, 403, 404, 407}
+_SECRET_MAX = 64 << 10
+"""Bytes a password or token file may hold."""
 _TOKEN_MARGIN = 300.0
 """Seconds before a token's expiry at which a new one is asked for."""
 
@@ -85,12 +87,14 @@ OPTIONS = SectionSchema(
         Option("username", str, "", "Basic auth user."),
         Option("password", str, "", "Basic auth password; prefer password_file or "
                "GPUMON_REMOTE_WRITE_PASSWORD. Never logged or printed.", secret=True),
-        Option("password_file", str, "", "File holding the basic auth password (re-read on every request)."),
+        Option("password_file", str, "", "File holding the basic auth password (re-read on every request).",
+               check=readable_file_check),
         Option("bearer_token_file", str, "", "File holding a bearer token (re-read on every request, so a "
-               "rotated token is picked up)."),
-        Option("ca_file", str, "", "PEM file of CAs that verify the receiver; empty means the system's."),
-        Option("cert_file", str, "", "Client certificate (PEM) for mutual TLS."),
-        Option("key_file", str, "", "Client private key (PEM) for mutual TLS."),
+               "rotated token is picked up).", check=readable_file_check),
+        Option("ca_file", str, "", "PEM file of CAs that verify the receiver; empty means the system's.",
+               check=readable_file_check),
+        Option("cert_file", str, "", "Client certificate (PEM) for mutual TLS.", check=readable_file_check),
+        Option("key_file", str, "", "Client private key (PEM) for mutual TLS.", check=readable_file_check),
         Option("credential", str, "managed_identity", "With auth = azure: `managed_identity`, "
                "`workload_identity`, `service_principal` or `default`, as in [azure_monitor].",
                choices=CREDENTIALS),
@@ -195,13 +199,11 @@ class RemoteWriteSink(Sink):
         opt = self._opt
         if opt["auth"] == "basic":
             password = opt["password"]
-            if opt["password_file"]:
-                with open(opt["password_file"], encoding="utf-8") as fh:
-                    password = fh.read().strip()
+            if opt["password_file"]:  # non-blocking, regular files only: a FIFO must not hang the uploader
+                password = read_regular_file(opt["password_file"], _SECRET_MAX).decode("utf-8").strip()
             return basic_authorization(opt["username"], password)
         if opt["auth"] == "bearer":
-            with open(opt["bearer_token_file"], encoding="utf-8") as fh:
-                return "Bearer " + fh.read().strip()
+            return "Bearer " + read_regular_file(opt["bearer_token_file"], _SECRET_MAX).decode("utf-8").strip()
         if opt["auth"] == "azure":
             if self._token is None or self._token.expires_on - time.time() < _TOKEN_MARGIN:
                 self._token = self._credential.get_token(opt["audience"].rstrip("/") + "/.default")
