@@ -9,6 +9,7 @@ gpumon's other modules are its own business. ``docs/architecture.md`` shows a co
 
 from __future__ import annotations
 
+from gpumon import registry
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context, Table
 from gpumon.config import Config, ConfigError, Option, Section, SectionSchema
 from gpumon.model import (
@@ -25,9 +26,9 @@ from gpumon.model import (
 )
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkDependencyMissing, SinkHealth
 
-COLLECTOR_GROUP = "gpumon.collectors"
+COLLECTOR_GROUP = registry.COLLECTORS_GROUP
 """The entry-point group a collector is registered under: ``name = "package.module:Class"``."""
-SINK_GROUP = "gpumon.sinks"
+SINK_GROUP = registry.SINKS_GROUP
 """The entry-point group a sink is registered under."""
 
 __all__ = [

@@ -230,3 +230,14 @@ def test_kernel_log_xids_are_judged_per_gpu_by_pci_address(tmp_path, host) -> No
     clock.now += 600
     again = s.update(with_kmsg({"1": 1.0, "2": 0.0}))
     assert again.events == ()  # the count did not rise again: no new finding, no flip-flop
+
+
+def test_a_read_only_stage_leaves_a_corrupt_state_file_where_it_is(tmp_path, host) -> None:
+    """`gpumon once` and `gpumon health` read the daemon's state and never change it."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "health.json").write_text("{not json")
+    settings = HealthSettings(Thresholds(), hold_seconds=300.0, vm_size=ND_H100)
+    result = HealthStage(str(state), settings, clock=Clock(), boot="boot-1", persist=False).update(host.snapshot())
+    assert result.verdict.level is Level.OK
+    assert os.listdir(state) == ["health.json"]

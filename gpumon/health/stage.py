@@ -76,7 +76,7 @@ class HealthStage:
         self.persist = persist  # ``gpumon once`` and ``gpumon health`` read the state, never write it
         self._vm_size = vm_size
         self._clock = clock
-        self._store = StateStore(state_dir)
+        self._store = StateStore(state_dir, read_only=not persist)
         self._lock = threading.Lock()
         self._state = self._store.load()
         current_boot = boot_id() if boot is None else boot

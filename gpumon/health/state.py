@@ -82,9 +82,10 @@ class HealthState:
 class StateStore:
     """Reads and writes the health state of one state directory."""
 
-    def __init__(self, state_dir: str) -> None:
+    def __init__(self, state_dir: str, read_only: bool = False) -> None:
         self.dir = state_dir
         self.path = os.path.join(state_dir, STATE_FILE)
+        self.read_only = read_only  # ``gpumon once`` and ``gpumon health``: never rename or write
         self._stamp: tuple[int, int] | None = None
 
     @contextlib.contextmanager
@@ -111,6 +112,10 @@ class StateStore:
         try:
             return HealthState.from_json(text)
         except (ValueError, KeyError, TypeError) as exc:
+            if self.read_only:
+                log.warning("health: %s is not a health state (%s); judging from the current signals",
+                            self.path, exc)
+                return HealthState()
             aside = f"{self.path}.corrupt-{int(time.time())}"
             with contextlib.suppress(OSError):
                 os.replace(self.path, aside)
@@ -140,7 +145,8 @@ class StateStore:
 
 
 def clear(state_dir: str, rule_or_key: str | None) -> list[str]:
-    """Clear sticky verdicts: every one (``None``), those of a rule id, or one key; returns the keys."""
+    """Clear verdicts, sticky or held: every one (``None``), those of a rule id, or one key; returns
+    the keys. A condition still present comes back at the daemon's next evaluation."""
     store = StateStore(state_dir)
     with store.locked():
         state = store.load()

@@ -4,8 +4,9 @@ People moving from dcgm-exporter have dashboards and alert rules written against
 This module turns a Snapshot's gpumon families into dcgm-exporter's default counter set
 (``etc/default-counters.csv`` of NVIDIA/dcgm-exporter, read at commit d5e5f51, 2026-05-12) with its
 units (MHz, C, W, mJ, %, MiB), its labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device`` =
-``nvidia<N>``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``; ``GPU_I_PROFILE`` and
-``GPU_I_ID`` for MIG; ``namespace``/``pod``/``container`` or ``hpc_job`` when attributed), and its
+``nvidia<N>``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``; ``namespace``/``pod``/
+``container`` or ``hpc_job`` when attributed; not dcgm-exporter's per-MIG-instance ``GPU_I_PROFILE``
+and ``GPU_I_ID`` series: values are per GPU), and its
 semantics where they differ from gpumon's (``DCGM_FI_DEV_XID_ERRORS`` is the last XID seen, with
 ``err_code``). The table is data: one row per DCGM field, naming the gpumon family it comes from.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpumon.attribution_labels import ALLOCATION_FAMILY
 from gpumon.model import MetricFamily, Sample, Snapshot
 from gpumon.render import escape_help, format_value, series_prefix
 
@@ -94,7 +96,6 @@ FIELDS: tuple[Field, ...] = (
 )
 XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
 XID_HELP = "Value of the last XID error encountered."
-ALLOCATION_FAMILY = "gpumon_gpu_allocation_info"
 
 
 @dataclass(frozen=True)
