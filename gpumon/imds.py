@@ -196,7 +196,13 @@ class ImdsClient:
         self.refresh = refresh
         self._clock = clock
         self._opener = _opener()
-        self._lock = threading.Lock()        # the compute cache and the absence verdict
+        self._lock = threading.Lock()        # the compute cache and the absence verdict (never held over I/O)
+        self._fetched = threading.Condition(self._lock)
+        self._fetching = False
+        """A compute request is in flight: other callers wait for its answer instead of asking too."""
+        self._fetches = 0
+        self._fetch_error: ImdsError | None = None
+        """How the latest compute request failed; None when it succeeded."""
         self._state = threading.Lock()       # throttle and log-once bookkeeping
         self._instance: AzureInstance | None = None
         self._compute_at = -float("inf")
@@ -269,28 +275,53 @@ class ImdsClient:
 
     def instance(self) -> AzureInstance:
         """The VM's compute metadata, cached for ``refresh`` seconds. A failed refresh keeps the
-        previous answer; with none, raises ImdsError (at once while "not on Azure" is cached)."""
+        previous answer; with none, raises ImdsError (at once while "not on Azure" is cached).
+
+        The request is made without the lock, one at a time: a caller that finds one in flight waits
+        for its answer (or its error) rather than sending a second."""
         with self._lock:
             now = self._clock()
             if self._instance is not None and now - self._compute_at < self.refresh:
                 return self._instance
             if self._absent_error is not None and now - self._compute_at < self.refresh:
                 raise self._absent_error
-            try:
-                doc = self.request(COMPUTE_PATH)
-                if not isinstance(doc, dict):
-                    raise ImdsError("malformed", "compute metadata is not a JSON object")
-            except ImdsError as exc:
-                return self._keep_previous(exc, now)
-            self._instance, self._compute_at, self._absent_error = AzureInstance.from_compute(doc), now, None
-            return self._instance
-
-    def _keep_previous(self, exc: ImdsError, now: float) -> AzureInstance:
-        if exc.reason in ("unreachable", "timeout") and self._instance is None:
-            self._absent_error, self._compute_at = exc, now  # no IMDS here: do not ask again soon
-        if self._instance is None:
-            raise exc
-        return self._instance
+            if self._fetching:
+                if self._instance is not None:  # a refresh is in flight: the previous answer will do
+                    return self._instance
+                fetches = self._fetches
+                while self._fetching and self._fetches == fetches:
+                    self._fetched.wait()
+                if self._instance is not None:
+                    return self._instance
+                if self._fetch_error is not None:
+                    raise self._fetch_error
+            self._fetching = True
+        found: AzureInstance | None = None
+        error: ImdsError | None = None
+        try:
+            doc = self.request(COMPUTE_PATH)
+            if not isinstance(doc, dict):
+                raise ImdsError("malformed", "compute metadata is not a JSON object")
+            found = AzureInstance.from_compute(doc)
+        except ImdsError as exc:
+            error = exc
+        finally:
+            with self._lock:
+                self._fetching = False
+                self._fetches += 1
+                self._fetch_error = error if found is None else None
+                if found is not None:
+                    self._instance, self._compute_at, self._absent_error = found, now, None
+                elif error is not None and error.reason in ("unreachable", "timeout") and self._instance is None:
+                    self._absent_error, self._compute_at = error, now  # no IMDS here: do not ask again soon
+                previous = self._instance
+                self._fetched.notify_all()
+        if found is not None:
+            return found
+        if previous is not None:  # a failed refresh keeps the previous answer
+            return previous
+        assert error is not None
+        raise error
 
     def on_azure(self) -> tuple[bool, str]:
         """Whether an IMDS answers here, from the cache where it can (one short probe at most):

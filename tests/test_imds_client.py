@@ -178,3 +178,82 @@ def test_the_azure_section_validates_its_url(tmp_path):
         load([imds.OPTIONS], str(path), {}, {})
     assert err.value.key == "[azure] imds_url"
     assert load([imds.OPTIONS], None, {"GPUMON_AZURE_IMDS_TIMEOUT": "0.25"}, {})["azure"]["imds_timeout"] == 0.25
+
+
+def test_a_refresh_in_flight_holds_no_lock_and_the_previous_answer_is_served_meanwhile(server):
+    import threading
+
+    from tests.conftest import wait_for
+
+    clock = Clock()
+    client = imds.ImdsClient(server.url, timeout=10.0, refresh=600.0, clock=clock)
+    first = client.instance()
+    clock.now += 601
+    server.hold(COMPUTE_PATH)
+    refreshed: list[imds.AzureInstance] = []
+    refresher = threading.Thread(target=lambda: refreshed.append(client.instance()), daemon=True)
+    refresher.start()
+    try:
+        wait_for(lambda: server.count(COMPUTE_PATH) == 2)
+        assert not client._lock.locked()  # the HTTP request runs without the cache's lock
+        started = time.monotonic()
+        assert client.instance() is first  # not blocked behind the refresh, and not a second request
+        assert time.monotonic() - started < 0.5
+        assert server.count(COMPUTE_PATH) == 2
+    finally:
+        server.release()
+        refresher.join(5)
+    assert refreshed and refreshed[0] is not first and client.instance() is refreshed[0]
+
+
+def test_callers_during_the_first_fetch_wait_for_its_answer_not_for_a_second_request(server):
+    import threading
+
+    from tests.conftest import wait_for
+
+    client = imds.ImdsClient(server.url, timeout=10.0)
+    server.hold(COMPUTE_PATH)
+    got: list[object] = []
+    callers = [threading.Thread(target=lambda: got.append(client.instance()), daemon=True) for _ in range(4)]
+    callers[0].start()
+    wait_for(lambda: server.count(COMPUTE_PATH) == 1)
+    for caller in callers[1:]:
+        caller.start()
+    try:
+        wait_for(lambda: len(getattr(client, "_fetched", threading.Condition())._waiters) == 3, timeout=3)
+        assert not client._lock.locked()  # the first holds no lock over its request
+    finally:
+        server.release()
+    for caller in callers:
+        caller.join(5)
+    assert len(got) == 4 and all(g is got[0] for g in got)
+    assert server.count(COMPUTE_PATH) == 1
+
+
+def test_callers_during_a_failing_first_fetch_get_its_error(server):
+    import threading
+
+    from tests.conftest import wait_for
+
+    client = imds.ImdsClient(server.url, timeout=10.0)
+    server.fail(COMPUTE_PATH, 500)
+    server.hold(COMPUTE_PATH)
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            client.instance()
+        except imds.ImdsError as exc:
+            errors.append(exc)
+
+    callers = [threading.Thread(target=call, daemon=True) for _ in range(3)]
+    callers[0].start()
+    wait_for(lambda: server.count(COMPUTE_PATH) == 1)
+    for caller in callers[1:]:
+        caller.start()
+    wait_for(lambda: len(getattr(client, "_fetched", threading.Condition())._waiters) == 2)  # both waiting
+    server.release()
+    for caller in callers:
+        caller.join(5)
+    assert len(errors) == 3 and all(e.reason == "http_error" for e in errors)
+    assert server.count(COMPUTE_PATH) == 1
