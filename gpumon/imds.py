@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon.config import Option, SectionSchema
+from gpumon.httpdates import parse_retry_after
 
 log = logging.getLogger("gpumon.imds")
 
@@ -345,12 +346,10 @@ class ImdsClient:
 
 
 def _retry_after(value: str | None) -> float:
-    """Seconds to pause after a 429: Retry-After's delta-seconds, else one second, at most a minute."""
-    try:
-        seconds = float(value) if value else THROTTLE_PAUSE
-    except ValueError:
-        seconds = THROTTLE_PAUSE
-    return min(max(seconds, 0.0), 60.0) if seconds == seconds else THROTTLE_PAUSE
+    """Seconds to pause after a 429: Retry-After (delta-seconds or an HTTP-date), else one second, at
+    most a minute."""
+    seconds = parse_retry_after(value)
+    return THROTTLE_PAUSE if seconds is None else min(seconds, 60.0)
 
 
 _clients: dict[str, ImdsClient] = {}

@@ -257,3 +257,12 @@ def test_callers_during_a_failing_first_fetch_get_its_error(server):
         caller.join(5)
     assert len(errors) == 3 and all(e.reason == "http_error" for e in errors)
     assert server.count(COMPUTE_PATH) == 1
+
+
+def test_a_429_retry_after_given_as_an_http_date_is_honoured():
+    import email.utils
+
+    when = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 25 <= imds._retry_after(when) <= 30
+    assert imds._retry_after(None) == imds.THROTTLE_PAUSE and imds._retry_after("soon") == imds.THROTTLE_PAUSE
+    assert imds._retry_after("600") == 60.0

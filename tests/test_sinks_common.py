@@ -69,3 +69,14 @@ def test_counters_are_not_up_before_a_first_success() -> None:
     assert c.up and c.sent == 5 and c.last_error == ""
     c.dropped_items(2, "413")
     assert c.dropped == 2
+
+
+def test_the_azure_sink_and_the_imds_client_read_retry_after_from_the_one_parser() -> None:
+    """A zone-less HTTP-date is GMT wherever the host's clock is set; one parser, one answer."""
+    from gpumon import httpdates
+    from gpumon.sinks import azure_monitor, common
+
+    assert common.parse_retry_after is httpdates.parse_retry_after
+    assert not hasattr(azure_monitor, "_retry_after")
+    now = 784111777.0  # Sun, 06 Nov 1994 08:49:37 GMT
+    assert httpdates.parse_retry_after("Sun, 06 Nov 1994 08:50:37", now=now) == 60.0

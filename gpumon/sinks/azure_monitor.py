@@ -19,7 +19,6 @@ never pays for it.
 
 from __future__ import annotations
 
-import email.utils
 import hashlib
 import io
 import json
@@ -40,6 +39,7 @@ from gpumon.sinks import azure_host
 from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
 from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, METRICS, TABLES, RowBuilder, host_values
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
+from gpumon.sinks.common import retry_after_from_headers
 from gpumon.sinks.spool import Spool, SpoolError
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")
@@ -141,26 +141,6 @@ class _Counters:
     last_success: float = 0.0
     detail: str = ""
     logged: set[str] = field(default_factory=set)
-
-
-def _retry_after(headers: Any) -> float | None:
-    """Seconds from ``retry-after-ms``, ``x-ms-retry-after-ms`` or ``Retry-After`` (seconds or a date)."""
-    if headers is None:
-        return None
-    for name, scale in (("retry-after-ms", 0.001), ("x-ms-retry-after-ms", 0.001), ("Retry-After", 1.0)):
-        value = headers.get(name)
-        if not value:
-            continue
-        try:
-            return max(0.0, float(value) * scale)
-        except ValueError:
-            pass
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            continue
-        return max(0.0, when.timestamp() - time.time())
-    return None
 
 
 class AzureMonitorSink(Sink):
@@ -529,7 +509,7 @@ class AzureMonitorSink(Sink):
                   "this gpumon sends columns it lacks; rows stay in the spool and are retried")
         self._note(reason, logging.ERROR)
         headers = getattr(getattr(error, "response", None), "headers", None)
-        return _Outcome(False, _retry_after(headers) or 0.0, True, reason, stream_missing=True)
+        return _Outcome(False, retry_after_from_headers(headers) or 0.0, True, reason, stream_missing=True)
 
     def _classify(self, error: BaseException, status: int | None, stream: str, auth_error: type) -> _Outcome:
         dcr = self._opt["dcr_immutable_id"]
@@ -537,7 +517,7 @@ class AzureMonitorSink(Sink):
         if status in _CONFIG_STATUS:
             reason = _status_verdict(status, dcr, stream, self._identity_hint(), _error_text(error))
             self._note(reason, logging.ERROR)
-            return _Outcome(False, _retry_after(headers) or 0.0, True, reason, stream_missing=status == 404)
+            return _Outcome(False, retry_after_from_headers(headers) or 0.0, True, reason, stream_missing=status == 404)
         if isinstance(error, auth_error):
             reason = f"cannot get a token ({self._opt['credential']}): {_error_text(error)}"
             self._note(reason, logging.ERROR)
@@ -545,13 +525,13 @@ class AzureMonitorSink(Sink):
         if status is not None and status not in _RETRYABLE_STATUS:
             reason = f"HTTP {status} from stream {stream}: {_error_text(error)}"
             self._note(reason, logging.WARNING)
-            return _Outcome(False, _retry_after(headers) or 0.0, False, reason)
+            return _Outcome(False, retry_after_from_headers(headers) or 0.0, False, reason)
         if status is not None:
             reason = f"HTTP {status} from stream {stream}; retrying"
         else:
             reason = f"endpoint unreachable ({type(error).__name__}: {_error_text(error)}); retrying"
         self._note(reason, logging.WARNING)
-        return _Outcome(False, _retry_after(headers) or 0.0, False, reason)
+        return _Outcome(False, retry_after_from_headers(headers) or 0.0, False, reason)
 
     def _identity_hint(self) -> str:
         kind = self._opt["credential"]

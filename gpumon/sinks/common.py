@@ -8,8 +8,6 @@ takes it from here rather than writing its own loop.
 
 from __future__ import annotations
 
-import datetime
-import email.utils
 import logging
 import os
 import random
@@ -20,34 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.httpdates import parse_retry_after
 from gpumon.model import Snapshot
 
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` value: delta-seconds or an HTTP-date (RFC 9110 10.2.3).
-
-    None when absent or unreadable; never negative (a date in the past means "now").
-    """
-    if value is None:
-        return None
-    value = str(value).strip()
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        return max(0.0, seconds) if seconds == seconds else None  # NaN is unreadable
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    if when.tzinfo is None:  # an HTTP-date is always GMT; a zone-less parse means "-0000"
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+__all__ = ["Backoff", "DeliveryCounters", "LogOnce", "has_new_results", "parse_retry_after",
+           "read_regular_file", "retry_after_from_headers"]
 
 
 def retry_after_from_headers(headers: Mapping[str, Any] | Any | None, now: float | None = None) -> float | None:
