@@ -1,7 +1,7 @@
 """The protocol-buffers wire format (varints, length-delimited fields), read and written by hand.
 
-gpumon speaks a few small, stable protobuf messages (the kubelet's PodResources, Prometheus remote
-write). A generated ``_pb2`` module ties the package to one protobuf runtime and needs protoc at build
+gpumon speaks a few small, stable protobuf messages (the kubelet's PodResources, read here;
+Prometheus remote write, written by gpumon.sinks.remote_write.encoding with these writers). A generated ``_pb2`` module ties the package to one protobuf runtime and needs protoc at build
 time; these messages need two wire types, so a few dozen lines do it with no dependency. Field
 numbers live beside each message's reader, with the ``.proto`` they come from.
 """
@@ -63,15 +63,6 @@ def fields(buf: bytes | memoryview) -> Iterator[tuple[int, int, int | bytes]]:
             raise WireError(f"field {number}: unsupported wire type {wire}")
 
 
-def packed_varints(raw: bytes) -> list[int]:
-    """A packed ``repeated int64`` (proto3's default encoding for repeated scalars)."""
-    out, pos = [], 0
-    while pos < len(raw):
-        value, pos = read_varint(raw, pos)
-        out.append(value)
-    return out
-
-
 def text(raw: int | bytes) -> str:
     if not isinstance(raw, bytes):
         raise WireError("expected a string field, got a number")
@@ -94,8 +85,3 @@ def write_len(number: int, payload: bytes, out: bytearray) -> None:
     write_varint((number << 3) | LEN, out)
     write_varint(len(payload), out)
     out += payload
-
-
-def write_string(number: int, value: str, out: bytearray) -> None:
-    if value:  # proto3: the default is not written
-        write_len(number, value.encode("utf-8"), out)

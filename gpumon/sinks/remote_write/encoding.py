@@ -13,6 +13,7 @@ import struct
 from collections.abc import Iterable, Mapping
 
 from gpumon.model import Labels, MetricFamily
+from gpumon.sources import protowire
 
 STALE_NAN = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
 """Prometheus' staleness marker: the NaN a scrape writes for a series that disappeared."""
@@ -27,18 +28,15 @@ _SAMPLE_VALUE, _SAMPLE_TIMESTAMP = 0x09, 0x10  # double (fixed64), int64 varint
 
 def varint(value: int) -> bytes:
     """Protobuf base-128 varint; a negative int64 takes ten bytes, as in two's complement."""
-    if value < 0:
-        value += 1 << 64
     out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
+    protowire.write_varint(value, out)
     return bytes(out)
 
 
 def _field(tag: int, payload: bytes) -> bytes:
-    return bytes((tag,)) + varint(len(payload)) + payload
+    out = bytearray()
+    protowire.write_len(tag >> 3, payload, out)
+    return bytes(out)
 
 
 def encode_labels(pairs: Iterable[tuple[str, str]]) -> bytes:
@@ -125,19 +123,12 @@ def _top_level_fields(body: bytes) -> Iterable[tuple[int, int]]:
     pos = 0
     while pos < len(body):
         start = pos
-        if body[pos] & 0x07 != 2:
+        if body[pos] & 0x07 != protowire.LEN:
             raise ValueError(f"unexpected wire type at byte {pos}")
-        pos += 1
-        length, shift = 0, 0
-        while True:
-            if pos >= len(body):
-                raise ValueError("truncated varint")
-            byte = body[pos]
-            pos += 1
-            length |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
+        try:
+            length, pos = protowire.read_varint(body, pos + 1)
+        except protowire.WireError as exc:
+            raise ValueError(str(exc)) from exc
         pos += length
         if pos > len(body):
             raise ValueError("truncated field")
