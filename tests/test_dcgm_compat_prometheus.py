@@ -55,10 +55,12 @@ def test_dcgm_exporter_dashboard_queries_work_unchanged(gpumon_run, prometheus_s
 
 def test_health_endpoint_serves_the_verdict_as_json(gpumon_run, tmp_path) -> None:
     process = gpumon_run("--simulate", "nd-h100-v5", "--interval", "1")
-    status, headers, body = wait_for(lambda: (lambda r: r if r[0] == 200 else None)(
-        http_get(process.url + "/health")), timeout=20)
-    verdict = json.loads(body)
-    assert verdict["status"] == "healthy" and verdict["sku"] == "ND H100 v5" and verdict["findings"] == []
+    def held_to_the_sku() -> dict | None:  # the VM size comes from the simulated host's IMDS, off the loop
+        status, _, body = http_get(process.url + "/health")
+        return json.loads(body) if status == 200 and json.loads(body)["sku"] == "ND H100 v5" else None
+
+    verdict = wait_for(held_to_the_sku, timeout=20)
+    assert verdict["status"] == "healthy" and verdict["findings"] == []
     control(str(tmp_path / "state" / "simulate" / "nd-h100-v5"), {"action": "xid", "gpu": 3, "xid": 79})
     def lost(verdict: dict) -> dict | None:  # the lost GPU's own finding (its absence shows first)
         return verdict if any(f["rule"] == "gpu.lost" and f["subject"] == {"gpu": "3"}

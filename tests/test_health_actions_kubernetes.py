@@ -131,6 +131,8 @@ def test_a_403_is_retried_with_backoff_counted_and_logged_once(tmp_path, api, ca
         wait_for(lambda: a.stats()["kubernetes"]["failures"] >= 3)
         api.fault = None
         wait_for(lambda: statuses(api).get("XIDErrors") == "True")
+        # the worker counts the success just after the PATCH the stand-in has seen
+        wait_for(lambda: a.stats()["kubernetes"]["runs"] > a.stats()["kubernetes"]["failures"])
         stats = a.stats()["kubernetes"]
         assert stats["runs"] == stats["failures"] + 1 and stats["retries"] == stats["failures"]
         logged = [r.getMessage() for r in caplog.records if "health action kubernetes failed" in r.getMessage()]

@@ -39,12 +39,12 @@ def health_stage(config: Config, ctx: Context, persist: bool = True, act: bool =
 
 class _VmSize:
     """Where the health stage learns the VM size: IMDS's ``vmSize`` (a simulated host serves its
-    profile's), asked on a thread of its own so the loop never waits on IMDS. None until IMDS has
-    answered or is known absent (then ""). A failure other than "not on Azure" (a timeout at boot,
-    a 5xx, a 429) is asked again after ASK_AGAIN seconds, so one bad moment does not hold the node
-    to a baseline for the life of the process."""
+    profile's), asked on a thread of its own so the loop never waits on IMDS. None while unknown (no
+    inventory rules, no baseline taken), "" once IMDS is known absent (off Azure: the baseline). A
+    failure that is not "not on Azure" (a timeout at boot, a 5xx, a 429) leaves it unknown and is
+    asked again after ASK_AGAIN seconds: one bad moment never holds the node to a baseline."""
 
-    ASK_AGAIN = 60.0
+    ASK_AGAIN = 10.0
 
     def __init__(self, ctx: Context) -> None:
         self._azure = ctx.config.sections.get("azure") if ctx.config is not None else None
@@ -55,7 +55,7 @@ class _VmSize:
 
     def __call__(self) -> str | None:
         with self._lock:
-            if not self._size and not self._asking and time.monotonic() >= self._next_ask:
+            if self._size is None and not self._asking and time.monotonic() >= self._next_ask:
                 self._asking = True
                 threading.Thread(target=self._ask, name="health-imds", daemon=True).start()
             return self._size
@@ -68,11 +68,11 @@ class _VmSize:
         try:
             size = imds.configured(self._azure).instance().vm_size
         except imds.ImdsError as exc:
-            size = ""  # meanwhile the node is held to its baseline
-            again = float("inf") if exc.reason == "unreachable" else self.ASK_AGAIN  # off Azure: stop asking
-        except Exception:  # noqa: BLE001 - a bug here must not leave the stage waiting forever
+            # off Azure (nothing answers): no size, for good; anything else: still unknown, ask again
+            size, again = ("", 0.0) if exc.reason == "unreachable" else (None, self.ASK_AGAIN)
+        except Exception:  # noqa: BLE001 - a bug here must not stop the stage from learning the size
             log.debug("health: asking IMDS for the VM size failed", exc_info=True)
-            size, again = "", self.ASK_AGAIN
+            size, again = None, self.ASK_AGAIN
         with self._lock:
             self._size, self._asking = size, False
             self._next_ask = time.monotonic() + again
