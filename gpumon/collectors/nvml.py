@@ -231,7 +231,7 @@ class NvmlCollector(Collector):
         self._directory.publish(tuple(
             GpuEntry(str(g.dev.index), g.dev.uuid, g.info[1] if len(g.info) > 1 else "",
                      tuple((m.gpu_instance, m.uuid) for m in g.mig if m.uuid), g.processes)
-            for g in self._gpus if not g.dev.lost))
+            for g in self._gpus))  # a lost GPU is still held: the job it hurt is the one to name
         for spec in M.ALL_SPECS:
             if spec in rows_by_spec:
                 out.add(spec, rows_by_spec[spec])
