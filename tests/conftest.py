@@ -108,8 +108,9 @@ class GpumonProcess:
         def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"gpumon exited {self.proc.returncode}: {self.proc.stdout.read()}")
-            try:
-                return http_get(self.url + "/healthz", timeout=1)[0] == 200
+            try:  # serving (/healthz) and past the first snapshot (/metrics is 503 only before it)
+                return (http_get(self.url + "/healthz", timeout=1)[0] == 200
+                        and http_get(self.url + "/metrics", timeout=2)[0] != 503)
             except OSError:
                 return False
 

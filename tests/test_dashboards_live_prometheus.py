@@ -256,7 +256,10 @@ def live(tmp_path_factory) -> Iterator[Live]:
         for expr in ("count(gpumon_host_info) == 2", "gpumon_azure_scheduled_event",
                      "count(gpumon_gpu_allocation_info) == 3", "gpu:gpumon_power_swing:ratio",
                      "instance:gpumon_node_health:max", "gpumon_pcie_aer_errors_total"):
-            wait_for(lambda expr=expr: query_quietly(expr), timeout=30, interval=0.2)
+            try:
+                wait_for(lambda expr=expr: query_quietly(expr), timeout=60, interval=0.2)
+            except AssertionError:
+                raise AssertionError(f"no data within 60 s for {expr}") from None
 
         cluster = [r["metric"]["cluster"] for r in lv.query("count by (cluster) (gpumon_build_info)")]
         instance = [r["metric"]["instance"] for r in lv.query("count by (instance) (gpumon_build_info)")]
