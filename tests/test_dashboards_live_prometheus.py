@@ -195,10 +195,12 @@ def live(tmp_path_factory) -> Iterator[Live]:
     exporters = {
         "a": GpumonProcess(["--simulate", "nd-h100-v5", "--interval", "1"], clean_env(
             GPUMON_DAEMON_STATE_DIR=states["a"], GPUMON_AZURE_IMDS_URL=imds_a.url,
+            GPUMON_AZURE_IMDS_TIMEOUT="5",  # the stand-in answers from this busy test process
             GPUMON_HOST_INFO_KVP_POOL=kvp_pool(os.path.join(tmp, "kvp-a"), "SIM-RACK1-N01"),
             GPUMON_HOST_INFO_INTERVAL="1", GPUMON_AZURE_EVENTS_INTERVAL="1"), free_port()),
         "b": GpumonProcess(["--simulate", "nd-gb200-v6", "--interval", "1"], clean_env(
             GPUMON_DAEMON_STATE_DIR=states["b"], GPUMON_AZURE_IMDS_URL=imds_b.url,
+            GPUMON_AZURE_IMDS_TIMEOUT="5",  # the stand-in answers from this busy test process
             GPUMON_HOST_INFO_KVP_POOL=kvp_pool(os.path.join(tmp, "kvp-b"), "SIM-RACK1-N02"),
             GPUMON_HOST_INFO_INTERVAL="1", GPUMON_AZURE_EVENTS_INTERVAL="1"), free_port()),
         "c": GpumonProcess(["--collectors", "aer,kmsg" if KMSG else "aer", "--sysfs-root", str(pci),
