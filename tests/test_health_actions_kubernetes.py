@@ -63,7 +63,11 @@ def test_an_xid_79_sets_gpu_missing_and_xid_errors_and_the_kubelets_conditions_s
         healthy = api.conditions(NODE)
 
         host.sim.apply({"action": "xid", "gpu": 2, "xid": 79})
-        a.on_verdict(stage.update(host.snapshot()).verdict)
+        # the XID arrives through NVML's event thread: collect until the verdict has it (the GPU's
+        # loss can show a run earlier), then hand that verdict over once
+        verdict = wait_for(lambda: (lambda v: v if any(f["rule"] == "gpu.xid.79" for f in v.findings) else None)(
+            stage.update(host.snapshot()).verdict), timeout=10)
+        a.on_verdict(verdict)
         wait_for(lambda: a.stats()["kubernetes"]["runs"] == 2)
         now = api.conditions(NODE)
         assert {t for t, c in now.items() if c["status"] == "True"} == {"Ready", "GPUMissing", "XIDErrors"}
