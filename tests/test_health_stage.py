@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 
 import pytest
 
@@ -40,6 +41,17 @@ def stage(tmp_path, clock: Clock, vm_size: str = ND_H100, boot: str = "boot-1", 
     return HealthStage(str(tmp_path / "state"), settings, clock=clock, boot=boot)
 
 
+def until(s: HealthStage, host, done):
+    """Collect until ``done(result)``: an XID comes through NVML's event thread, so it can reach the
+    snapshot a run after it was injected."""
+    for _ in range(50):
+        result = s.update(host.snapshot())
+        if done(result):
+            return result
+        threading.Event().wait(0.02)
+    raise AssertionError("the injected fault never reached the verdict")
+
+
 def series(result, rule: str) -> dict[tuple[str, str, str], float]:
     fam = next(f for f in result.families if f.name == "gpumon_health_state")
     return {(s.label("gpu"), s.label("device"), s.label("port")): s.value for s in fam.samples
@@ -63,7 +75,7 @@ def test_xid_48_is_unhealthy_sticky_and_survives_a_restart_until_cleared(tmp_pat
     s = stage(tmp_path, clock)
     s.update(host.snapshot())
     host.sim.apply({"action": "xid", "gpu": 3, "xid": 48})
-    result = s.update(host.snapshot())
+    result = until(s, host, lambda r: r.verdict.level is not Level.OK)
     assert result.verdict.level is Level.UNHEALTHY and result.verdict.action == "reset_gpu"
     assert series(result, "gpu.xid.48") == {("3", "", ""): 2.0}
     (event,) = result.events
@@ -85,7 +97,7 @@ def test_a_reboot_clears_sticky_verdicts(tmp_path) -> None:
     s = stage(tmp_path, clock)
     s.update(host.snapshot())
     host.sim.apply({"action": "xid", "gpu": 1, "xid": 95})
-    assert s.update(host.snapshot()).verdict.level is Level.UNHEALTHY
+    assert until(s, host, lambda r: r.verdict.level is not Level.OK).verdict.level is Level.UNHEALTHY
     assert stage(tmp_path, clock, boot="boot-2").update(host.snapshot()).verdict.level is Level.OK
 
 
