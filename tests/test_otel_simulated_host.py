@@ -4,7 +4,6 @@ XID arrive as log records. In process (HTTP and gRPC), and through `gpumon run -
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,52 +11,18 @@ import time
 
 import pytest
 
-from gpumon import registry
-from gpumon.collectors.base import Context
-from gpumon.model import CollectorStatus, MetricFamily, Snapshot
-from gpumon.simulate import Simulation, control
+from gpumon.model import Snapshot
+from gpumon.simulate import control
 from gpumon.sinks import otel_mapping as mapping
 from tests import test_otel_receiver as receivers
 from tests.conftest import clean_env
+from tests.simulated_host import SimulatedHost
 from tests.test_otel_export_wire import attrs
 from tests.test_otel_receiver import OtlpHttpReceiver, event_name, make_sink
 
 # The receivers' fixtures, shared with this module.
 grpc_receiver = receivers.grpc_receiver
 http_receiver = receivers.http_receiver
-
-COLLECTORS = ("nvml", "xid", "infiniband", "linkflap")
-
-
-class Host:
-    """The simulated host's collectors, run by hand, composed into Snapshots as the loop would."""
-
-    def __init__(self, tmp_path) -> None:
-        self.sim = Simulation("nd-h100-v5", str(tmp_path / "sim"))
-        ctx = Context(hostname="nd-node", sysfs_root=self.sim.sysfs_root, state_dir=str(tmp_path / "state"),
-                      simulation=self.sim, nvml=self.sim.nvml)
-        os.makedirs(ctx.state_dir, exist_ok=True)
-        self.collectors = [registry.collector_class(name)(ctx, None) for name in COLLECTORS
-                           if name in registry.available_collectors()]
-        self.seq = 0
-
-    def snapshot(self) -> Snapshot:
-        families: list[MetricFamily] = []
-        events = []
-        statuses = []
-        for collector in self.collectors:
-            started = time.monotonic()
-            result = collector.collect()
-            families.extend(result.families)
-            events.extend(result.events)
-            statuses.append(CollectorStatus(collector.name, True, time.monotonic() - started))
-        self.seq += 1
-        return Snapshot("nd-node", time.time(), tuple(families), tuple(events), tuple(statuses), self.seq)
-
-    def close(self) -> None:
-        for collector in self.collectors:
-            collector.close()
-
 
 def taken(family, otel: mapping.OtelMetric) -> int:
     """Samples of ``family`` that go to ``otel`` (one Prometheus metric may feed several names)."""
@@ -77,7 +42,7 @@ def receiver(request):
 
 def test_every_family_of_the_host_arrives_mapped(receiver, tmp_path):
     protocol = "grpc" if type(receiver).__name__ == "OtlpGrpcReceiver" else "http/protobuf"
-    host = Host(tmp_path)
+    host = SimulatedHost(str(tmp_path))
     sink = make_sink(receiver.endpoint, tmp_path, protocol=protocol)
     try:
         snap = host.snapshot()
@@ -133,7 +98,7 @@ def test_every_family_of_the_host_arrives_mapped(receiver, tmp_path):
 
 def test_gpumon_run_with_the_otel_sink_delivers_every_family(tmp_path):
     """`gpumon run --simulate nd-h100-v5 --sinks otel` against the test receiver."""
-    expected_host = Host(tmp_path / "reference")
+    expected_host = SimulatedHost(str(tmp_path / "reference"))
     try:
         expected = {o.name for f in expected_host.snapshot().families for o in mapping.routes(f.spec)
                     if taken(f, o)}
