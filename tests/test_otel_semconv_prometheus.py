@@ -23,9 +23,9 @@ import pytest
 from gpumon.model import MetricFamily
 from gpumon.sinks import otel_mapping as mapping
 from tests import test_otel_receiver as receivers
+from tests.simulated_host import SimulatedHost
 from tests.test_otel_export_wire import attrs
 from tests.test_otel_receiver import make_sink
-from tests.test_otel_simulated_host import Host
 
 http_receiver = receivers.http_receiver
 
@@ -74,7 +74,7 @@ def received(tmp_path_factory):
     decoded it: {name: Metric}."""
     tmp_path = tmp_path_factory.mktemp("semconv")
     receiver = receivers.OtlpHttpReceiver()
-    host = Host(tmp_path)
+    host = SimulatedHost(str(tmp_path))
     sink = make_sink(receiver.endpoint, tmp_path, logs=False)
     try:
         snap = host.snapshot()
