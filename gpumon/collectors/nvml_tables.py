@@ -98,8 +98,10 @@ XIDS: dict[int, Xid] = {
 
 
 def xid_info(xid: int) -> Xid:
-    return XIDS.get(xid, Xid(f"XID {xid} (not in gpumon's table; see NVIDIA's XID catalog)",
-                             Severity.ERROR))
+    info = XIDS.get(xid)
+    if info is None:  # built only when needed: a busy log asks for the known ones again and again
+        info = Xid(f"XID {xid} (not in gpumon's table; see NVIDIA's XID catalog)", Severity.ERROR)
+    return info
 
 
 RECOVERY_ACTIONS: dict[int, tuple[str, Severity]] = {

@@ -35,6 +35,11 @@ FIRST_START = {"end": os.SEEK_END, "cleared": getattr(os, "SEEK_DATA", 3), "all"
 ``dmesg --clear``, or at the oldest record still in the buffer."""
 
 _ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+_HEADER = re.compile(rb"[0-9]{1,4},[0-9]{1,20},[0-9]{1,20},[^,;]*[^;]*;")
+"""``prio,seq,usec,flags[,more];``: the header holds no ';', so the first one ends it (the message
+may hold more)."""
+_RECORD = re.compile(rb"([0-9]{1,4}),([0-9]{1,20}),([0-9]{1,20}),([^,;]*)[^;]*;([^\n]*)\n(.*\n)?\Z", re.DOTALL)
+"""A whole record: header, message line, then dictionary lines (each ending in a newline)."""
 
 
 class Garbled(ValueError):
@@ -64,31 +69,24 @@ def unescape(text: str) -> str:
 
 def parse(data: bytes) -> Record:
     """One record as read from /dev/kmsg; raises :class:`Garbled`."""
-    # the header holds no ';': the first one ends it (the message may hold more)
-    head, sep, body = data.partition(b";")
-    parts = head.split(b",", 4)
-    if (not sep or len(parts) < 4 or not _digits(parts[0], 4) or not _digits(parts[1], 20)
-            or not _digits(parts[2], 20)):
-        raise Garbled(f"no dev-kmsg header in {data[:60]!r}")
-    if not body.endswith(b"\n"):
+    m = _RECORD.match(data)
+    if m is None:
+        if _HEADER.match(data) is None:
+            raise Garbled(f"no dev-kmsg header in {data[:60]!r}")
         raise Garbled(f"truncated record {data[:60]!r}")
-    end = body.find(b"\n")
-    message = unescape(body[:end].decode("utf-8", "replace"))
+    prio, seq, usec, flags, body, extra = m.groups()
+    message = body.decode("utf-8", "replace")
+    if "\\x" in message:
+        message = unescape(message)
     fields: dict[str, str] = {}
-    if end < len(body) - 1:
-        for line in body[end + 1:-1].decode("utf-8", "replace").split("\n"):
+    if extra:
+        for line in extra[:-1].decode("utf-8", "replace").split("\n"):
             if not line.startswith(" ") or "=" not in line:
                 raise Garbled(f"bad dictionary line {line[:60]!r}")
             key, _, value = line[1:].partition("=")
             fields[key] = unescape(value)
-    prio = int(parts[0])
-    return Record(int(parts[1]), prio & 7, prio >> 3, int(parts[2]), parts[3].decode("ascii", "replace"),
-                  message, fields)
-
-
-def _digits(text: bytes, most: int) -> bool:
-    """1 to ``most`` ASCII digits."""
-    return 0 < len(text) <= most and text.isdigit()
+    level = int(prio)
+    return Record(int(seq), level & 7, level >> 3, int(usec), flags.decode("ascii", "replace"), message, fields)
 
 
 def boot_id(path: str = BOOT_ID_PATH) -> str:

@@ -8,12 +8,15 @@ sysfs names a function ``0000:3b:00.0`` (4 hex digits of domain, lower case); NV
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _ADDRESS = re.compile(r"(?:PCI:)?([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?")
 
 
+@lru_cache(maxsize=1024)
 def parts(address: str) -> tuple[int, int, int, int] | None:
-    """(domain, bus, device, function); a missing function is 0 (NVRM's Xid lines omit it)."""
+    """(domain, bus, device, function); a missing function is 0 (NVRM's Xid lines omit it).
+    Remembered: a host has a few dozen addresses, and a busy kernel log names them again and again."""
     m = _ADDRESS.fullmatch(address.strip())
     if m is None:
         return None
