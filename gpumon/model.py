@@ -18,6 +18,23 @@ if TYPE_CHECKING:  # the hint types; model imports nothing of gpumon at run time
 Labels = tuple[tuple[str, str], ...]
 """Label pairs in a fixed order: hashable, so renderers can cache per-series text."""
 
+_LABEL_SETS: dict[tuple[tuple[str, ...], tuple[str, ...]], Labels] = {}
+_LABEL_SETS_MAX = 16384
+
+
+def label_set(names: tuple[str, ...], values: tuple[str, ...]) -> Labels:
+    """The label pairs of ``names`` and ``values``, the same tuple each time they are asked for: a
+    series that comes back run after run then compares (loop, renderer, sinks) by identity rather
+    than pair by pair, and its pairs are not built again. Bounded: a churning label set (process
+    ids) cannot grow it; it starts again when full. Safe from any thread (one dict operation each)."""
+    key = (names, values)
+    labels = _LABEL_SETS.get(key)
+    if labels is None:
+        if len(_LABEL_SETS) >= _LABEL_SETS_MAX:
+            _LABEL_SETS.clear()
+        labels = _LABEL_SETS[key] = tuple(zip(names, values))
+    return labels
+
 
 class MetricType(str, enum.Enum):
     GAUGE = "gauge"
@@ -60,7 +77,7 @@ class MetricSpec:
         """A sample with this spec's labels, values given in ``labels`` order."""
         if len(label_values) != len(self.labels):
             raise ValueError(f"{self.name} takes labels {self.labels}, got {label_values}")
-        return Sample(tuple(zip(self.labels, label_values)), float(value))
+        return Sample(label_set(self.labels, label_values), float(value))
 
 
 class Sample(NamedTuple):

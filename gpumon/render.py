@@ -9,6 +9,7 @@ The output stays byte-compatible with both formats (``promtool check metrics`` c
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
 
 from gpumon.model import Labels, MetricFamily, MetricSpec, MetricType, Sample
@@ -58,7 +59,7 @@ class Renderer:
     def _prefixes(self) -> dict[tuple[str, Labels], str]:
         """Every cached series prefix, by (name, labels): what the cache holds, for inspection."""
         return {(block.spec.name, labels): prefix for block in self._blocks.values()
-                for labels, prefix in block.prefixes.items()}
+                for labels, prefix in zip(block.labels, block.prefixes)}
 
     def render(self, families: Iterable[MetricFamily], openmetrics: bool = False) -> str:
         old, blocks = self._blocks, {}
@@ -81,32 +82,61 @@ class Renderer:
         return "".join(parts)
 
 
-class _Block:
-    """One family's rendered text and the ``name{labels} `` prefix of each of its series."""
+class _ValueLines(dict[float, str]):
+    """Whole value -> its text and the line's newline. Many values repeat (0, 1, states, clocks,
+    temperatures) and a lookup, done in C through ``map``, costs a fraction of formatting one;
+    bounded, so a stream of distinct values (counters) cannot grow it: it starts again when full.
+    Fractions, NaN and infinities are formatted each time and never kept."""
 
-    __slots__ = ("spec", "header", "samples", "prefixes", "text")
+    MAX = 8192
+
+    def __missing__(self, value: float) -> str:
+        if not value.is_integer():  # a measured fraction rarely comes back: formatted, not kept
+            return f"{value!r}\n" if value - value == 0.0 else format_value(value) + "\n"  # finite?
+        if not -1e15 < value < 1e15:
+            return format_value(value) + "\n"
+        text = f"{int(value)}\n"
+        if len(self) >= self.MAX:
+            self.clear()
+        self[value] = text
+        return text
+
+
+_VALUE_LINES = _ValueLines()
+
+
+class _Block:
+    """One family's rendered text and the ``name{labels} `` prefix of each of its series, in the
+    order of the samples last rendered (a run that brings the same series in the same order, the
+    usual case, reuses them without a lookup)."""
+
+    __slots__ = ("spec", "header", "samples", "labels", "prefixes", "text")
 
     def __init__(self, spec: MetricSpec, header: str) -> None:
         self.spec, self.header = spec, header
         self.samples: tuple[Sample, ...] | None = None
-        self.prefixes: dict[Labels, str] = {}
+        self.labels: tuple[Labels, ...] = ()
+        self.prefixes: tuple[str, ...] = ()
         self.text = ""
 
     def again(self, samples: tuple[Sample, ...]) -> _Block:
         """This family rendered with ``samples``: a new block, so a cached one is never changed."""
         block = _Block(self.spec, self.header)
-        old, new = self.prefixes, block.prefixes
-        name = self.spec.name
-        lines = [self.header]
-        append = lines.append
-        for labels, value in samples:
-            prefix = old.get(labels)
-            if prefix is None:
-                prefix = series_prefix(name, labels)
-            new[labels] = prefix
-            append(prefix + format_value(value) + "\n")
-        block.samples, block.text = samples, "".join(lines)
+        labels = tuple(map(_LABELS, samples))
+        if labels == self.labels:
+            prefixes = self.prefixes
+        else:
+            known = dict(zip(self.labels, self.prefixes))
+            name = self.spec.name
+            prefixes = tuple(known.get(key) or series_prefix(name, key) for key in labels)
+        values = map(_VALUE_LINES.__getitem__, map(_VALUE, samples))
+        block.samples, block.labels, block.prefixes = samples, labels, prefixes
+        block.text = self.header + "".join(map(operator.add, prefixes, values))
         return block
+
+
+_LABELS = operator.itemgetter(0)
+_VALUE = operator.itemgetter(1)
 
 
 def _family_header(fam: MetricFamily, openmetrics: bool) -> str:

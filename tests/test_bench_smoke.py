@@ -24,6 +24,7 @@ FAST = {
     "nvml_calls": ("profiles", "h100_calls_per_gpu_per_run"),
     "scale": ("gpus", "ports"),
     "startup": ("cases", "target_met"),
+    "cycle": ("without_health", "with_health"),
 }
 
 
@@ -50,6 +51,10 @@ def test_fast_benchmarks_write_their_figures(tmp_path):
     calls = json.loads((tmp_path / "nvml_calls.json").read_text())
     assert set(calls["profiles"]) >= {"h100-sxm5-80gb"}
     assert all(p["calls_per_gpu_per_run_max"] > 0 for p in calls["profiles"].values())
+    cycle = json.loads((tmp_path / "cycle.json").read_text())
+    for case in ("without_health", "with_health"):
+        assert cycle[case]["series"] > 1000 and cycle[case]["overhead_ms_median"] > 0
+        assert set(cycle[case]["collectors"]) >= {"nvml", "infiniband"}
     scale = json.loads((tmp_path / "scale.json").read_text())
     assert [row["gpus"] for row in scale["gpus"]] == [1, 8]
     assert scale["gpus"][1]["series"] > scale["gpus"][0]["series"]

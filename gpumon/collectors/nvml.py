@@ -37,7 +37,7 @@ from gpumon.collectors.nvml_tables import (
     union_value,
 )
 from gpumon.config import Option, Section, SectionSchema
-from gpumon.model import Collection, MetricSpec, Sample, Snapshot
+from gpumon.model import Collection, MetricSpec, Sample, Snapshot, label_set
 
 log = logging.getLogger("gpumon.nvml")
 
@@ -199,7 +199,7 @@ class NvmlCollector(Collector):
 
         def emit(gpu: _Gpu, rows: list[M.Row]) -> None:
             for spec, extra, value in rows:
-                rows_by_spec.setdefault(spec, []).append(Sample(tuple(zip(spec.labels, gpu.dev.labels + extra)),
+                rows_by_spec.setdefault(spec, []).append(Sample(label_set(spec.labels, gpu.dev.labels + extra),
                                                                 float(value)))
 
         try:
