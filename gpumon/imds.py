@@ -371,14 +371,3 @@ def configured(section: Mapping[str, Any] | None) -> ImdsClient:
     """The shared client as ``[azure]`` configures it (defaults where the section is absent)."""
     values = OPTIONS.values(section)
     return client(values["imds_url"], values["imds_timeout"], values["compute_refresh"])
-
-
-def fetch_instance(url: str = IMDS_URL, timeout: float = 0.5) -> AzureInstance | None:
-    """The VM's identity through the shared client (``timeout`` applies if this makes the client),
-    or None when IMDS does not give it."""
-    with _clients_lock:
-        known = base_url(url) in _clients
-    try:
-        return (client(url) if known else client(url, timeout)).instance()
-    except ImdsError:
-        return None
