@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpumon.log_once import LogOnce
 from gpumon.model import Event, Severity
 
 log = logging.getLogger("gpumon.flaps")
@@ -139,7 +140,7 @@ class FlapDetector:
         self._ports: dict[PortKey, _Port] = {}
         self._events: list[Event] = []
         self._errors: dict[str, int] = {}
-        self._logged: set[str] = set()
+        self._log_once = LogOnce(log)
         self._lock = threading.Lock()
         self._dirty = False
         self._persisted: dict[str, list[float]] = {}
@@ -408,9 +409,7 @@ class FlapDetector:
 
     def _error(self, reason: str, message: str) -> None:
         self._errors[reason] = self._errors.get(reason, 0) + 1
-        if reason not in self._logged:
-            self._logged.add(reason)
-            log.warning("%s (reported once)", message)
+        self._log_once.warning(reason, "%s (reported once)", message)
 
     def _load(self) -> None:
         assert self.state_path is not None

@@ -28,6 +28,7 @@ from typing import Any
 
 from gpumon.config import Option, SectionSchema
 from gpumon.httpdates import parse_retry_after
+from gpumon.log_once import LogOnce
 
 log = logging.getLogger("gpumon.imds")
 
@@ -204,12 +205,12 @@ class ImdsClient:
         self._fetches = 0
         self._fetch_error: ImdsError | None = None
         """How the latest compute request failed; None when it succeeded."""
-        self._state = threading.Lock()       # throttle and log-once bookkeeping
+        self._state = threading.Lock()       # throttle bookkeeping
         self._instance: AzureInstance | None = None
         self._compute_at = -float("inf")
         self._absent_error: ImdsError | None = None
         self._throttled_until = -float("inf")
-        self._logged: set[str] = set()
+        self._log_once = LogOnce(log)
 
     # -- the wire ----------------------------------------------------------------------------------
 
@@ -224,8 +225,7 @@ class ImdsClient:
         except ImdsError as exc:
             self._failed(path, exc)
             raise
-        with self._state:
-            self._logged.clear()
+        self._log_once.clear()
         return doc
 
     def _exchange(self, path: str, body: Mapping[str, Any] | None, timeout: float) -> Any:
@@ -266,11 +266,7 @@ class ImdsClient:
 
     def _failed(self, path: str, exc: ImdsError) -> None:
         key = f"{path.partition('?')[0]}:{exc.reason}"
-        with self._state:
-            if key in self._logged:
-                return
-            self._logged.add(key)
-        log.warning("%s (logged once until IMDS answers again, counted every time)", exc)
+        self._log_once.warning(key, "%s (logged once until IMDS answers again, counted every time)", exc)
 
     # -- compute metadata --------------------------------------------------------------------------
 
@@ -375,14 +371,3 @@ def configured(section: Mapping[str, Any] | None) -> ImdsClient:
     """The shared client as ``[azure]`` configures it (defaults where the section is absent)."""
     values = OPTIONS.values(section)
     return client(values["imds_url"], values["imds_timeout"], values["compute_refresh"])
-
-
-def fetch_instance(url: str = IMDS_URL, timeout: float = 0.5) -> AzureInstance | None:
-    """The VM's identity through the shared client (``timeout`` applies if this makes the client),
-    or None when IMDS does not give it."""
-    with _clients_lock:
-        known = base_url(url) in _clients
-    try:
-        return (client(url) if known else client(url, timeout)).instance()
-    except ImdsError:
-        return None

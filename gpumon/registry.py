@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING
 
+from gpumon.log_once import LogOnce
+
 if TYPE_CHECKING:
     from gpumon.collectors.base import Collector
     from gpumon.model import Collection, MetricSpec
@@ -81,11 +83,11 @@ class Conflict:
                 f"in group {self.group}")
 
 
-_reported: set[Conflict] = set()
-_screened: set[tuple[str, str]] = set()
+_reported = LogOnce(log)
+"""Entry-point conflicts and plugins' reserved families, each logged once per process."""
 _plugin_classes: set[type] = set()
 """Collector classes loaded from a third party's entry point: the ones :func:`screen` checks."""
-_reported_lock = threading.Lock()
+_plugin_classes_lock = threading.Lock()
 
 
 def _distribution(ep: EntryPoint) -> str:
@@ -114,11 +116,7 @@ def _scan(group: str) -> tuple[dict[str, str], list[Conflict]]:
 def _targets(group: str) -> dict[str, str]:
     found, conflicts = _scan(group)
     for conflict in conflicts:
-        with _reported_lock:
-            if conflict in _reported:
-                continue
-            _reported.add(conflict)
-        log.error("%s", conflict)
+        _reported.error(conflict, "%s", conflict)
     return found
 
 
@@ -182,7 +180,7 @@ def collector_class(name: str) -> type[Collector]:
     if is_builtin(name):
         return cls
     _checked_collector(name, cls)
-    with _reported_lock:
+    with _plugin_classes_lock:
         _plugin_classes.add(cls)
     return cls
 
@@ -219,11 +217,7 @@ def screen(collector: Collector, result: Collection) -> Collection:
             kept.append(fam)
             continue
         result.count_error("reserved_metric_name")
-        key = (name, fam.name)
-        with _reported_lock:
-            first = key not in _screened
-            _screened.add(key)
-        if first:
-            log.error("%s; its samples are dropped", _refusal(name, [fam.name]).replace("declares", "returned"))
+        _reported.error(("screened", name, fam.name), "%s; its samples are dropped",
+                        _refusal(name, [fam.name]).replace("declares", "returned"))
     result.families = kept
     return result

@@ -30,16 +30,12 @@ import socket
 import time
 from collections.abc import Mapping
 
+from gpumon.log_once import LogOnce
+
 log = logging.getLogger(__name__)
 
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str, *args: object) -> None:
-    """A broken notify socket would otherwise log on every watchdog ping."""
-    if key not in _warned:
-        _warned.add(key)
-        log.warning(message, *args)
+_warned = LogOnce(log)
+"""A broken notify socket would otherwise log on every watchdog ping."""
 
 
 def socket_address(environ: Mapping[str, str] | None = None) -> str | bytes | None:
@@ -56,7 +52,7 @@ def socket_address(environ: Mapping[str, str] | None = None) -> str | bytes | No
     if raw.startswith("/"):
         return raw
     # vsock: and relative paths are not something systemd hands a system service on these hosts.
-    _warn_once("address:" + raw, "NOTIFY_SOCKET=%r is not a path or an abstract socket; not notifying", raw)
+    _warned.warning("address:" + raw, "NOTIFY_SOCKET=%r is not a path or an abstract socket; not notifying", raw)
     return None
 
 
@@ -71,14 +67,14 @@ def notify(message: str, environ: Mapping[str, str] | None = None) -> bool:
     try:
         data = message.encode("utf-8")
     except UnicodeEncodeError:
-        _warn_once("encode", "sd_notify message is not valid text: %r", message)
+        _warned.warning("encode", "sd_notify message is not valid text: %r", message)
         return False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
             sock.connect(address)
             sent = sock.send(data)
     except OSError as exc:
-        _warn_once(f"send:{address!r}:{exc.errno}", "sd_notify to %r failed: %s", address, exc)
+        _warned.warning(f"send:{address!r}:{exc.errno}", "sd_notify to %r failed: %s", address, exc)
         return False
     return sent == len(data)
 
@@ -112,7 +108,7 @@ def watchdog_interval(environ: Mapping[str, str] | None = None, pid: int | None 
     try:
         usec = int(raw)
     except ValueError:
-        _warn_once("usec:" + raw, "WATCHDOG_USEC=%r is not an integer; watchdog pings disabled", raw)
+        _warned.warning("usec:" + raw, "WATCHDOG_USEC=%r is not an integer; watchdog pings disabled", raw)
         return None
     if usec <= 0:
         return None

@@ -166,9 +166,11 @@ def test_the_shared_client_is_one_per_imds_and_takes_the_latest_settings(server)
     assert imds.client(full) is shared and shared.timeout == 0.7
     assert imds.configured({"imds_url": server.url, "imds_timeout": 1.5, "compute_refresh": 60.0}) is shared
     assert (shared.timeout, shared.refresh) == (1.5, 60.0)
-    assert imds.fetch_instance(full, timeout=9.0).vm_id == COMPUTE["vmId"]
-    assert shared.timeout == 1.5  # an existing client keeps its configuration
-    assert imds.fetch_instance(f"http://127.0.0.1:{free_port()}/metadata", timeout=0.2) is None
+    assert imds.client(full).instance().vm_id == COMPUTE["vmId"]
+    assert shared.timeout == 1.5  # asked again without settings, the client keeps its configuration
+    with pytest.raises(imds.ImdsError) as err:  # no IMDS there: an error callers count, not a hang
+        imds.client(f"http://127.0.0.1:{free_port()}/metadata", timeout=0.2).instance()
+    assert err.value.reason in ("unreachable", "timeout")
 
 
 def test_the_azure_section_validates_its_url(tmp_path):

@@ -1,14 +1,15 @@
-"""The shared sink plumbing: Retry-After in both forms, backoff with jitter, log-once, counters."""
+"""The shared sink plumbing: Retry-After in both forms, backoff with jitter, counters (log-once:
+test_log_once.py)."""
 
 from __future__ import annotations
 
-import logging
 import random
+import threading
+import time
 
 from gpumon.sinks.common import (
     Backoff,
     DeliveryCounters,
-    LogOnce,
     parse_retry_after,
     retry_after_from_headers,
 )
@@ -50,14 +51,34 @@ def test_backoff_doubles_with_jitter_up_to_the_cap_and_honours_retry_after() -> 
     assert Backoff(1.0, 60.0).failed(0.0, retry_after=20.0) == 20.0
 
 
-def test_log_once_logs_again_only_after_clear(caplog) -> None:
-    once = LogOnce(logging.getLogger("gpumon.test"))
-    with caplog.at_level(logging.WARNING, logger="gpumon.test"):
-        assert once.warning("down", "down %s", 1)
-        assert not once.warning("down", "down %s", 2)
-        once.clear("down")
-        assert once.warning("down", "down %s", 3)
-    assert [r.getMessage() for r in caplog.records] == ["down 1", "down 3"]
+def test_backoff_keeps_doubling_from_a_configuration_fault_s_longer_wait() -> None:
+    """A floor (a fault a person has to fix) raises the level; a later transient failure doubles it
+    rather than starting over from ``initial``."""
+    b = Backoff(initial=1.0, maximum=300.0, jitter=(1.0, 1.0))
+    assert b.failed(0.0, floor=30.0) == 30.0
+    assert b.failed(0.0) == 60.0
+    assert [b.failed(0.0) for _ in range(3)] == [120.0, 240.0, 300.0]
+    b.succeeded()
+    assert (b.failures, b.nominal, b.failed(0.0)) == (0, 0.0, 1.0)
+
+
+def test_backoff_jitter_spans_the_range_it_is_given() -> None:
+    b = Backoff(initial=10.0, maximum=10.0, jitter=(0.8, 1.2), rng=random.Random(3))
+    delays = [b.failed(0.0) for _ in range(2000)]
+    assert all(8.0 <= d <= 12.0 for d in delays)
+    assert min(delays) < 8.1 and max(delays) > 11.9
+
+
+def test_backoff_can_take_retry_after_as_the_delay_even_when_shorter() -> None:
+    exact = Backoff(initial=100.0, maximum=300.0, jitter=(1.0, 1.0), retry_after_max=3600.0,
+                    retry_after_exact=True)
+    assert exact.failed(0.0, retry_after=2.0) == 2.0  # shorter than the backoff's 100 s: honoured
+    assert exact.failed(0.0, retry_after=7200.0) == 3600.0  # beyond maximum, up to retry_after_max
+    assert exact.nominal == 200.0  # the backoff kept doubling meanwhile
+    assert exact.failed(0.0, retry_after=0.0) == 300.0  # 0 is no Retry-After: the backoff's (capped) delay
+    floor = Backoff(initial=100.0, maximum=300.0, jitter=(1.0, 1.0))
+    assert floor.failed(0.0, retry_after=2.0) == 100.0  # by default it only lengthens the wait
+    assert floor.failed(0.0, retry_after=7200.0) == 300.0
 
 
 def test_counters_are_not_up_before_a_first_success() -> None:
@@ -69,6 +90,35 @@ def test_counters_are_not_up_before_a_first_success() -> None:
     assert c.up and c.sent == 5 and c.last_error == ""
     c.dropped_items(2, "413")
     assert c.dropped == 2
+
+
+def test_counters_keep_the_latest_error_unless_told_one_and_stamp_the_wall_clock() -> None:
+    c = DeliveryCounters()
+    assert c.last_success_time == 0.0
+    c.failed_attempt(1, "HTTP 503")
+    c.failed_attempt(1)
+    assert (c.failed, c.consecutive_failures, c.last_error) == (2, 2, "HTTP 503")
+    c.dropped_items(4)
+    assert (c.dropped, c.last_error) == (4, "HTTP 503")
+    before = time.time()
+    c.succeeded(3)
+    assert before <= c.last_success_time <= time.time() and c.last_error == ""
+
+
+def test_counters_lose_no_count_to_threads_counting_at_once() -> None:
+    c = DeliveryCounters()
+
+    def count() -> None:
+        for _ in range(20000):
+            c.dropped_items(1)
+            c.failed_attempt(1)
+
+    threads = [threading.Thread(target=count) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (c.dropped, c.failed) == (80000, 80000)
 
 
 def test_the_azure_sink_and_the_imds_client_read_retry_after_from_the_one_parser() -> None:

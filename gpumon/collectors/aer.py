@@ -16,6 +16,7 @@ import time
 
 from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.config import Option, Section, SectionSchema
+from gpumon.log_once import COUNTED, LogOnce
 from gpumon.model import Collection, MetricSpec, MetricType, Sample
 from gpumon.sources import pci_aer
 from gpumon.sources.ib_sysfs import Fault, read_mode_cached
@@ -65,7 +66,7 @@ class AerCollector(Collector):
         self._discovered = -REDISCOVER
         self.cached = read_mode_cached("auto", ctx.sysfs_root)
         """Keep each file open and pread it: on a real sysfs, where a file is never replaced."""
-        self._logged: set[tuple[str, str]] = set()
+        self._log_once = LogOnce(log, suffix=COUNTED)
 
     @classmethod
     def metrics(cls) -> tuple[MetricSpec, ...]:
@@ -147,6 +148,4 @@ class AerCollector(Collector):
     def _fault(self, out: Collection, fn: pci_aer.Function, exc: Exception) -> None:
         reason = "parse" if isinstance(exc, pci_aer.BadStats) else "read"
         out.count_error(reason)
-        if (fn.name, reason) not in self._logged:
-            self._logged.add((fn.name, reason))
-            log.warning("AER of %s: %s (logged once, counted every time)", fn.name, exc)
+        self._log_once.warning((fn.name, reason), "AER of %s: %s", fn.name, exc)

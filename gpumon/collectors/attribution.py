@@ -29,6 +29,7 @@ from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.collectors.gpu_directory import KEY as DIRECTORY_KEY
 from gpumon.collectors.gpu_directory import GpuDirectory, GpuEntry
 from gpumon.config import Option, Section, SectionSchema
+from gpumon.log_once import LogOnce
 from gpumon.model import Collection, MetricSpec, MetricType
 from gpumon.sources import cgroup, jobmap, kubelet
 
@@ -95,7 +96,7 @@ class AttributionCollector(Collector):
         self._client: kubelet.PodResourcesClient | None = None
         self._kube_last: list[kubelet.Allocation] = []
         self._kube_ok_at: float | None = None
-        self._logged: set[str] = set()
+        self._logged = LogOnce(log)
         self._waited = False
 
     # -- availability ---------------------------------------------------------------------------
@@ -151,7 +152,7 @@ class AttributionCollector(Collector):
             timeout = min(float(self._o["timeout"]), max(0.05, float(self._o["interval"]) / 2))
             self._kube_last = self._client.list(timeout)
             self._kube_ok_at = self.clock()
-            self._logged.discard("kubelet")
+            self._logged.clear("kubelet")
         except ImportError as exc:  # grpcio is the optional `attribution` extra
             ok = False
             out.count_error("kubelet_grpc_missing")
@@ -200,9 +201,7 @@ class AttributionCollector(Collector):
                     holders.append(Holder(gpu.index, gpu.uuid, gi, container=owner.container_id[:12]))
 
     def _log_once(self, key: str, msg: str, *args: object) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning(msg, *args)
+        self._logged.warning(key, msg, *args)
 
     def close(self) -> None:
         if self._client is not None:

@@ -16,6 +16,7 @@ from gpumon import imds
 from gpumon.collectors.base import Availability, Collector, Context, Table
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.imds import AzureInstance, ImdsError
+from gpumon.log_once import COUNTED, LogOnce
 from gpumon.model import Collection, MetricSpec, MetricType, Snapshot
 from gpumon.sources import kvp
 
@@ -51,7 +52,7 @@ class HostInfoCollector(Collector):
         self._pool = str(OPTIONS.value(cfg, "kvp_pool"))
         azure = ctx.config.sections.get("azure") if ctx.config is not None else None
         self._client = imds.configured(azure)
-        self._kvp_logged = False
+        self._log_once = LogOnce(log, suffix=COUNTED)
 
     @classmethod
     def metrics(cls) -> tuple[MetricSpec, ...]:
@@ -97,9 +98,7 @@ class HostInfoCollector(Collector):
             return ""
         except OSError as exc:
             coll.count_error("kvp_read")
-            if not self._kvp_logged:
-                self._kvp_logged = True
-                log.warning("KVP pool %s: %s (logged once, counted every time)", self._pool, exc)
+            self._log_once.warning("kvp", "KVP pool %s: %s", self._pool, exc)
             return ""
 
     @classmethod

@@ -26,6 +26,7 @@ from typing import Any
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.collectors.nvml_tables import xid_info
 from gpumon.config import Option, Section, SectionSchema
+from gpumon.log_once import COUNTED, LogOnce
 from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity
 from gpumon.sources import driver_log
 from gpumon.sources.kmsg import DEFAULT_PATH, FIRST_START, Batch, KmsgReader, Record
@@ -95,7 +96,7 @@ class KmsgCollector(Collector):
         self._xids: Counter[tuple[str, str]] = Counter()
         self._sxids: Counter[tuple[str, str, str]] = Counter()
         self._pending: list[tuple[Record, driver_log.DriverMessage]] = []
-        self._logged: set[str] = set()
+        self._log_once = LogOnce(log, suffix=COUNTED)
         self._ib_by_pci: dict[str, str] = {}
         self._names: dict[str, tuple[str, str]] = {}
         self._ipoib: set[str] = set()
@@ -141,10 +142,11 @@ class KmsgCollector(Collector):
     def _take(self, batch: Batch, out: Collection) -> None:
         self._lost += batch.lost
         if batch.lost:
-            self._once("lost", "kernel log: %d records were overwritten before they were read", batch.lost)
+            self._log_once.warning("lost", "kernel log: %d records were overwritten before they were read",
+                                   batch.lost)
         for raw in batch.garbled:
             out.count_error("garbled")
-            self._once("garbled", "kernel log: record not in the dev-kmsg format: %r", raw[:120])
+            self._log_once.warning("garbled", "kernel log: record not in the dev-kmsg format: %r", raw[:120])
         for record in batch.records:
             self._handle(record, out)
 
@@ -157,7 +159,8 @@ class KmsgCollector(Collector):
             self._records["other"] += 1
             if "NVRM: Xid" in record.message or "SXid (" in record.message:
                 out.count_error("unrecognised_driver_line")
-                self._once("unrecognised", "kernel log: driver line in an unknown format: %s", record.message)
+                self._log_once.warning("unrecognised", "kernel log: driver line in an unknown format: %s",
+                                       record.message)
             return
         if msg.kind == "netdev_link_ready" and not self._is_ipoib(str(msg.attrs["netdev"])):
             self._records["other"] += 1
@@ -270,18 +273,14 @@ class KmsgCollector(Collector):
         try:
             self.reader.save(seq)
         except OSError as exc:
-            self._once("save", "kernel log: cannot save the read position (%s); a restart starts at the end", exc)
+            self._log_once.warning("save", "kernel log: cannot save the read position (%s); a restart starts at "
+                                   "the end", exc)
 
     def _publish(self, out: Collection) -> None:
         out.add(RECORDS, [RECORDS.sample(n, kind) for kind, n in sorted(self._records.items())])
         out.add(LOST, [LOST.sample(self._lost)])
         out.add(XIDS, [XIDS.sample(n, bus, xid) for (bus, xid), n in sorted(self._xids.items())])
         out.add(SXIDS, [SXIDS.sample(n, *key) for key, n in sorted(self._sxids.items())])
-
-    def _once(self, key: str, text: str, *args: Any) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning(text + " (logged once, counted every time)", *args)
 
     def inherit(self, previous: Collector) -> None:
         """After a reload: keep the totals, the position and the XIDs still waiting for NVML."""

@@ -37,6 +37,7 @@ from gpumon.collectors.nvml_tables import (
     union_value,
 )
 from gpumon.config import Option, Section, SectionSchema
+from gpumon.log_once import LogOnce
 from gpumon.model import Collection, MetricSpec, Sample, Snapshot, label_set
 
 log = logging.getLogger("gpumon.nvml")
@@ -129,7 +130,7 @@ class NvmlCollector(Collector):
         self._generation = -1
         self._gpus: list[_Gpu] = []
         self._run = 0
-        self._logged: set[Any] = set()
+        self._log_once = LogOnce(log)
         self._stop = threading.Event()
         self._closed = False
         self._busy = threading.Lock()   # held by collect(); close() frees GPM buffers only when free
@@ -169,11 +170,6 @@ class NvmlCollector(Collector):
             finally:
                 self._busy.release()
         self.session.release()
-
-    def _log_once(self, key: Any, level: int, msg: str, *args: Any) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.log(level, msg, *args)
 
     # --- the run -------------------------------------------------------------------------------------
 
@@ -353,13 +349,13 @@ class NvmlCollector(Collector):
         if kind == "unsupported":
             gpu.dropped[key] = self._clock()
             out.count_error(reason)
-            self._log_once(("drop", key, code), logging.INFO,
-                           "GPU %d: %s not available (%s); dropped for each GPU that refuses it until the "
-                           "re-probe", gpu.dev.index, what, exc)
+            self._log_once.info(("drop", key, code),
+                                "GPU %d: %s not available (%s); dropped for each GPU that refuses it until the "
+                                "re-probe", gpu.dev.index, what, exc)
             return
         out.count_error(reason)
-        self._log_once(("transient", key, code), logging.WARNING,
-                       "GPU %d: %s failed (%s); the value is absent this run", gpu.dev.index, what, exc)
+        self._log_once.warning(("transient", key, code),
+                               "GPU %d: %s failed (%s); the value is absent this run", gpu.dev.index, what, exc)
 
     def _call_item(self, gpu: _Gpu, item: M.CallItem, out: Collection) -> list[M.Row] | None:
         try:
@@ -378,7 +374,7 @@ class NvmlCollector(Collector):
             return rows
         except (TypeError, ValueError, AttributeError) as exc:
             out.count_error("nvml_parse")
-            self._log_once(("parse", item.key), logging.WARNING, "%s returned %r: %s", item.fn, value, exc)
+            self._log_once.warning(("parse", item.key), "%s returned %r: %s", item.fn, value, exc)
             return None
 
     def _try(self, gpu: _Gpu, key: Any, fn: str, *args: Any, out: Collection) -> Any:
@@ -494,8 +490,8 @@ class NvmlCollector(Collector):
         if support is None or not support.isSupportedDevice:
             if support is not None:
                 gpu.dropped[("static", "gpm")] = self._clock()
-                self._log_once(("gpm", gpu.dev.index), logging.INFO,
-                               "GPU %d: GPM profiling metrics not supported (pre-Hopper GPU)", gpu.dev.index)
+                self._log_once.info(("gpm", gpu.dev.index),
+                                    "GPU %d: GPM profiling metrics not supported (pre-Hopper GPU)", gpu.dev.index)
             return
         samples = self._alloc_samples(gpu, out)
         if samples is not None:

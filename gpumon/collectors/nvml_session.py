@@ -25,6 +25,7 @@ from typing import Any
 
 from gpumon.collectors.base import CollectorUnavailable, Context
 from gpumon.collectors.nvml_tables import FUNCTION_NOT_FOUND, error_kind, error_name
+from gpumon.log_once import LogOnce
 from gpumon.model import Event, Severity
 
 log = logging.getLogger("gpumon.nvml")
@@ -123,7 +124,7 @@ class NvmlSession:
         #: GPUs nvmlDeviceGetCount counts but this process may not use (index -> reason), left out.
         self.skipped: dict[int, str] = {}
         self._errors: Counter[str] = Counter()
-        self._said: set[tuple[int, str]] = set()
+        self._log_once = LogOnce(log)
         #: Bumped whenever a lost GPU answers again, so the XID thread re-registers it.
         self.recoveries = 0
         self._no_temperature_v = False
@@ -275,7 +276,8 @@ class NvmlSession:
                 self._count_error(code)
                 if kind == "unsupported":   # e.g. NO_PERMISSION: not ours to watch
                     skipped[index] = reason
-                    self._say_once(index, reason, "GPU %d left out: NVML refuses it to this process (%s)")
+                    self._log_once.warning((index, reason), "GPU %d left out: NVML refuses it to this process "
+                                           "(%s)", index, reason)
                     continue
                 device = Device(index, handle, UNKNOWN_UUID)
                 failed.append((device, reason))
@@ -298,12 +300,6 @@ class NvmlSession:
             self._by_handle = {handle_key(d.handle): d for d in devices if d.handle is not None}
         for device, reason in failed:
             self.mark_lost(device, f"not answering at discovery ({reason})")
-
-    def _say_once(self, index: int, reason: str, msg: str) -> None:
-        key = (index, reason)
-        if key not in self._said:
-            self._said.add(key)
-            log.warning(msg, index, reason)
 
     def _count_error(self, code: int | None) -> None:
         with self._lock:

@@ -24,22 +24,22 @@ import io
 import json
 import logging
 import os
-import random
 import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpumon.config import Config, ConfigError, Option, SectionSchema, readable_file_check
 from gpumon.imds import IMDS_URL, ImdsClient
+from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
 from gpumon.sinks import azure_host
 from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
 from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, METRICS, TABLES, RowBuilder, host_values
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
-from gpumon.sinks.common import retry_after_from_headers
+from gpumon.sinks.common import Backoff, DeliveryCounters, retry_after_from_headers
 from gpumon.sinks.spool import Spool, SpoolError
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")
@@ -112,6 +112,10 @@ _ROW_STATUS = {400, 413}
 """Statuses that may be about some rows only: isolated by bisection, the rest of the batch goes on."""
 _DEADLETTER_MAX = 16 << 20
 _UPLOADER_FAULT = "uploader error:"
+_LONGEST_WAIT = 3600.0
+"""The longest Retry-After honoured (the backoff itself stops at ``backoff_max``)."""
+_REASONS_REMEMBERED = 256
+"""Distinct reasons logged once before they are all forgotten (a server's error text is open-ended)."""
 _TARGET_CODE = re.compile(r"stream|api-?version|datacollectionrule|dcr", re.IGNORECASE)
 _TARGET_MESSAGE = re.compile(r"api-version|\bstream\b[^.]{0,120}\bnot (?:declared|defined|found|present)",
                              re.IGNORECASE)
@@ -133,16 +137,6 @@ class _StopBatch(Exception):
     """Raised from ``on_error`` so the SDK sends no further chunk after a retryable failure."""
 
 
-@dataclass
-class _Counters:
-    sent: int = 0
-    failed: int = 0
-    rejected: int = 0
-    last_success: float = 0.0
-    detail: str = ""
-    logged: set[str] = field(default_factory=set)
-
-
 class AzureMonitorSink(Sink):
     name = "azure_monitor"
     description = "Rows to Azure Monitor Logs (Logs Ingestion API) through a durable spool."
@@ -153,7 +147,8 @@ class AzureMonitorSink(Sink):
     backoff_max = 300.0
     config_backoff_min = 30.0
     """Seconds between retries: doubling from ``backoff_min`` (``config_backoff_min`` after a 401/403/404
-    or a token failure, which a person has to fix) up to ``backoff_max``, unless Retry-After says."""
+    or a token failure, which a person has to fix) up to ``backoff_max``, ±20 % jitter, unless
+    Retry-After says (then exactly that, at most an hour). Read when the uploader starts."""
 
     def __init__(self, ctx: SinkContext, cfg: Any = None, *, credential: Any = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -175,10 +170,11 @@ class AzureMonitorSink(Sink):
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._counters = _Counters()
+        self._counters = DeliveryCounters()
+        """``last_error`` is the reason the sink is down (empty: up); ``dropped`` counts rows rejected
+        for good and rows the spool could not take (the spool's own drops are added in health())."""
+        self._log_once = LogOnce(log, limit=_REASONS_REMEMBERED)
         self._delivered: set[str] = set()
-        self._append_failures = 0
-        self._publish_errors: set[str] = set()
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -279,10 +275,8 @@ class AzureMonitorSink(Sink):
             if records:
                 self._append(records)
         except Exception as exc:  # a sink must never take the loop down
-            key = type(exc).__name__
-            if key not in self._publish_errors:
-                self._publish_errors.add(key)
-                log.exception("azure_monitor: publish failed (logged once per kind): %s", exc)
+            self._log_once.error(("publish", type(exc).__name__),
+                                 "azure_monitor: publish failed (logged once per kind): %s", exc, exc_info=True)
 
     def _interval_records(self, wall_time: float, seconds: float) -> list[bytes]:
         rows = self._builder.close_interval(wall_time, seconds)
@@ -298,11 +292,9 @@ class AzureMonitorSink(Sink):
         try:
             self._spool.append(records)
         except OSError as exc:
-            self._append_failures += len(records)
-            if "append" not in self._counters.logged:
-                self._counters.logged.add("append")
-                log.error("azure_monitor: cannot write the spool %s: %s (rows dropped and counted)",
-                          self.spool_dir, exc)
+            self._counters.dropped_items(len(records))
+            self._log_once.error("append", "azure_monitor: cannot write the spool %s: %s (rows dropped and "
+                                 "counted)", self.spool_dir, exc)
             return
         self._wake.set()
 
@@ -311,22 +303,21 @@ class AzureMonitorSink(Sink):
     def _run(self) -> None:
         """Upload until stopped. A failing round (spool I/O such as EIO or ENOSPC, or a bug) is counted,
         logged once and retried with backoff: the thread must outlive it, or nothing is sent until restart."""
-        backoff = 0.0
+        backoff = Backoff(self.backoff_min, self.backoff_max, jitter=(0.8, 1.2), retry_after_max=_LONGEST_WAIT,
+                          retry_after_exact=True)
         while not self._stopping.is_set():
             try:
                 outcome = self._round()
             except Exception as exc:
                 outcome = self._uploader_fault(exc)
             else:
-                if self._counters.detail.startswith(_UPLOADER_FAULT):
-                    self._counters.detail = ""  # the spool works again
+                if self._counters.last_error.startswith(_UPLOADER_FAULT):
+                    self._counters.last_error = ""  # the spool works again
             if outcome is None or outcome.ok:
-                backoff = 0.0
+                backoff.succeeded()
                 continue
-            floor = self.config_backoff_min if outcome.config_fault else self.backoff_min
-            backoff = min(self.backoff_max, max(floor, backoff * 2))
-            delay = outcome.delay if outcome.delay else backoff * random.uniform(0.8, 1.2)
-            self._stopping.wait(min(delay, 3600.0))
+            floor = self.config_backoff_min if outcome.config_fault else None
+            self._stopping.wait(backoff.failed(self._clock(), outcome.delay, floor))
 
     def _round(self) -> _Outcome | None:
         """Sync the spool, send one batch, acknowledge it if delivered; None after waiting idle."""
@@ -345,13 +336,12 @@ class AzureMonitorSink(Sink):
 
     def _uploader_fault(self, exc: Exception) -> _Outcome:
         """Count a round that raised; log each kind once (with the traceback when it is not disk I/O)."""
-        self._counters.failed += 1
+        self._counters.failed_attempt(1)
         where = f"spool {self.spool_dir}" if isinstance(exc, OSError) else type(exc).__name__
         reason = f"{_UPLOADER_FAULT} {where}: {exc}; retrying"
-        if not isinstance(exc, OSError) and reason not in self._counters.logged:
-            self._counters.logged.add(reason)
-            log.error("azure_monitor: %s", reason, exc_info=exc)
-        self._note(reason, logging.ERROR)
+        if not isinstance(exc, OSError):
+            self._log_once.error(reason, "azure_monitor: %s", reason, exc_info=exc)
+        self._note(reason, logging.ERROR)  # (not logged again when logged with its traceback above)
         return _Outcome(False, 0.0, False, reason)
 
     def _deliver(self, records: tuple[bytes, ...]) -> _Outcome:
@@ -370,7 +360,7 @@ class AzureMonitorSink(Sink):
             todo = [r for r in rows if r.get("RowId") not in self._delivered]
             if stream is None and key == METRICS:  # generic rows turned off: spooled ones go quietly
                 self._delivered.update(r["RowId"] for r in todo if r.get("RowId") is not None)
-                self._counters.rejected += len(todo)
+                self._counters.dropped_items(len(todo))
                 continue
             if stream is None:
                 for row in todo:
@@ -394,7 +384,7 @@ class AzureMonitorSink(Sink):
         for row in rows:
             if row.get("RowId") is not None:
                 self._delivered.add(row["RowId"])
-        self._counters.rejected += len(rows)
+        self._counters.dropped_items(len(rows))
         log.error("azure_monitor: the DCR %s has no stream %s for generic metric rows (a template deployed "
                   "before this gpumon); they are off until restart, the other tables are sent: redeploy "
                   "deploy/azure/azuredeploy.json to get them, or set [azure_monitor] stream_metrics = \"\" "
@@ -408,7 +398,7 @@ class AzureMonitorSink(Sink):
         refused = []
         worst: _Outcome | None = None
         for error, chunk in failures:
-            self._counters.failed += 1
+            self._counters.failed_attempt(1)
             status = _status(error)
             if isinstance(error, HttpResponseError) and status in _ROW_STATUS:
                 refused.append((error, status, chunk))
@@ -449,9 +439,7 @@ class AzureMonitorSink(Sink):
         if sent:
             # as _dead_letter: a row without a RowId (None) must not mark every other such row delivered
             self._delivered.update(r["RowId"] for r in sent if r.get("RowId") is not None)
-            self._counters.sent += len(sent)
-            self._counters.last_success = time.time()
-            self._counters.detail = ""
+            self._counters.succeeded(len(sent))
         return failures
 
     def _refused(self, stream: str, chunk: list[dict[str, Any]], error: BaseException, status: int | None,
@@ -490,7 +478,7 @@ class AzureMonitorSink(Sink):
             if not failures:
                 return None
             err = failures[0][0]
-            self._counters.failed += 1
+            self._counters.failed_attempt(1)
             status = _status(err)
             if not isinstance(err, HttpResponseError) or status not in _ROW_STATUS:
                 return self._classify(err, status, stream, ClientAuthenticationError)
@@ -541,16 +529,12 @@ class AzureMonitorSink(Sink):
 
     def _note(self, reason: str, level: int) -> None:
         """Keep the latest reason for health(); log each distinct reason once, not every retry."""
-        self._counters.detail = reason
-        if reason not in self._counters.logged:
-            if len(self._counters.logged) > 256:
-                self._counters.logged.clear()
-            self._counters.logged.add(reason)
-            log.log(level, "azure_monitor: %s", reason)
+        self._counters.last_error = reason
+        self._log_once.log(level, reason, "azure_monitor: %s", reason)
 
     def _dead_letter(self, stream: str, row: dict[str, Any], reason: str) -> None:
         """Write a rejected row aside; its RowId counts as delivered so a retried batch skips it."""
-        self._counters.rejected += 1
+        self._counters.dropped_items(1)
         if row.get("RowId") is not None:
             self._delivered.add(row["RowId"])
         log.error("azure_monitor: row %s rejected by stream %s, kept in deadletter.jsonl: %s",
@@ -602,14 +586,14 @@ class AzureMonitorSink(Sink):
         extra = {
             "spool_bytes": float(stats.bytes if stats else 0),
             "rows_queued": float(stats.records if stats else 0),
-            "last_success_timestamp_seconds": c.last_success,
+            "last_success_timestamp_seconds": c.last_success_time,
             "unmapped_metrics": float(self._builder.unmapped_count),
         }
-        dropped = (stats.dropped if stats else 0) + c.rejected + self._append_failures
+        dropped = (stats.dropped if stats else 0) + c.dropped
         spool_error = stats.error if stats else ""
-        up = self._thread is not None and self._thread.is_alive() and not c.detail and not spool_error
+        up = self._thread is not None and self._thread.is_alive() and not c.last_error and not spool_error
         return SinkHealth(up=up, exported=c.sent, failed=c.failed, dropped=dropped,
-                          detail=spool_error or c.detail, extra=extra)
+                          detail=spool_error or c.last_error, extra=extra)
 
     # -- gpumon check ---------------------------------------------------------------------------
 

@@ -1,14 +1,14 @@
-"""Plumbing every sink shares: backoff with jitter, Retry-After, log-once, delivery counters, and
-whether a snapshot holds a new collector run.
+"""Plumbing every sink shares: backoff with jitter, Retry-After, delivery counters, and whether a
+snapshot holds a new collector run.
 
 One home for these, as the OpenTelemetry Collector has one ``exporterhelper``: a sink that needs to
-retry, honour a server's Retry-After, log a failure once and count what it sent, failed or dropped
-takes it from here rather than writing its own loop.
+retry, honour a server's Retry-After and count what it sent, failed or dropped takes it from here
+rather than writing its own loop. Logging a failure once is :mod:`gpumon.log_once`'s (collectors
+need it too, and must not import a sink module).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import stat
@@ -21,8 +21,8 @@ from typing import Any
 from gpumon.httpdates import parse_retry_after
 from gpumon.model import Snapshot
 
-__all__ = ["Backoff", "DeliveryCounters", "LogOnce", "has_new_results", "parse_retry_after",
-           "read_regular_file", "retry_after_from_headers"]
+__all__ = ["Backoff", "DeliveryCounters", "has_new_results", "parse_retry_after", "read_regular_file",
+           "retry_after_from_headers"]
 
 
 def retry_after_from_headers(headers: Mapping[str, Any] | Any | None, now: float | None = None) -> float | None:
@@ -64,9 +64,12 @@ def read_regular_file(path: str, max_bytes: int = 1 << 20) -> bytes:
 
 @dataclass
 class Backoff:
-    """Exponential backoff with jitter, floored by the server's Retry-After and capped at ``maximum``.
+    """Exponential backoff with jitter, honouring the server's Retry-After, capped at ``maximum``.
 
-    Jitter matters: a fleet of hosts that lost the same endpoint must not retry in step.
+    Each failure doubles the previous delay (before jitter), starting from ``initial`` or the
+    failure's ``floor`` (a configuration fault a person has to fix waits longer), whichever is
+    longer, up to ``maximum``; success starts over. Jitter matters: a fleet of hosts that lost the
+    same endpoint must not retry in step.
     """
 
     initial: float
@@ -74,14 +77,26 @@ class Backoff:
     failures: int = 0
     not_before: float = 0.0
     rng: random.Random = field(default_factory=random.Random)
+    jitter: tuple[float, float] = (0.5, 1.0)
+    """The delay is the nominal one times a uniform draw from this range."""
+    retry_after_max: float | None = None
+    """The longest Retry-After honoured; None: ``maximum``."""
+    retry_after_exact: bool = False
+    """True: a Retry-After is the delay, shorter than the backoff's or not; False: it only lengthens it.
+    Either way a Retry-After of 0 (or none) leaves the backoff's delay."""
+    nominal: float = 0.0
+    """The latest delay before jitter (0 after a success): the next failure doubles it."""
 
     def failed(self, now: float, retry_after: float | None = None, floor: float | None = None) -> float:
         """Record a failure at monotonic ``now``; return the delay before the next try."""
         base = self.initial if floor is None else max(self.initial, floor)
-        delay = min(self.maximum, base * (2 ** min(self.failures, 30)))
-        delay *= 0.5 + self.rng.random() / 2
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, self.maximum))
+        self.nominal = min(self.maximum, max(base, self.nominal * 2))
+        low, high = self.jitter
+        delay = self.nominal * (low + (high - low) * self.rng.random())
+        if retry_after:
+            longest = self.maximum if self.retry_after_max is None else self.retry_after_max
+            honoured = min(retry_after, longest)
+            delay = honoured if self.retry_after_exact else max(delay, honoured)
         self.failures += 1
         self.not_before = now + delay
         return delay
@@ -89,39 +104,14 @@ class Backoff:
     def succeeded(self) -> None:
         self.failures = 0
         self.not_before = 0.0
-
-
-class LogOnce:
-    """Logs a failure the first time its key is seen and again only after it cleared.
-
-    A sink that fails every second for an hour writes one line, not 3,600; ``clear`` (on success)
-    re-arms it so the next outage is logged too.
-    """
-
-    def __init__(self, logger: logging.Logger) -> None:
-        self._log = logger
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-
-    def warning(self, key: str, msg: str, *args: Any) -> bool:
-        with self._lock:
-            if key in self._seen:
-                return False
-            self._seen.add(key)
-        self._log.warning(msg, *args)
-        return True
-
-    def clear(self, key: str | None = None) -> None:
-        with self._lock:
-            if key is None:
-                self._seen.clear()
-            else:
-                self._seen.discard(key)
+        self.nominal = 0.0
 
 
 @dataclass
 class DeliveryCounters:
-    """What a sink sent, failed to send (and will retry) and dropped for good, in items."""
+    """What a sink sent, failed to send (and will retry) and dropped for good, in items.
+
+    The methods may be called from any thread (the loop's publish and a sink's uploader both count)."""
 
     sent: int = 0
     failed: int = 0
@@ -129,6 +119,9 @@ class DeliveryCounters:
     consecutive_failures: int = 0
     last_error: str = ""
     last_success_monotonic: float | None = None
+    last_success_time: float = 0.0
+    """Wall-clock time of the latest success (0 before the first): a ``*_last_success_timestamp_seconds``."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def up(self) -> bool:
@@ -136,20 +129,26 @@ class DeliveryCounters:
         return self.last_success_monotonic is not None and self.consecutive_failures == 0
 
     def succeeded(self, items: int, now: float | None = None) -> None:
-        self.sent += items
-        self.consecutive_failures = 0
-        self.last_error = ""
-        self.last_success_monotonic = time.monotonic() if now is None else now
+        with self._lock:
+            self.sent += items
+            self.consecutive_failures = 0
+            self.last_error = ""
+            self.last_success_monotonic = time.monotonic() if now is None else now
+            self.last_success_time = time.time()
 
-    def failed_attempt(self, items: int, error: str) -> None:
-        self.failed += items
-        self.consecutive_failures += 1
-        self.last_error = error
+    def failed_attempt(self, items: int, error: str | None = None) -> None:
+        """``items`` failed and will be retried; ``error`` (None: keep the latest) says why."""
+        with self._lock:
+            self.failed += items
+            self.consecutive_failures += 1
+            if error is not None:
+                self.last_error = error
 
     def dropped_items(self, items: int, error: str = "") -> None:
-        self.dropped += items
-        if error:
-            self.last_error = error
+        with self._lock:
+            self.dropped += items
+            if error:
+                self.last_error = error
 
 
 def has_new_results(new: Snapshot, old: Snapshot | None) -> bool:

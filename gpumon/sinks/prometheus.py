@@ -27,10 +27,10 @@ from io import BufferedIOBase
 from typing import cast
 
 from gpumon.config import ConfigError, Option, SectionSchema, listen_check, parse_listen, readable_file_check
+from gpumon.log_once import LogOnce
 from gpumon.model import MetricFamily, Snapshot
 from gpumon.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
 from gpumon.sinks.base import CheckResult, Sink, SinkHealth
-from gpumon.sinks.common import LogOnce
 from gpumon.sinks.dcgm_compat import DcgmCompat
 from gpumon.sinks.webconfig import Auth, FailureLimiter, WebConfig, file_stamp, load_web_config
 

@@ -48,7 +48,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpumon.sinks.common import LogOnce
+from gpumon.log_once import LogOnce
 
 log = logging.getLogger("gpumon.sinks.spool")
 

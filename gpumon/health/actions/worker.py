@@ -14,7 +14,8 @@ from typing import Protocol
 
 from gpumon.health.actions.process import ActionError
 from gpumon.health.stage import Verdict
-from gpumon.sinks.common import Backoff, LogOnce
+from gpumon.log_once import LogOnce
+from gpumon.sinks.common import Backoff
 
 log = logging.getLogger("gpumon.health.actions")
 

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from gpumon.config import readable_file_check
 from gpumon.imds import ImdsClient
+from gpumon.log_once import LogOnce
 from gpumon.model import Event, Snapshot
 from gpumon.sinks import azure_host
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.common import (
     Backoff,
     DeliveryCounters,
-    LogOnce,
     has_new_results,
 )
 from gpumon.sinks.otel.encoding import MetricEncoder, encode_logs, pb_modules
