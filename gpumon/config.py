@@ -28,7 +28,7 @@ MAX_CONFIG_BYTES = 1 << 20
 INT_LIMIT = 1 << 63
 """Integers outside a signed 64-bit range are rejected before anything compares or stores them."""
 
-S = TypeVar("S")
+S = TypeVar("S", covariant=True)
 """The settings type of a :class:`SectionSchema`: a frozen dataclass, or :class:`Section` without one."""
 
 _shown = reprlib.Repr()
