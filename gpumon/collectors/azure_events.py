@@ -47,6 +47,7 @@ INCARNATION = MetricSpec(
     "DocumentIncarnation of the latest Scheduled Events document read (changes whenever an event does); "
     "present while IMDS answers.")
 
+
 @dataclass(frozen=True)
 class AzureEventsSettings:
     interval: float

@@ -29,6 +29,7 @@ INFO = MetricSpec(
     "placementGroupId, platformFaultDomain, and the Hyper-V KVP PhysicalHostName; empty where unknown.",
     labels=LABELS)
 
+
 @dataclass(frozen=True)
 class HostInfoSettings:
     interval: float

@@ -63,6 +63,7 @@ SXIDS = MetricSpec("gpumon_nvswitch_sxid_errors_total", MetricType.COUNTER,
                    "NVSwitch SXID errors from the kernel log (Hopper and earlier), by switch and SXID.",
                    labels=("switch", "pci_bus_id", "sxid"))
 
+
 @dataclass(frozen=True)
 class KmsgSettings:
     interval: float

@@ -69,6 +69,7 @@ SPEC_LAST_DOWN = MetricSpec(
     "How long the last completed down period lasted, to within one watch interval.", "seconds",
     DEVICE_LABELS)
 
+
 @dataclass(frozen=True)
 class LinkflapSettings:
     watch_interval: float

@@ -48,6 +48,7 @@ MIB = 1024.0 * 1024.0
 FALLBACKS: dict[str, M.CallItem] = {**M.FALLBACK_CALLS, FABRIC_LEGACY_ITEM.key: FABRIC_LEGACY_ITEM}
 FABRIC_KEYS = frozenset({FABRIC_ITEM.key, FABRIC_LEGACY_ITEM.key})
 
+
 @dataclass(frozen=True)
 class NvmlSettings:
     interval: float

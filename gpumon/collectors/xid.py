@@ -53,6 +53,7 @@ RECOVERY_TOTAL = MetricSpec("gpumon_gpu_recovery_action_events_total", MetricTyp
 THREAD_UP = MetricSpec("gpumon_xid_watcher_up", MetricType.GAUGE,
                        "1 while the XID event thread is waiting on NVML events.")
 
+
 @dataclass(frozen=True)
 class XidSettings:
     interval: float

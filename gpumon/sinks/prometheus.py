@@ -36,6 +36,7 @@ from gpumon.sinks.webconfig import Auth, FailureLimiter, WebConfig, file_stamp, 
 
 log = logging.getLogger("gpumon.sinks.prometheus")
 
+
 @dataclass(frozen=True)
 class PrometheusSettings:
     listen: str
