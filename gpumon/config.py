@@ -14,8 +14,8 @@ import reprlib
 import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Generic, TypeVar, cast, overload
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,6 +27,9 @@ MAX_CONFIG_BYTES = 1 << 20
 """A config file is a few kilobytes; anything this large is a mistake (or /dev/zero)."""
 INT_LIMIT = 1 << 63
 """Integers outside a signed 64-bit range are rejected before anything compares or stores them."""
+
+S = TypeVar("S", covariant=True)
+"""The settings type of a :class:`SectionSchema`: a frozen dataclass, or :class:`Section` without one."""
 
 _shown = reprlib.Repr()
 _shown.maxstring, _shown.maxother, _shown.maxlong, _shown.maxlevel = 60, 60, 40, 3
@@ -187,11 +190,32 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, port_num
 
 
-@dataclass(frozen=True)
-class SectionSchema:
+@dataclass(frozen=True, init=False)
+class SectionSchema(Generic[S]):
+    """One config section: its options and, for typed access, the frozen dataclass they are parsed
+    into (``settings``), whose fields are exactly the option keys (checked here, at construction).
+
+    ``settings_of(section)`` is the one way to read a section: ``XSettings`` with every option as a
+    typed attribute (lists as tuples), or, for a schema declared without one, a :class:`Section`."""
+
     name: str
     help: str
     options: tuple[Option, ...]
+    settings: type[S] | None = None
+
+    @overload
+    def __init__(self: SectionSchema[Section], name: str, help: str, options: tuple[Option, ...]) -> None: ...
+
+    @overload
+    def __init__(self, name: str, help: str, options: tuple[Option, ...], settings: type[S]) -> None: ...
+
+    def __init__(self, name: str, help: str, options: tuple[Option, ...], settings: type[S] | None = None) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "help", help)
+        object.__setattr__(self, "options", options)
+        object.__setattr__(self, "settings", settings)
+        if settings is not None:
+            _check_settings(name, options, settings)
 
     def option(self, key: str) -> Option | None:
         for opt in self.options:
@@ -211,6 +235,43 @@ class SectionSchema:
         opt = self.option(key)
         assert opt is not None, f"[{self.name}] has no option {key!r}"
         return opt.default
+
+    def settings_of(self, cfg: Mapping[str, Any] | None) -> S:
+        """The section parsed once: the validated values over this schema's defaults, as the
+        ``settings`` dataclass (a list option becomes a tuple, a float option's integer a float), or
+        as a :class:`Section` where the schema declares no settings type. A key this schema does not
+        know is a programming error (a validated section never has one): TypeError."""
+        values = self.values(cfg)
+        if self.settings is None:
+            return cast(S, Section(self.name, values))
+        types = {opt.key: opt.type for opt in self.options}
+        unknown = sorted(set(values) - set(types))
+        if unknown:
+            raise TypeError(f"[{self.name}] has no option {', '.join(map(repr, unknown))} "
+                            f"({self.settings.__name__} has no such field)")
+        return self.settings(**{key: _settled(types[key], value) for key, value in values.items()})
+
+
+def _check_settings(name: str, options: tuple[Option, ...], settings: type) -> None:
+    """A settings type must be a frozen dataclass with a field for every option and no other."""
+    params = getattr(settings, "__dataclass_params__", None)  # set by @dataclass
+    if not is_dataclass(settings) or params is None or not params.frozen:
+        raise TypeError(f"[{name}] settings {settings.__name__} must be a frozen dataclass")
+    declared = {f.name for f in fields(settings)}
+    keys = {opt.key for opt in options}
+    if declared != keys:
+        raise TypeError(f"[{name}] settings {settings.__name__} must have a field for each option and "
+                        f"no other: missing {sorted(keys - declared)}, extra {sorted(declared - keys)}")
+
+
+def _settled(kind: type, value: Any) -> Any:
+    """An option's value as its settings field holds it: immutable (a tuple for a list), a float
+    option's integer as a float (a validated section already holds it so)."""
+    if isinstance(value, list):
+        return tuple(value)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 class Section(Mapping[str, Any]):

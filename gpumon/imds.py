@@ -51,6 +51,13 @@ def _url_check(value: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class AzureSettings:
+    imds_url: str
+    imds_timeout: float
+    compute_refresh: float
+
+
 OPTIONS = SectionSchema(
     "azure",
     "Azure platform context: the Instance Metadata Service (IMDS) every part of gpumon asks.",
@@ -65,6 +72,7 @@ OPTIONS = SectionSchema(
                "Seconds the compute metadata (and a \"not on Azure\" answer) is kept before it is asked "
                "again.", min=10.0, max=86400.0),
     ),
+    AzureSettings,
 )
 
 
@@ -369,5 +377,5 @@ def client(url: str = IMDS_ENDPOINT, timeout: float | None = None, refresh: floa
 
 def configured(section: Mapping[str, Any] | None) -> ImdsClient:
     """The shared client as ``[azure]`` configures it (defaults where the section is absent)."""
-    values = OPTIONS.values(section)
-    return client(values["imds_url"], values["imds_timeout"], values["compute_refresh"])
+    settings = OPTIONS.settings_of(section)
+    return client(settings.imds_url, settings.imds_timeout, settings.compute_refresh)

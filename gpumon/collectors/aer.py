@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 
 from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.config import Option, Section, SectionSchema
@@ -42,6 +43,13 @@ INFO = MetricSpec("gpumon_pcie_function_info", MetricType.INFO,
                   "sysfs_name the directory under /sys/bus/pci/devices.",
                   labels=LABELS + ("parent", "sysfs_name"))
 
+
+@dataclass(frozen=True)
+class AerSettings:
+    interval: float
+    per_type: str
+
+
 OPTIONS = SectionSchema(
     "aer",
     "PCIe AER counters of the GPUs, HCAs and the PCIe switch ports above them.",
@@ -51,6 +59,7 @@ OPTIONS = SectionSchema(
                "Per-type series: nonzero (only types that have counted), all, or none.",
                choices=("nonzero", "all", "none")),
     ),
+    AerSettings,
 )
 
 
@@ -58,10 +67,10 @@ class AerCollector(Collector):
     name = "aer"
     description = "PCIe AER error counters of GPUs, HCAs and the bridges above them."
     options = OPTIONS
+    settings: AerSettings
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
-        self.per_type = str(OPTIONS.value(cfg, "per_type"))
         self._functions: list[pci_aer.Reader] = []
         self._discovered = -REDISCOVER
         self.cached = read_mode_cached("auto", ctx.sysfs_root)
@@ -143,7 +152,7 @@ class AerCollector(Collector):
         return info, totals, types, roots
 
     def _keep(self, count: int) -> bool:
-        return self.per_type == "all" or (self.per_type == "nonzero" and count > 0)
+        return self.settings.per_type == "all" or (self.settings.per_type == "nonzero" and count > 0)
 
     def _fault(self, out: Collection, fn: pci_aer.Function, exc: Exception) -> None:
         reason = "parse" if isinstance(exc, pci_aer.BadStats) else "read"

@@ -66,32 +66,45 @@ class Holder:
     job_id: str = ""
 
 
+@dataclass(frozen=True)
+class AttributionSettings:
+    interval: float
+    kubelet_socket: str
+    job_mapping_dir: str
+    processes: bool
+    proc_root: str
+    timeout: float
+    labels: bool
+
+
+OPTIONS = SectionSchema("attribution", "Workload attribution.", (
+    Option("interval", float, 10.0, "Seconds between attribution runs.", min=0.5, max=3600.0),
+    Option("kubelet_socket", str, kubelet.DEFAULT_SOCKET,
+           "The kubelet's PodResources socket; absent means no Kubernetes attribution."),
+    Option("job_mapping_dir", str, "",
+           "A dcgm-exporter style job-mapping directory (one file per GPU index, job ids as lines); "
+           "empty: Slurm jobs are found through the GPUs' processes instead."),
+    Option("processes", bool, True,
+           "Attribute GPUs through their compute processes' cgroups (Slurm jobs, containers)."),
+    Option("proc_root", str, "/proc", "Where /proc is (/host/proc in a container)."),
+    Option("timeout", float, 2.0, "Seconds one kubelet call may take.", min=0.05, max=60.0),
+    Option("labels", bool, False,
+           "Also put namespace, pod, container and job_id on every per-GPU series, as dcgm-exporter "
+           "does. Multiplies those series by the holders per GPU: see docs/collectors/attribution.md."),
+), AttributionSettings)
+
+
 class AttributionCollector(Collector):
     name: ClassVar[str] = "attribution"
     description: ClassVar[str] = "Pods, containers and Slurm jobs holding each GPU (kubelet, job mapping, cgroups)"
-    options: ClassVar[SectionSchema | None] = SectionSchema("attribution", "Workload attribution.", (
-        Option("interval", float, 10.0, "Seconds between attribution runs.", min=0.5, max=3600.0),
-        Option("kubelet_socket", str, kubelet.DEFAULT_SOCKET,
-               "The kubelet's PodResources socket; absent means no Kubernetes attribution."),
-        Option("job_mapping_dir", str, "",
-               "A dcgm-exporter style job-mapping directory (one file per GPU index, job ids as lines); "
-               "empty: Slurm jobs are found through the GPUs' processes instead."),
-        Option("processes", bool, True,
-               "Attribute GPUs through their compute processes' cgroups (Slurm jobs, containers)."),
-        Option("proc_root", str, "/proc", "Where /proc is (/host/proc in a container)."),
-        Option("timeout", float, 2.0, "Seconds one kubelet call may take.", min=0.05, max=60.0),
-        Option("labels", bool, False,
-               "Also put namespace, pod, container and job_id on every per-GPU series, as dcgm-exporter "
-               "does. Multiplies those series by the holders per GPU: see docs/collectors/attribution.md."),
-    ))
+    options = OPTIONS
+    settings: AttributionSettings
 
     clock: Callable[[], float] = staticmethod(time.monotonic)
     """The monotonic clock the stale-answer limit is measured on (a test can step it)."""
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
-        assert self.options is not None
-        self._o = self.options.values(cfg)
         self._directory = ctx.get_shared(DIRECTORY_KEY, GpuDirectory)
         self._client: kubelet.PodResourcesClient | None = None
         self._kube_last: list[kubelet.Allocation] = []
@@ -100,16 +113,13 @@ class AttributionCollector(Collector):
         self._waited = False
 
     # -- availability ---------------------------------------------------------------------------
-    def _socket(self) -> str:
-        return str(self._o["kubelet_socket"])
-
     def probe(self) -> Availability:
-        if self._socket() and os.path.exists(self._socket()):
+        if self.settings.kubelet_socket and os.path.exists(self.settings.kubelet_socket):
             return Availability(True)
-        mapping = str(self._o["job_mapping_dir"])
+        mapping = self.settings.job_mapping_dir
         if mapping and os.path.isdir(mapping):
             return Availability(True)
-        if self._o["processes"] and (self.ctx.simulation is not None or os.path.exists("/dev/nvidiactl")):
+        if self.settings.processes and (self.ctx.simulation is not None or os.path.exists("/dev/nvidiactl")):
             return Availability(True)
         return Availability(False, "no kubelet socket, no job mapping directory and no NVIDIA driver "
                                    "whose processes could be attributed")
@@ -119,22 +129,22 @@ class AttributionCollector(Collector):
         out = Collection()
         if not self._waited:  # the first run starts beside the NVML collector's: let it publish first
             self._waited = True
-            self._directory.wait_first(min(2.0, float(self._o["interval"]) / 2))
+            self._directory.wait_first(min(2.0, self.settings.interval / 2))
         gpus, read_at = self._directory.latest()
         if read_at is not None and time.monotonic() - read_at > STALE_DIRECTORY:
             gpus = ()  # the NVML collector has not run for minutes (down, driver gone): no stale holders
         holders: list[Holder] = []
         up: list[tuple[str, float]] = []
-        if self._socket() and os.path.exists(self._socket()):
+        if self.settings.kubelet_socket and os.path.exists(self.settings.kubelet_socket):
             ok = self._kubernetes(gpus, holders, out)
             up.append(("kubelet", 1.0 if ok else 0.0))
-        mapping = str(self._o["job_mapping_dir"])
+        mapping = self.settings.job_mapping_dir
         if not up and not mapping and self.ctx.simulation is not None:
             holders.extend(simulated_holders(self.ctx.simulation.allocations, gpus))
             up.append(("simulation", 1.0))
         elif mapping:
             up.append(("job_mapping", 1.0 if self._job_mapping(mapping, gpus, holders, out) else 0.0))
-        elif self._o["processes"]:
+        elif self.settings.processes:
             self._processes(gpus, holders, pods_known=any(s == "kubelet" and v for s, v in up))
             up.append(("processes", 1.0))
         rows = list(dict.fromkeys(holders))
@@ -148,8 +158,8 @@ class AttributionCollector(Collector):
         ok = True
         try:
             if self._client is None:
-                self._client = kubelet.PodResourcesClient(self._socket())
-            timeout = min(float(self._o["timeout"]), max(0.05, float(self._o["interval"]) / 2))
+                self._client = kubelet.PodResourcesClient(self.settings.kubelet_socket)
+            timeout = min(self.settings.timeout, max(0.05, self.settings.interval / 2))
             self._kube_last = self._client.list(timeout)
             self._kube_ok_at = self.clock()
             self._logged.clear("kubelet")
@@ -164,7 +174,7 @@ class AttributionCollector(Collector):
             ok = False
             out.count_error("kubelet")
             self._log_once("kubelet", "attribution: kubelet PodResources failed: %s", exc)
-            too_old = float(self._o["interval"]) * KEEP_STALE_INTERVALS
+            too_old = self.settings.interval * KEEP_STALE_INTERVALS
             if self._kube_ok_at is None or self.clock() - self._kube_ok_at > too_old:
                 self._kube_last = []
         holders.extend(kubernetes_holders(self._kube_last, gpus))
@@ -188,7 +198,7 @@ class AttributionCollector(Collector):
 
     def _processes(self, gpus: tuple[GpuEntry, ...], holders: list[Holder], pods_known: bool) -> None:
         """Jobs (and, with no kubelet, containers) from the cgroups of each GPU's processes."""
-        root = str(self._o["proc_root"])
+        root = self.settings.proc_root
         for gpu in gpus:
             for proc in gpu.processes:
                 owner = cgroup.owner_of_pid(proc.pid, root)

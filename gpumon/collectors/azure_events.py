@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from gpumon import imds
@@ -46,6 +47,14 @@ INCARNATION = MetricSpec(
     "DocumentIncarnation of the latest Scheduled Events document read (changes whenever an event does); "
     "present while IMDS answers.")
 
+
+@dataclass(frozen=True)
+class AzureEventsSettings:
+    interval: float
+    timeout: float
+    acknowledge: tuple[str, ...]
+
+
 OPTIONS = SectionSchema(
     "azure_events",
     "Azure Scheduled Events (Freeze, Reboot, Redeploy, Preempt, Terminate) from IMDS.",
@@ -59,6 +68,7 @@ OPTIONS = SectionSchema(
                "Event types gpumon acknowledges (starts now) once per event, e.g. [\"Freeze\"]. Empty: "
                "never acknowledge, the platform starts each event at its NotBefore.", choices=EVENT_TYPES),
     ),
+    AzureEventsSettings,
 )
 
 
@@ -66,11 +76,10 @@ class AzureEventsCollector(Collector):
     name = "azure_events"
     description = "Azure Scheduled Events from IMDS: events per status change, pending events as series."
     options = OPTIONS
+    settings: AzureEventsSettings
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
-        self._timeout = float(OPTIONS.value(cfg, "timeout"))
-        self._ack_types = frozenset(OPTIONS.value(cfg, "acknowledge"))
         azure = ctx.config.sections.get("azure") if ctx.config is not None else None
         self._client = imds.configured(azure)
         self._seen: dict[str, ScheduledEvent] = {}
@@ -86,7 +95,7 @@ class AzureEventsCollector(Collector):
 
     def interval(self, default: float) -> float:
         """Its own pace, whatever the daemon's: a Preempt gives only 30 s notice."""
-        return float(OPTIONS.value(self.cfg, "interval"))
+        return self.settings.interval
 
     def probe(self) -> Availability:
         on, why = self._client.on_azure()
@@ -96,7 +105,7 @@ class AzureEventsCollector(Collector):
         coll = Collection()
         now = time.monotonic()
         try:
-            doc = self._client.scheduled_events(self._timeout)
+            doc = self._client.scheduled_events(self.settings.timeout)
         except ImdsError as exc:
             coll.count_error(f"imds_{exc.reason}")
             if not self._answered and exc.reason == "timeout" and not self._told_enabling:
@@ -131,12 +140,12 @@ class AzureEventsCollector(Collector):
         """POST a StartRequest once per Scheduled event of a listed type; a transient failure is
         retried on the next poll, a 400 (IMDS refuses the request) is not."""
         for event in doc.events:
-            if event.status != "Scheduled" or event.event_type not in self._ack_types:
+            if event.status != "Scheduled" or event.event_type not in self.settings.acknowledge:
                 continue
             if event.event_id in self._acked:
                 continue
             try:
-                self._client.acknowledge([event.event_id], self._timeout)
+                self._client.acknowledge([event.event_id], self.settings.timeout)
             except ImdsError as exc:
                 coll.count_error(f"acknowledge_{exc.reason}")
                 if exc.status == 400:

@@ -91,15 +91,20 @@ class Collector:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    options: ClassVar[SectionSchema | None] = None
+    options: ClassVar[SectionSchema[Any] | None] = None
     """The collector's own config section, named like the collector. An ``interval`` option, if
     declared, overrides ``[daemon] interval`` for this collector (0 = use the daemon's)."""
+    settings: Any
+    """The section parsed once (``options.settings_of(cfg)``): the schema's frozen settings dataclass,
+    or a :class:`Section` for a schema without one; a subclass narrows the type (``settings:
+    AerSettings``) and reads every option as ``self.settings.<key>``."""
     implies: ClassVar[tuple[str, ...]] = ()
     """Collectors that run whenever this one runs (``infiniband`` implies ``linkflap``)."""
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         self.ctx = ctx
         self.cfg = cfg
+        self.settings = _settings(self.name, self.options, cfg)
 
     @classmethod
     def metrics(cls) -> tuple[MetricSpec, ...]:
@@ -112,7 +117,7 @@ class Collector:
         return None
 
     def interval(self, default: float) -> float:
-        own = self.cfg.get("interval", 0) if self.cfg is not None else 0
+        own = getattr(self.settings, "interval", 0) if self.settings is not None else 0
         return float(own) if own else default
 
     def probe(self) -> Availability:
@@ -138,3 +143,10 @@ class Collector:
 
     def close(self) -> None:
         """Release file descriptors, threads, library handles."""
+
+
+def _settings(name: str, schema: SectionSchema[Any] | None, cfg: Section | None) -> Any:
+    """A plugin's parsed section: ``schema.settings_of(cfg)``; without a schema the section itself."""
+    if schema is not None:
+        return schema.settings_of(cfg)
+    return Section(name, cfg) if cfg is not None else None

@@ -11,6 +11,7 @@ for the series; neither makes the collector unavailable.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from gpumon import imds
 from gpumon.collectors.base import Availability, Collector, Context, Table
@@ -29,6 +30,13 @@ INFO = MetricSpec(
     "placementGroupId, platformFaultDomain, and the Hyper-V KVP PhysicalHostName; empty where unknown.",
     labels=LABELS)
 
+
+@dataclass(frozen=True)
+class HostInfoSettings:
+    interval: float
+    kvp_pool: str
+
+
 OPTIONS = SectionSchema(
     "host_info",
     "Azure VM identity and placement (IMDS compute metadata, Hyper-V KVP pool).",
@@ -39,6 +47,7 @@ OPTIONS = SectionSchema(
                "The Hyper-V KVP pool the host writes (pool 3); empty to not read it (/host/var/lib/hyperv/"
                ".kvp_pool_3 in a container that mounts the host's /var/lib/hyperv)."),
     ),
+    HostInfoSettings,
 )
 
 
@@ -46,10 +55,10 @@ class HostInfoCollector(Collector):
     name = "host_info"
     description = "Azure VM identity and placement: size, region, zone, scale set, placement group, host."
     options = OPTIONS
+    settings: HostInfoSettings
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
-        self._pool = str(OPTIONS.value(cfg, "kvp_pool"))
         azure = ctx.config.sections.get("azure") if ctx.config is not None else None
         self._client = imds.configured(azure)
         self._log_once = LogOnce(log, suffix=COUNTED)
@@ -60,19 +69,19 @@ class HostInfoCollector(Collector):
 
     def interval(self, default: float) -> float:
         """Identity changes rarely: its own slow pace, whatever the daemon's."""
-        return float(OPTIONS.value(self.cfg, "interval"))
+        return self.settings.interval
 
     def probe(self) -> Availability:
         on, why = self._client.on_azure()
         if on:
             return Availability(True)
-        if self._pool:
+        if self.settings.kvp_pool:
             try:
-                kvp.read_pool(self._pool)
+                kvp.read_pool(self.settings.kvp_pool)
                 return Availability(True)
             except OSError:
                 pass
-        return Availability(False, f"{why}; no Hyper-V KVP pool at {self._pool or '(not read)'}")
+        return Availability(False, f"{why}; no Hyper-V KVP pool at {self.settings.kvp_pool or '(not read)'}")
 
     def collect(self) -> Collection:
         coll = Collection()
@@ -90,15 +99,15 @@ class HostInfoCollector(Collector):
             return None
 
     def _physical_host(self, coll: Collection) -> str:
-        if not self._pool:
+        if not self.settings.kvp_pool:
             return ""
         try:
-            return kvp.physical_host(kvp.read_pool(self._pool))
+            return kvp.physical_host(kvp.read_pool(self.settings.kvp_pool))
         except FileNotFoundError:
             return ""
         except OSError as exc:
             coll.count_error("kvp_read")
-            self._log_once.warning("kvp", "KVP pool %s: %s", self._pool, exc)
+            self._log_once.warning("kvp", "KVP pool %s: %s", self.settings.kvp_pool, exc)
             return ""
 
     @classmethod

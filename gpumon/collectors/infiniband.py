@@ -207,6 +207,15 @@ class _Port:
         return [self.state, self.phys_state, self.rate] + [c.attr for c in self.counters]
 
 
+@dataclass(frozen=True)
+class InfinibandSettings:
+    interval: float
+    include_devices: str
+    exclude_devices: str
+    hw_counters: bool
+    read_mode: str
+
+
 OPTIONS = SectionSchema(
     "infiniband",
     "InfiniBand/RoCE port counters from sysfs.",
@@ -220,6 +229,7 @@ OPTIONS = SectionSchema(
                "Also export every driver counter in hw_counters/ (about 22-31 series per port)."),
         ib_sysfs.DEVICE_OPTIONS[2],
     ),
+    InfinibandSettings,
 )
 
 
@@ -232,13 +242,13 @@ class InfinibandCollector(Collector):
     name = "infiniband"
     description = "InfiniBand/RoCE port state, rate, PMA counters and mlx5 hw_counters from sysfs."
     options = OPTIONS
+    settings: InfinibandSettings
     implies = ("linkflap",)
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
-        self._wanted = device_filter(OPTIONS.value(cfg, "include_devices"), OPTIONS.value(cfg, "exclude_devices"))
-        self._hw = bool(OPTIONS.value(cfg, "hw_counters"))
-        self._cached = read_mode_cached(OPTIONS.value(cfg, "read_mode"), ctx.sysfs_root)
+        self._wanted = device_filter(self.settings.include_devices, self.settings.exclude_devices)
+        self._cached = read_mode_cached(self.settings.read_mode, ctx.sysfs_root)
         self._faults = FaultLog(log)
         self._signature: Signature | None = None
         self._stale = True
@@ -337,7 +347,7 @@ class InfinibandCollector(Collector):
             port.counters.append(cf)
             if name == "link_downed":
                 port.link_downed = cf
-        if self._hw:
+        if self.settings.hw_counters:
             for name in list_attrs(os.path.join(pdir, "hw_counters")):
                 if name in HW_NOT_COUNTERS:
                     continue

@@ -21,6 +21,7 @@ import re
 import stat
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
@@ -63,6 +64,14 @@ SXIDS = MetricSpec("gpumon_nvswitch_sxid_errors_total", MetricType.COUNTER,
                    "NVSwitch SXID errors from the kernel log (Hopper and earlier), by switch and SXID.",
                    labels=("switch", "pci_bus_id", "sxid"))
 
+
+@dataclass(frozen=True)
+class KmsgSettings:
+    interval: float
+    path: str
+    first_start: str
+
+
 OPTIONS = SectionSchema(
     "kmsg",
     "Driver messages from the kernel log (/dev/kmsg; needs root or CAP_SYSLOG).",
@@ -73,6 +82,7 @@ OPTIONS = SectionSchema(
                "Where to begin with no saved position: end (new records only), cleared (after the last "
                "dmesg --clear) or all (every record still in the ring buffer).", choices=tuple(FIRST_START)),
     ),
+    KmsgSettings,
 )
 
 _SEVERITY = {"gpu_off_bus": Severity.CRITICAL, "mlx5_health": Severity.ERROR,
@@ -84,12 +94,12 @@ class KmsgCollector(Collector):
     name = "kmsg"
     description = "XID, SXID, mlx5 and IPoIB messages from the kernel log."
     options = OPTIONS
+    settings: KmsgSettings
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
-        self.path = str(OPTIONS.value(cfg, "path"))
         state_file = os.path.join(ctx.state_dir, STATE_FILE) if ctx.state_dir else None
-        self.reader = KmsgReader(self.path, state_file, str(OPTIONS.value(cfg, "first_start")))
+        self.reader = KmsgReader(self.settings.path, state_file, self.settings.first_start)
         self.ledger: XidLedger = shared_ledger(ctx)
         self._records: Counter[str] = Counter(dict.fromkeys(KINDS, 0))
         self._lost = 0
@@ -112,9 +122,9 @@ class KmsgCollector(Collector):
         if self.ctx.simulation is not None:
             return Availability(False, "a simulated host has no kernel log")
         try:
-            os.close(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+            os.close(os.open(self.settings.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
         except OSError as exc:
-            return Availability(False, _reason(self.path, exc))
+            return Availability(False, _reason(self.settings.path, exc))
         return Availability(True)
 
     def collect(self) -> Collection:
@@ -126,7 +136,7 @@ class KmsgCollector(Collector):
             except OSError as exc:
                 self.reader.close()
                 if not taken:
-                    raise CollectorUnavailable(_reason(self.path, exc)) from None
+                    raise CollectorUnavailable(_reason(self.settings.path, exc)) from None
                 break  # what was read counts; the next run opens the log again (or fails)
             self._take(batch, out)
             taken += len(batch.records)
@@ -290,7 +300,7 @@ class KmsgCollector(Collector):
         self._lost += previous._lost
         self._xids.update(previous._xids)
         self._sxids.update(previous._sxids)
-        if self.path != previous.path:
+        if self.settings.path != previous.settings.path:
             self._pending = previous._pending + self._pending
             return
         if self.reader.fd is not None:

@@ -69,6 +69,19 @@ SPEC_LAST_DOWN = MetricSpec(
     "How long the last completed down period lasted, to within one watch interval.", "seconds",
     DEVICE_LABELS)
 
+
+@dataclass(frozen=True)
+class LinkflapSettings:
+    watch_interval: float
+    flap_threshold: int
+    flap_window: float
+    carrier_changes: bool
+    include_devices: str
+    """Deprecated copies of [infiniband]'s device keys: see :func:`device_settings`."""
+    exclude_devices: str
+    read_mode: str
+
+
 OPTIONS = SectionSchema(
     "linkflap",
     "The fast port-state watcher and the link-flap rule.",
@@ -87,22 +100,39 @@ OPTIONS = SectionSchema(
                             f"[infiniband] {opt.key}, which serves both collectors.")
           for opt in DEVICE_OPTIONS),
     ),
+    LinkflapSettings,
 )
 
 
-def device_settings(ctx: Context, cfg: Section | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DeviceSettings:
+    """[infiniband]'s device filter and read mode, which serve both collectors."""
+
+    include_devices: str
+    exclude_devices: str
+    read_mode: str
+
+
+DEVICE_SCHEMA = SectionSchema("infiniband", "The device keys of [infiniband].", DEVICE_OPTIONS, DeviceSettings)
+"""[infiniband]'s device keys alone (this module does not import the infiniband collector's)."""
+
+
+def device_settings(ctx: Context, cfg: Section | None, own: LinkflapSettings) -> DeviceSettings:
     """The device filter and read mode from [infiniband], which serves both collectors; a [linkflap]
-    copy that was set still wins for this release, with a warning that names the key to use."""
+    copy that was set (``own``, parsed from ``cfg``) still wins for this release, with a warning that
+    names the key to use."""
     config = ctx.config
     shared = config.sections.get("infiniband") if config is not None else None
-    values = {opt.key: shared[opt.key] if shared is not None and opt.key in shared else opt.default
-              for opt in DEVICE_OPTIONS}
-    for key in values:
+    keys = [opt.key for opt in DEVICE_OPTIONS]
+    found = DEVICE_SCHEMA.settings_of({key: shared[key] for key in keys if key in shared}
+                                      if shared is not None else None)
+    kept: dict[str, Any] = {}
+    for key in keys:
         if cfg is not None and _set_here(config, cfg, key):
             log.warning("[linkflap] %s is deprecated: set [infiniband] %s instead (it applies to both "
                         "collectors); the [linkflap] value is used for now", key, key)
-            values[key] = cfg[key]
-    return values
+            kept[key] = getattr(own, key)
+    return replace(found, **kept)
 
 
 def _set_here(config: Any, cfg: Section | None, key: str) -> bool:
@@ -125,16 +155,14 @@ class LinkflapCollector(Collector):
     name = "linkflap"
     description = "Fast InfiniBand port-state watcher: link flaps, flapping ports, down periods."
     options = OPTIONS
+    settings: LinkflapSettings
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
-        self._watch_interval = float(OPTIONS.value(cfg, "watch_interval"))
-        self._carrier = bool(OPTIONS.value(cfg, "carrier_changes"))
-        device = device_settings(ctx, cfg)
-        self._wanted = device_filter(device["include_devices"], device["exclude_devices"])
-        self._cached = read_mode_cached(device["read_mode"], ctx.sysfs_root)
+        device = device_settings(ctx, cfg, self.settings)
+        self._wanted = device_filter(device.include_devices, device.exclude_devices)
+        self._cached = read_mode_cached(device.read_mode, ctx.sysfs_root)
         self._detector = shared_detector(ctx)
-        self._rule = (int(OPTIONS.value(cfg, "flap_threshold")), float(OPTIONS.value(cfg, "flap_window")))
         self._configured = False
         self._faults = FaultLog(log)
         self._signature: Signature | None = None
@@ -147,7 +175,7 @@ class LinkflapCollector(Collector):
 
     def interval(self, default: float) -> float:
         """The watcher keeps its own pace, whatever the daemon's interval."""
-        return self._watch_interval
+        return self.settings.watch_interval
 
     def probe(self) -> Availability:
         return Availability(*ib_sysfs.probe_tree(self.ctx.sysfs_root))
@@ -165,7 +193,7 @@ class LinkflapCollector(Collector):
         ports = []
         for paths in discover(self.ctx.sysfs_root, self._wanted):
             carrier = None
-            if self._carrier:
+            if self.settings.carrier_changes:
                 for ndir in paths.netdev_dirs:
                     path = os.path.join(ndir, "carrier_changes")
                     if os.path.exists(path):
@@ -194,7 +222,7 @@ class LinkflapCollector(Collector):
         if not self._configured:
             # On the first run, not at construction: a reload that is built but then rejected must
             # leave the running watcher's rule alone (the detector is shared across reloads).
-            detector.configure(*self._rule)
+            detector.configure(self.settings.flap_threshold, self.settings.flap_window)
             self._configured = True
         for port in self._ports:
             state = self._read(coll, port.state, lambda t: parse_state(t, STATE_NAMES))

@@ -49,6 +49,17 @@ MIB = 1024.0 * 1024.0
 FALLBACKS: dict[str, M.CallItem] = {**M.FALLBACK_CALLS, FABRIC_LEGACY_ITEM.key: FABRIC_LEGACY_ITEM}
 FABRIC_KEYS = frozenset({FABRIC_ITEM.key, FABRIC_LEGACY_ITEM.key})
 
+
+@dataclass(frozen=True)
+class NvmlSettings:
+    interval: float
+    per_process: bool
+    gpm: bool
+    nvlink_per_link: bool
+    reprobe_interval: float
+    max_calls_per_gpu: int
+
+
 OPTIONS = SectionSchema(
     "nvml",
     "NVIDIA GPUs through NVML (nvidia-ml-py).",
@@ -70,6 +81,7 @@ OPTIONS = SectionSchema(
                "ones share what is left (at least one per run). 0 reads everything every run.",
                min=0, max=1000),
     ),
+    NvmlSettings,
 )
 
 
@@ -119,6 +131,7 @@ class NvmlCollector(Collector):
     name = "nvml"
     description = "NVIDIA GPUs through NVML: utilization, memory, power, clocks, ECC, NVLink, GPM, MIG."
     options = OPTIONS
+    settings: NvmlSettings
     implies = ("xid",)
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
@@ -137,12 +150,9 @@ class NvmlCollector(Collector):
         #: UUIDs of GPUs whose links answered different NVLink error totals: the driver reads those
         #: fields per link (scopeId), so the GPU total is their sum (see _nvlink_rows).
         self._nvlink_totals_per_link: set[str] = set()
-        self._parse_ctx = M.ParseContext(per_process=bool(self._opt("per_process")))
+        self._parse_ctx = M.ParseContext(per_process=self.settings.per_process)
 
     # --- plumbing ------------------------------------------------------------------------------------
-
-    def _opt(self, key: str) -> Any:
-        return OPTIONS.value(self.cfg, key)
 
     @classmethod
     def metrics(cls) -> tuple[MetricSpec, ...]:
@@ -236,7 +246,7 @@ class NvmlCollector(Collector):
         return out
 
     def _collect_gpu(self, gpu: _Gpu, now: float, rows: list[M.Row], out: Collection) -> None:
-        reprobe = float(self._opt("reprobe_interval"))
+        reprobe = self.settings.reprobe_interval
         if gpu.dropped:
             gpu.dropped = {k: t for k, t in gpu.dropped.items() if now - t < reprobe}
         if gpu.static_at < 0 or now - gpu.static_at >= reprobe:
@@ -264,7 +274,7 @@ class NvmlCollector(Collector):
             self._gpm_sample(gpu, gpu.gpm, out)
         # slow tier: fill the budget left after the fast tier, oldest (weighted) first
         slow = list(self._active(gpu, self._slow_items(gpu)))
-        budget = int(self._opt("max_calls_per_gpu"))
+        budget = self.settings.max_calls_per_gpu
         slots = len(slow) if budget <= 0 else max(1, budget - calls)
         # an item never read yet (first run, after a re-probe or a recovery) is read now, budget or not
         slots = max(slots, sum(1 for it in slow if it.key not in gpu.slow_last))
@@ -301,7 +311,7 @@ class NvmlCollector(Collector):
 
     def _slow_items(self, gpu: _Gpu) -> list[M.CallItem]:
         items = list(M.SLOW_CALLS) + [FABRIC_ITEM] + self._field_fallbacks(gpu, fast=False)
-        if self._opt("nvlink_per_link"):
+        if self.settings.nvlink_per_link:
             for link in range(gpu.link_count):
                 items.append(M.CallItem(
                     f"nvlink_crc_data_{link}", "nvmlDeviceGetNvLinkErrorCounter",
@@ -484,7 +494,7 @@ class NvmlCollector(Collector):
         self._setup_mig(gpu, mig_on, out)
 
     def _setup_gpm(self, gpu: _Gpu, out: Collection) -> None:
-        if not self._opt("gpm") or gpu.gpm is not None:
+        if not self.settings.gpm or gpu.gpm is not None:
             return
         support = self._try(gpu, ("static", "gpm"), "nvmlGpmQueryDeviceSupport", gpu.dev.handle, out=out)
         if support is None or not support.isSupportedDevice:
@@ -538,7 +548,7 @@ class NvmlCollector(Collector):
         present = {m.gpu_instance for m in gpu.mig}
         for gi in [gi for gi in gpu.mig_gpm if gi not in present]:   # an instance destroyed since
             self._free_samples(gpu.mig_gpm.pop(gi).samples)
-        if self._opt("gpm") and gpu.gpm is not None:
+        if self.settings.gpm and gpu.gpm is not None:
             for gi in sorted(present):
                 if gi not in gpu.mig_gpm:
                     samples = self._alloc_samples(gpu, out)
@@ -553,7 +563,7 @@ class NvmlCollector(Collector):
         if gpu.link_count:
             per_link = [M.FIELD_NVLINK_STATE, M.FIELD_NVLINK_TX_KIB, M.FIELD_NVLINK_RX_KIB]
             per_link += [fs.field_id for fs in M.NVLINK_TOTAL_FIELDS]
-            if self._opt("nvlink_per_link"):
+            if self.settings.nvlink_per_link:
                 per_link += [fid for fid, _ in M.NVLINK_LINK_ERROR_FIELDS]
             ids += [(fid, link) for link in range(gpu.link_count) for fid in per_link]
         return [key for key in ids if ("field",) + key not in gpu.dropped]
@@ -620,7 +630,7 @@ class NvmlCollector(Collector):
             # per link for good (the switch only ever makes the counter jump up, never back).
             total = sum(vals) if per_link else vals[0]
             rows.append((fs.spec, fs.extra, total * fs.scale))
-        if not self._opt("nvlink_per_link"):
+        if not self.settings.nvlink_per_link:
             return
         for link in links:
             lk = str(link)

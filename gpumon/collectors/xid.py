@@ -53,6 +53,12 @@ RECOVERY_TOTAL = MetricSpec("gpumon_gpu_recovery_action_events_total", MetricTyp
 THREAD_UP = MetricSpec("gpumon_xid_watcher_up", MetricType.GAUGE,
                        "1 while the XID event thread is waiting on NVML events.")
 
+
+@dataclass(frozen=True)
+class XidSettings:
+    interval: float
+
+
 OPTIONS = SectionSchema(
     "xid",
     "XID errors and GPU-lost events from NVML's event API (a thread of its own).",
@@ -60,6 +66,7 @@ OPTIONS = SectionSchema(
         Option("interval", float, 0.0, "How often queued events are published; 0 uses [daemon] interval.",
                min=0.0, max=3600.0),
     ),
+    XidSettings,
 )
 
 
@@ -77,6 +84,7 @@ class XidCollector(Collector):
     name = "xid"
     description = "XID errors, GPU-unavailable and recovery-action events from NVML."
     options = OPTIONS
+    settings: XidSettings
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)

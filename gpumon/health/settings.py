@@ -4,6 +4,7 @@ node to. Parsed once into :class:`~gpumon.health.stage.HealthSettings`."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpumon.config import Option, SectionSchema
@@ -16,6 +17,33 @@ from gpumon.health.stage import HealthSettings
 def _known_rules(value: Any) -> str | None:
     unknown = [r for r in value if r not in RULE_BY_ID and not str(r).startswith("gpu.xid.")]
     return f"unknown rule ids: {', '.join(map(str, unknown))} (known: {', '.join(RULE_BY_ID)})" if unknown else None
+
+
+@dataclass(frozen=True)
+class HealthSectionSettings:
+    """The ``[health]`` section as parsed, one field per option; :func:`health_settings` and
+    :func:`action_settings` turn it into what the stage and the actions use."""
+
+    enabled: bool
+    disabled_rules: tuple[str, ...]
+    vm_size: str
+    hold_seconds: float
+    flap_threshold: int
+    flap_window: float
+    ib_error_threshold: float
+    ib_error_window: float
+    slurm: bool
+    slurm_node: str
+    scontrol: str
+    kubernetes: bool
+    node_name: str
+    kube_api: str
+    kube_token_file: str
+    kube_ca_file: str
+    hook: str
+    action_timeout: float
+    action_backoff_initial: float
+    action_backoff_max: float
 
 
 HEALTH = SectionSchema("health", "The node's health verdict: rules over every snapshot, and what to hold "
@@ -53,26 +81,26 @@ HEALTH = SectionSchema("health", "The node's health verdict: rules over every sn
     Option("action_backoff_initial", float, 1.0, "Seconds before retrying a failed action; doubles with "
            "jitter.", min=0.01, max=600.0),
     Option("action_backoff_max", float, 300.0, "Longest wait between retries.", min=0.01, max=86400.0),
-))
+), HealthSectionSettings)
 
 
 def health_settings(section: Mapping[str, Any] | None) -> HealthSettings:
-    v = HEALTH.values(section)
-    thresholds = Thresholds(flap_threshold=int(v["flap_threshold"]), flap_window=float(v["flap_window"]),
-                            ib_error_threshold=float(v["ib_error_threshold"]),
-                            ib_error_window=float(v["ib_error_window"]),
-                            disabled=frozenset(str(r) for r in v["disabled_rules"]))
-    return HealthSettings(thresholds, hold_seconds=float(v["hold_seconds"]), vm_size=str(v["vm_size"]))
+    v = HEALTH.settings_of(section)
+    thresholds = Thresholds(flap_threshold=int(v.flap_threshold), flap_window=float(v.flap_window),
+                            ib_error_threshold=float(v.ib_error_threshold),
+                            ib_error_window=float(v.ib_error_window),
+                            disabled=frozenset(str(r) for r in v.disabled_rules))
+    return HealthSettings(thresholds, hold_seconds=float(v.hold_seconds), vm_size=str(v.vm_size))
 
 
 def action_settings(section: Mapping[str, Any] | None) -> ActionSettings:
-    v = HEALTH.values(section)
+    v = HEALTH.settings_of(section)
     return ActionSettings(
-        slurm=bool(v["slurm"]), slurm_node=str(v["slurm_node"]), scontrol=str(v["scontrol"]),
-        kubernetes=bool(v["kubernetes"]), node_name=str(v["node_name"]), kube_api=str(v["kube_api"]),
-        kube_token_file=str(v["kube_token_file"]), kube_ca_file=str(v["kube_ca_file"]), hook=str(v["hook"]),
-        timeout=float(v["action_timeout"]), backoff_initial=float(v["action_backoff_initial"]),
-        backoff_max=float(v["action_backoff_max"]))
+        slurm=bool(v.slurm), slurm_node=str(v.slurm_node), scontrol=str(v.scontrol),
+        kubernetes=bool(v.kubernetes), node_name=str(v.node_name), kube_api=str(v.kube_api),
+        kube_token_file=str(v.kube_token_file), kube_ca_file=str(v.kube_ca_file), hook=str(v.hook),
+        timeout=float(v.action_timeout), backoff_initial=float(v.action_backoff_initial),
+        backoff_max=float(v.action_backoff_max))
 
 
 def actions_on(settings: ActionSettings) -> bool:

@@ -33,23 +33,26 @@ class HostFacts:
     physical_host: str = ""
 
 
-def _explicit(config: Any, sink: str, cfg: Mapping[str, Any] | None, schema: SectionSchema, key: str) -> bool:
+def _explicit(config: Any, sink: str, settings: Any, schema: SectionSchema[Any], key: str) -> bool:
     """Whether ``[sink] key`` was set (config file or variable), not just left at its default."""
     if config is not None and f"{sink}.{key}" in config.origins:
         return True
     option = schema.option(key)
-    return cfg is not None and key in cfg and option is not None and cfg[key] != option.default
+    return option is not None and getattr(settings, key) != option.default
 
 
-def imds_client(ctx: Any, sink: str, cfg: Mapping[str, Any] | None, schema: SectionSchema,
+def imds_client(ctx: Any, sink: str, settings: Any, schema: SectionSchema[Any],
                 aliases: Mapping[str, str]) -> ImdsClient | None:
     """The shared IMDS client for a sink, or None where the sink's ``imds_url`` alias is set empty.
 
-    ``aliases``: the sink's deprecated key -> the ``[azure]`` key it stands for."""
+    ``settings``: the sink's parsed settings (``schema.settings_of``; a section given instead is
+    parsed here). ``aliases``: the sink's deprecated key -> the ``[azure]`` key it stands for."""
+    if settings is None or isinstance(settings, Mapping):
+        settings = schema.settings_of(settings)
     config = getattr(ctx, "config", None)
     azure = dict(config.sections.get("azure") or {}) if config is not None else {}
-    overrides = {azure_key: schema.value(cfg, key) for key, azure_key in aliases.items()
-                 if _explicit(config, sink, cfg, schema, key)}
+    overrides = {azure_key: getattr(settings, key) for key, azure_key in aliases.items()
+                 if _explicit(config, sink, settings, schema, key)}
     if overrides.get("imds_url") == "":
         return None
     if overrides:

@@ -6,22 +6,34 @@ remote write to an Azure Monitor workspace (``remote_write`` with ``auth = "azur
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from gpumon.config import ConfigError
 
 CREDENTIALS = ("managed_identity", "workload_identity", "service_principal", "default")
 
 
-def make_credential(opt: Mapping[str, Any], section: str) -> Any:
-    """The azure-identity credential named by ``opt["credential"]``; ``section`` names the config
+class CredentialSettings(Protocol):
+    """The options of a sink's settings that name its credential (both sinks' settings have them)."""
+
+    @property
+    def credential(self) -> str: ...
+    @property
+    def client_id(self) -> str: ...
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def client_secret(self) -> str: ...
+
+
+def make_credential(opt: CredentialSettings, section: str) -> Any:
+    """The azure-identity credential named by ``opt.credential``; ``section`` names the config
     section in errors (``"[azure_monitor]"``)."""
     import azure.identity as identity
 
-    kind = opt["credential"]
-    client_id = opt["client_id"] or None
-    tenant_id = opt["tenant_id"] or None
+    kind = opt.credential
+    client_id = opt.client_id or None
+    tenant_id = opt.tenant_id or None
     if kind == "managed_identity":
         return identity.ManagedIdentityCredential(client_id=client_id)
     if kind == "workload_identity":
@@ -33,7 +45,7 @@ def make_credential(opt: Mapping[str, Any], section: str) -> Any:
                               "azure.workload.identity/use=true?)") from None
     if kind == "service_principal":
         for key in ("tenant_id", "client_id", "client_secret"):
-            if not opt[key]:
+            if not getattr(opt, key):
                 raise ConfigError(section, key, "is required with credential = service_principal")
-        return identity.ClientSecretCredential(opt["tenant_id"], opt["client_id"], opt["client_secret"])
+        return identity.ClientSecretCredential(opt.tenant_id, opt.client_id, opt.client_secret)
     return identity.DefaultAzureCredential(managed_identity_client_id=client_id)

@@ -53,6 +53,29 @@ def _ca_bundle_check(value: str) -> str | None:
     return readable_file_check(value)
 
 
+@dataclass(frozen=True)
+class AzureMonitorSettings:
+    endpoint: str
+    dcr_immutable_id: str
+    stream_gpu: str
+    stream_infiniband: str
+    stream_events: str
+    stream_metrics: str
+    credential: str
+    client_id: str
+    tenant_id: str
+    client_secret: str
+    audience: str
+    upload_interval: float
+    spool_dir: str
+    spool_max_bytes: int
+    omit_zero_increases: bool
+    static_every: float
+    ca_bundle: str
+    timeout: float
+    imds_url: str
+
+
 OPTIONS = SectionSchema(
     "azure_monitor",
     "Azure Monitor Logs Ingestion: rows into GpuMonGpu_CL, GpuMonInfiniBand_CL, GpuMonEvents_CL and "
@@ -99,6 +122,7 @@ OPTIONS = SectionSchema(
                "Deprecated alias of `[azure] imds_url` (where the rows' VM and placement columns come "
                "from), honoured when set (with a warning); empty leaves those columns out."),
     ),
+    AzureMonitorSettings,
 )
 IMDS_ALIASES = {"imds_url": "imds_url"}
 """This section's deprecated IMDS key -> the ``[azure]`` key it stands for."""
@@ -141,6 +165,7 @@ class AzureMonitorSink(Sink):
     name = "azure_monitor"
     description = "Rows to Azure Monitor Logs (Logs Ingestion API) through a durable spool."
     options = OPTIONS
+    settings: AzureMonitorSettings
     requires = ("azure.monitor.ingestion", "azure.identity")
     extra = "azure"
     backoff_min = 1.0
@@ -153,18 +178,17 @@ class AzureMonitorSink(Sink):
     def __init__(self, ctx: SinkContext, cfg: Any = None, *, credential: Any = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(ctx, cfg)
-        self._opt = OPTIONS.values(cfg)
         self._credential = credential
         self._clock = clock
         self._client: Any = None
         self._imds: ImdsClient | None = None
         self._spool: Spool | None = None
-        self._builder = RowBuilder(ctx.hostname, bool(self._opt["omit_zero_increases"]),
-                                   float(self._opt["static_every"]), generic=bool(self._opt["stream_metrics"]))
-        self._streams = {GPU: self._opt["stream_gpu"], IB: self._opt["stream_infiniband"],
-                         EVENTS: self._opt["stream_events"]}
-        if self._opt["stream_metrics"]:
-            self._streams[METRICS] = self._opt["stream_metrics"]
+        self._builder = RowBuilder(ctx.hostname, self.settings.omit_zero_increases,
+                                   self.settings.static_every, generic=bool(self.settings.stream_metrics))
+        self._streams = {GPU: self.settings.stream_gpu, IB: self.settings.stream_infiniband,
+                         EVENTS: self.settings.stream_events}
+        if self.settings.stream_metrics:
+            self._streams[METRICS] = self.settings.stream_metrics
         self._lock = threading.Lock()
         self._window_start: float | None = None
         self._wake = threading.Event()
@@ -180,13 +204,13 @@ class AzureMonitorSink(Sink):
 
     @property
     def spool_dir(self) -> str:
-        return self._opt["spool_dir"] or os.path.join(self.ctx.state_dir, "spool", "azure_monitor")
+        return self.settings.spool_dir or os.path.join(self.ctx.state_dir, "spool", "azure_monitor")
 
     @classmethod
     def validate(cls, config: Config) -> None:
         """Missing or malformed target settings and an unusable spool directory are config mistakes:
         exit 2 naming the key and the file (or variable) it came from, before anything starts."""
-        opt = OPTIONS.values(config.sections.get(cls.name))
+        opt = OPTIONS.settings_of(config.sections.get(cls.name))
 
         def where(key: str) -> str:
             return config.origins.get(f"{cls.name}.{key}", config.source)
@@ -194,16 +218,16 @@ class AzureMonitorSink(Sink):
         problem = _target_problem(opt)
         if problem is not None:
             raise ConfigError(where(problem[0]), f"[{cls.name}] {problem[0]}", problem[1])
-        spool_dir = opt["spool_dir"] or os.path.join(config.daemon.state_dir, "spool", cls.name)
+        spool_dir = opt.spool_dir or os.path.join(config.daemon.state_dir, "spool", cls.name)
         reason = _directory_problem(spool_dir)
         if reason is not None:
-            source = where("spool_dir") if opt["spool_dir"] else config.origins.get("daemon.state_dir",
+            source = where("spool_dir") if opt.spool_dir else config.origins.get("daemon.state_dir",
                                                                                      config.source)
-            suffix = "" if opt["spool_dir"] else " (the default, under [daemon] state_dir)"
+            suffix = "" if opt.spool_dir else " (the default, under [daemon] state_dir)"
             raise ConfigError(source, f"[{cls.name}] spool_dir", f"{spool_dir}: {reason}{suffix}")
 
     def _require_target(self) -> None:
-        problem = _target_problem(self._opt)
+        problem = _target_problem(self.settings)
         if problem is not None:
             raise ConfigError("[azure_monitor]", problem[0], problem[1])
 
@@ -211,7 +235,7 @@ class AzureMonitorSink(Sink):
         """The azure-identity credential named in config (or the one given to the constructor)."""
         if self._credential is not None:
             return self._credential
-        return make_credential(self._opt, "[azure_monitor]")
+        return make_credential(self.settings, "[azure_monitor]")
 
     def _make_client(self, credential: Any) -> Any:
         from azure.core.pipeline.policies import HttpLoggingPolicy
@@ -222,31 +246,31 @@ class AzureMonitorSink(Sink):
         if http_log.level == logging.NOTSET:
             http_log.setLevel(logging.WARNING)
         return LogsIngestionClient(
-            self._opt["endpoint"], credential,
+            self.settings.endpoint, credential,
             http_logging_policy=HttpLoggingPolicy(logger=http_log),
-            credential_scopes=[self._opt["audience"].rstrip("/") + "/.default"],
+            credential_scopes=[self.settings.audience.rstrip("/") + "/.default"],
             retry_total=0,  # the uploader thread owns retries, so stop() is never stuck in a sleep
-            connection_verify=self._opt["ca_bundle"] or True,
-            connection_timeout=self._opt["timeout"],
-            read_timeout=self._opt["timeout"],
+            connection_verify=self.settings.ca_bundle or True,
+            connection_timeout=self.settings.timeout,
+            read_timeout=self.settings.timeout,
         )
 
     def start(self) -> None:
         self.ensure_dependencies()
         self._require_target()
         try:
-            self._spool = Spool(self.spool_dir, self._opt["spool_max_bytes"])
+            self._spool = Spool(self.spool_dir, self.settings.spool_max_bytes)
         except SpoolError as exc:
             raise ConfigError("[azure_monitor]", "spool_dir", str(exc)) from None
         self._client = self._make_client(self.make_credential())
-        self._imds = azure_host.imds_client(self.ctx, self.name, self.cfg, OPTIONS, IMDS_ALIASES)
+        self._imds = azure_host.imds_client(self.ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
         if self._imds is not None:
             threading.Thread(target=self._fetch_vm, name="azure-monitor-imds", daemon=True).start()
         self._thread = threading.Thread(target=self._run, name="azure-monitor-upload", daemon=True)
         self._thread.start()
         stats = self._spool.stats()
         log.info("azure_monitor: sending to %s (DCR %s), %d rows spooled from before",
-                 self._opt["endpoint"], self._opt["dcr_immutable_id"], stats.records)
+                 self.settings.endpoint, self.settings.dcr_immutable_id, stats.records)
 
     def _fetch_vm(self) -> None:
         """The rows' host columns, now and every ``HOST_REFRESH`` seconds until the sink stops."""
@@ -269,7 +293,7 @@ class AzureMonitorSink(Sink):
                 self._builder.add(snapshot, now)
                 records = [self._record(EVENTS, self._builder.event_row(e)) for e in snapshot.events]
                 elapsed = now - self._window_start
-                if elapsed >= self._opt["upload_interval"]:
+                if elapsed >= self.settings.upload_interval:
                     records += self._interval_records(snapshot.time, elapsed)
                     self._window_start = now
             if records:
@@ -388,7 +412,7 @@ class AzureMonitorSink(Sink):
         log.error("azure_monitor: the DCR %s has no stream %s for generic metric rows (a template deployed "
                   "before this gpumon); they are off until restart, the other tables are sent: redeploy "
                   "deploy/azure/azuredeploy.json to get them, or set [azure_monitor] stream_metrics = \"\" "
-                  "to silence this", self._opt["dcr_immutable_id"], stream)
+                  "to silence this", self.settings.dcr_immutable_id, stream)
 
     def _upload(self, stream: str, rows: list[dict[str, Any]], probe: bool = True) -> _Outcome:
         """Send rows; isolate rejected rows by bisection. Not ok = retry the whole batch later."""
@@ -426,7 +450,7 @@ class AzureMonitorSink(Sink):
                 raise _StopBatch
 
         try:
-            self._client.upload(self._opt["dcr_immutable_id"], stream, rows, on_error=on_error)
+            self._client.upload(self.settings.dcr_immutable_id, stream, rows, on_error=on_error)
         except _StopBatch:
             error, chunk = failures[-1]
             # The SDK hands back the very row objects; failing that, count all as unsent (re-sent).
@@ -491,7 +515,7 @@ class AzureMonitorSink(Sink):
     def _request_fault(self, stream: str, error: BaseException, every_row: bool = False) -> _Outcome:
         """A 400 for the request itself: keep the rows, say what to fix, retry slowly until it is fixed."""
         why = "rows sent alone are refused the same way: " if every_row else ""
-        reason = (f"400 from stream {stream} on DCR {self._opt['dcr_immutable_id']}: the request itself is "
+        reason = (f"400 from stream {stream} on DCR {self.settings.dcr_immutable_id}: the request itself is "
                   f"refused, not a row ({why}{_error_text(error)}); check the stream_* options and "
                   "dcr_immutable_id against the DCR (deploy/azure/ outputs) and redeploy the template if "
                   "this gpumon sends columns it lacks; rows stay in the spool and are retried")
@@ -500,14 +524,14 @@ class AzureMonitorSink(Sink):
         return _Outcome(False, retry_after_from_headers(headers) or 0.0, True, reason, stream_missing=True)
 
     def _classify(self, error: BaseException, status: int | None, stream: str, auth_error: type) -> _Outcome:
-        dcr = self._opt["dcr_immutable_id"]
+        dcr = self.settings.dcr_immutable_id
         headers = getattr(getattr(error, "response", None), "headers", None)
         if status in _CONFIG_STATUS:
             reason = _status_verdict(status, dcr, stream, self._identity_hint(), _error_text(error))
             self._note(reason, logging.ERROR)
             return _Outcome(False, retry_after_from_headers(headers) or 0.0, True, reason, stream_missing=status == 404)
         if isinstance(error, auth_error):
-            reason = f"cannot get a token ({self._opt['credential']}): {_error_text(error)}"
+            reason = f"cannot get a token ({self.settings.credential}): {_error_text(error)}"
             self._note(reason, logging.ERROR)
             return _Outcome(False, 0.0, True, reason)
         if status is not None and status not in _RETRYABLE_STATUS:
@@ -522,9 +546,9 @@ class AzureMonitorSink(Sink):
         return _Outcome(False, retry_after_from_headers(headers) or 0.0, False, reason)
 
     def _identity_hint(self) -> str:
-        kind = self._opt["credential"]
-        if self._opt["client_id"]:
-            return f"{kind} client id {self._opt['client_id']}"
+        kind = self.settings.credential
+        if self.settings.client_id:
+            return f"{kind} client id {self.settings.client_id}"
         return f"{kind} (system-assigned)" if kind == "managed_identity" else kind
 
     def _note(self, reason: str, level: int) -> None:
@@ -611,7 +635,7 @@ class AzureMonitorSink(Sink):
             credential = self.make_credential()
         except ConfigError as exc:
             return [CheckResult(item, False, str(exc))]
-        audience = self._opt["audience"].rstrip("/")
+        audience = self.settings.audience.rstrip("/")
         try:
             credential.get_token(audience + "/.default")
         except ClientAuthenticationError as exc:
@@ -622,7 +646,7 @@ class AzureMonitorSink(Sink):
             return [CheckResult(f"{item} token", False, f"token request failed: {type(exc).__name__}: {exc}")]
         results = [CheckResult(f"{item} token", True, f"token for {audience} from {self._identity_hint()}")]
         client = self._make_client(credential)
-        dcr = self._opt["dcr_immutable_id"]
+        dcr = self.settings.dcr_immutable_id
         for key in (GPU, IB, EVENTS):
             stream = self._streams[key]
             label = f"{item} {TABLES[key]}"
@@ -639,7 +663,7 @@ class AzureMonitorSink(Sink):
                 results.append(CheckResult(label, False, _status_verdict(
                     exc.status_code, dcr, stream, self._identity_hint(), _error_text(exc), audience)))
             except Exception as exc:
-                results.append(CheckResult(label, False, f"{self._opt['endpoint']} unreachable: "
+                results.append(CheckResult(label, False, f"{self.settings.endpoint} unreachable: "
                                            f"{type(exc).__name__}: {_error_text(exc)}"))
         try:
             client.close()
@@ -648,18 +672,18 @@ class AzureMonitorSink(Sink):
         return results
 
 
-def _target_problem(opt: dict[str, Any]) -> tuple[str, str] | None:
+def _target_problem(opt: AzureMonitorSettings) -> tuple[str, str] | None:
     """(key, what is wrong) for the first target setting that cannot work, or None."""
     for key in ("endpoint", "dcr_immutable_id"):
-        if not opt[key]:
+        if not getattr(opt, key):
             return key, "is required (see the outputs of deploy/azure/)"
-    if not opt["endpoint"].startswith("https://"):
-        return "endpoint", f"must be an https:// URL (got {opt['endpoint']!r})"
-    if opt["ca_bundle"] and not os.path.isfile(opt["ca_bundle"]):
-        return "ca_bundle", f"no such file: {opt['ca_bundle']}"
-    if opt["credential"] == "service_principal":
+    if not opt.endpoint.startswith("https://"):
+        return "endpoint", f"must be an https:// URL (got {opt.endpoint!r})"
+    if opt.ca_bundle and not os.path.isfile(opt.ca_bundle):
+        return "ca_bundle", f"no such file: {opt.ca_bundle}"
+    if opt.credential == "service_principal":
         for key in ("tenant_id", "client_id", "client_secret"):
-            if not opt[key]:
+            if not getattr(opt, key):
                 return key, "is required with credential = service_principal"
     return None
 

@@ -61,7 +61,11 @@ class SinkContext:
 class Sink:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    options: ClassVar[SectionSchema | None] = None
+    options: ClassVar[SectionSchema[Any] | None] = None
+    settings: Any
+    """The section parsed once (``options.settings_of(cfg)``): the schema's frozen settings dataclass,
+    or a :class:`Section` for a schema without one; a subclass narrows the type (``settings:
+    OtelSettings``) and reads every option as ``self.settings.<key>``."""
     requires: ClassVar[tuple[str, ...]] = ()
     """Importable modules the sink needs beyond the core (checked before the SDK is imported)."""
     extra: ClassVar[str] = ""
@@ -70,6 +74,7 @@ class Sink:
     def __init__(self, ctx: SinkContext, cfg: Section | None = None) -> None:
         self.ctx = ctx
         self.cfg = cfg
+        self.settings = self.options.settings_of(cfg) if self.options is not None else cfg
 
     @classmethod
     def missing_dependencies(cls) -> list[str]:

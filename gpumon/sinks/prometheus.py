@@ -36,6 +36,22 @@ from gpumon.sinks.webconfig import Auth, FailureLimiter, WebConfig, file_stamp, 
 
 log = logging.getLogger("gpumon.sinks.prometheus")
 
+
+@dataclass(frozen=True)
+class PrometheusSettings:
+    listen: str
+    web_config_file: str
+    request_timeout: float
+    first_byte_timeout: float
+    backlog: int
+    max_connections: int
+    max_connections_per_source: int
+    max_header_bytes: int
+    auth_failures_per_minute: float
+    compat: str
+    web_config_check_interval: float
+
+
 OPTIONS = SectionSchema(
     "prometheus",
     "The embedded Prometheus endpoint (the default sink).",
@@ -78,6 +94,7 @@ OPTIONS = SectionSchema(
                "names; a changed file is loaded and used for new connections without a restart.",
                min=0.5, max=3600.0),
     ),
+    PrometheusSettings,
 )
 
 LANDING = """<!doctype html>
@@ -276,7 +293,7 @@ class _Server(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ipv6 else socket.AF_INET
         self.request_queue_size = backlog
         self.sink = sink
-        self.slots = _Slots(sink.max_connections, sink.max_connections_per_source)
+        self.slots = _Slots(sink.settings.max_connections, sink.settings.max_connections_per_source)
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.idle = 0
         self.idle_lock = threading.Lock()
@@ -300,7 +317,7 @@ class _Server(ThreadingHTTPServer):
         It goes to an idle connection thread, or to a new one when none is idle: starting a thread per
         scrape was most of the accept loop's time under load (docs/performance.md), and every
         connection still has a thread of its own, so an idle client holds only that."""
-        deadline = time.monotonic() + self.sink.first_byte_timeout
+        deadline = time.monotonic() + self.sink.settings.first_byte_timeout
         conn, displaced = self.slots.admit(request, source_key(client_address[0]), deadline)
         if displaced is not None:
             self.sink.count("evictions")
@@ -375,14 +392,14 @@ class _Server(ThreadingHTTPServer):
         """Runs on the connection's own thread: the TLS handshake happens here, never in accept.
         The handshake and the request's first byte must come within ``first_byte_timeout``."""
         sink = self.sink
-        conn.sock.settimeout(sink.first_byte_timeout)
+        conn.sock.settimeout(sink.settings.first_byte_timeout)
         context = sink.web.ssl_context
         if context is not None and not self._handshake(conn, context, client_address):
             return
         if not _readable(conn.sock, conn.deadline - time.monotonic()):
             return  # idle: the slot goes back without waiting for request_timeout
-        conn.deadline = time.monotonic() + sink.request_timeout
-        conn.sock.settimeout(sink.request_timeout)
+        conn.deadline = time.monotonic() + sink.settings.request_timeout
+        conn.sock.settimeout(sink.settings.request_timeout)
         self.handler(conn.sock, client_address, self, conn)
 
     def _handshake(self, conn: _Conn, context: ssl.SSLContext, client_address) -> bool:
@@ -440,7 +457,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         # typeshed declares StreamRequestHandler.timeout a ClassVar; setup() reads it from the instance
-        self.timeout = self.server.sink.request_timeout  # type: ignore[misc]
+        self.timeout = self.server.sink.settings.request_timeout  # type: ignore[misc]
         super().setup()
 
     def handle_one_request(self) -> None:
@@ -452,10 +469,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             self.conn.busy = False
-            self.conn.deadline = time.monotonic() + self.server.sink.request_timeout
+            self.conn.deadline = time.monotonic() + self.server.sink.settings.request_timeout
 
     def _one_request(self) -> None:
-        limit = self.server.sink.max_header_bytes
+        limit = self.server.sink.settings.max_header_bytes
         self.raw_requestline = self.rfile.readline(limit + 1)
         if not self.raw_requestline:
             self.close_connection = True
@@ -604,22 +621,14 @@ class PrometheusSink(Sink):
     name = "prometheus"
     description = "Serves /metrics (text 0.0.4, OpenMetrics, gzip), /healthz and a landing page."
     options = OPTIONS
+    settings: PrometheusSettings
 
     def __init__(self, ctx, cfg=None) -> None:
         super().__init__(ctx, cfg)
-        values = OPTIONS.values(cfg)
-        self.host, self.port = parse_listen(values["listen"])
-        self.request_timeout = float(values["request_timeout"])
-        self.first_byte_timeout = float(values["first_byte_timeout"])
-        self.backlog = int(values["backlog"])
-        self.max_connections = int(values["max_connections"])
-        self.max_connections_per_source = int(values["max_connections_per_source"])
-        self.max_header_bytes = int(values["max_header_bytes"])
-        self.limiter = FailureLimiter(float(values["auth_failures_per_minute"]))
-        self.web_config_file = values["web_config_file"]
-        self.web_config_check_interval = float(values["web_config_check_interval"])
-        self._compat = DcgmCompat(ctx.hostname) if values["compat"] == "dcgm-exporter" else None
-        self.web = load_web_config(self.web_config_file) if self.web_config_file else WebConfig()
+        self.host, self.port = parse_listen(self.settings.listen)
+        self.limiter = FailureLimiter(self.settings.auth_failures_per_minute)
+        self._compat = DcgmCompat(ctx.hostname) if self.settings.compat == "dcgm-exporter" else None
+        self.web = load_web_config(self.settings.web_config_file) if self.settings.web_config_file else WebConfig()
         self._stamp = file_stamp(self.web.files)
         self._reload_log = LogOnce(log)
         self.page: Page | None = None
@@ -633,12 +642,12 @@ class PrometheusSink(Sink):
 
     def start(self) -> None:
         ipv6 = ":" in self.host
-        self._server = _Server((self.host, self.port), _Handler, self, self.backlog, ipv6)
+        self._server = _Server((self.host, self.port), _Handler, self, self.settings.backlog, ipv6)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name="prometheus-http", daemon=True)
         self._thread.start()
-        if self.web_config_file:
+        if self.settings.web_config_file:
             self._watcher = threading.Thread(target=self._watch, name="prometheus-webconfig", daemon=True)
             self._watcher.start()
         scheme = "https" if self.web.ssl_context else "http"
@@ -648,24 +657,24 @@ class PrometheusSink(Sink):
         """Load the web config again when it or a file it names changed (a certificate renewed in
         place, a new password): new connections get it, open ones keep theirs. One that does not
         load leaves the running one in place, logged once until it loads. True when swapped."""
-        if not self.web_config_file:
+        if not self.settings.web_config_file:
             return False
-        stamp = file_stamp(self.web.files or (self.web_config_file,))
+        stamp = file_stamp(self.web.files or (self.settings.web_config_file,))
         if stamp == self._stamp:
             return False
         try:
-            web = load_web_config(self.web_config_file)
+            web = load_web_config(self.settings.web_config_file)
         except ConfigError as exc:
             self._reload_log.warning("web_config", "web config not reloaded, serving the previous one: %s", exc)
             return False
         # the stamp taken before loading: a change during the load is seen on the next check
         self.web, self._stamp = web, stamp if web.files == self.web.files else file_stamp(web.files)
         self._reload_log.clear()
-        log.info("web config %s reloaded", self.web_config_file)
+        log.info("web config %s reloaded", self.settings.web_config_file)
         return True
 
     def _watch(self) -> None:
-        while not self._stopping.wait(self.web_config_check_interval):
+        while not self._stopping.wait(self.settings.web_config_check_interval):
             try:
                 self.refresh()
             except Exception:  # never let the watcher die: the next check may succeed

@@ -43,6 +43,7 @@ from gpumon.sinks.otel.settings import (
     IMDS_ALIASES,
     OPTIONS,
     SIGNALS,
+    OtelSettings,
     SignalSettings,
     resolve_settings,
 )
@@ -63,7 +64,7 @@ from gpumon.sinks.otel.transport import _grpc_retry_delay as _grpc_retry_delay
 __all__ = [
     "DEFAULT_GRPC_ENDPOINT", "DEFAULT_HTTP_ENDPOINT", "DEFAULT_TIMEOUT", "GRPC", "HTTP_PROTOBUF", "IMDS_ALIASES",
     "OPTIONS", "PHYSICAL_HOST", "RETRYABLE_HTTP", "SEVERITY_NUMBER", "SIGNALS", "THROTTLED_LOG_ATTEMPTS",
-    "GrpcTransport", "HttpTransport", "MetricEncoder", "OtelSink", "SendResult", "SignalSettings",
+    "GrpcTransport", "HttpTransport", "MetricEncoder", "OtelSettings", "OtelSink", "SendResult", "SignalSettings",
     "azure_attributes", "encode_logs", "event_attributes", "event_name", "kubernetes_attributes",
     "log_record_has_event_name", "make_transport", "resolve_settings", "resource_attributes", "send",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpumon.imds import AzureInstance
@@ -62,7 +62,7 @@ def kubernetes_attributes(environ: Mapping[str, str]) -> dict[str, str]:
 
 def resource_attributes(
     ctx: SinkContext,
-    configured: list[str],
+    configured: Sequence[str],
     environ: Mapping[str, str],
     detected: Mapping[str, str] | None = None,
 ) -> dict[str, str]:

@@ -7,7 +7,7 @@ import logging
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,31 @@ def _kv_list_check(value: list[str]) -> str | None:
         if "=" not in item or not item.partition("=")[0].strip():
             return f"entries must be KEY=VALUE (got {item!r})"
     return None
+
+
+@dataclass(frozen=True)
+class OtelSettings:
+    """The ``[otel]`` section, parsed once; :func:`resolve_settings` merges it per signal with the
+    environment into a :class:`SignalSettings`."""
+
+    endpoint: str
+    protocol: str
+    headers: tuple[str, ...]
+    compression: str
+    timeout: float
+    insecure: bool
+    certificate: str
+    client_certificate: str
+    client_key: str
+    interval: float
+    resource_attributes: tuple[str, ...]
+    logs: bool
+    azure_detect: bool
+    imds_url: str
+    imds_timeout: float
+    max_queued_records: int
+    backoff_initial: float
+    backoff_max: float
 
 
 OPTIONS = SectionSchema(
@@ -79,6 +104,7 @@ OPTIONS = SectionSchema(
                "doubles (with jitter) up to backoff_max.", min=0.01, max=600.0),
         Option("backoff_max", float, 60.0, "Longest wait between retries, in seconds.", min=0.01, max=3600.0),
     ),
+    OtelSettings,
 )
 IMDS_ALIASES = {"imds_url": "imds_url", "imds_timeout": "imds_timeout"}
 """This section's deprecated IMDS keys -> the ``[azure]`` keys they stand for."""
@@ -104,7 +130,7 @@ class SignalSettings:
     client_key: str = ""
 
 
-def parse_kv(items: list[str] | str, unquote: bool = False) -> dict[str, str]:
+def parse_kv(items: Sequence[str] | str, unquote: bool = False) -> dict[str, str]:
     """``["a=b", ...]`` or ``"a=b,c=d"`` (W3C baggage style, URL-encoded in the OTEL_* variables)."""
     if isinstance(items, str):
         items = [part for part in items.split(",") if part.strip()]
@@ -128,16 +154,20 @@ def _env(environ: Mapping[str, str], signal: str, key: str) -> str:
             or environ.get(f"OTEL_EXPORTER_OTLP_{key}", "").strip())
 
 
-def resolve_settings(cfg: Mapping[str, Any], signal: str, environ: Mapping[str, str]) -> SignalSettings:
-    """Merge the [otel] section over the standard variables for one signal. Config wins where set."""
-    protocol = cfg.get("protocol") or _env(environ, signal, "PROTOCOL") or HTTP_PROTOBUF
+def resolve_settings(cfg: OtelSettings | Mapping[str, Any], signal: str, environ: Mapping[str, str]
+                     ) -> SignalSettings:
+    """Merge the [otel] settings over the standard variables for one signal. Config wins where set
+    (an option left empty, 0 or false is not set). A section given instead of settings is parsed."""
+    if not isinstance(cfg, OtelSettings):
+        cfg = OPTIONS.settings_of(cfg)
+    protocol = cfg.protocol or _env(environ, signal, "PROTOCOL") or HTTP_PROTOBUF
     if protocol not in (HTTP_PROTOBUF, GRPC):
         raise ValueError(f"otel protocol {protocol!r} is not supported (use {HTTP_PROTOBUF} or {GRPC})")
 
     if protocol == HTTP_PROTOBUF:
         path = f"/v1/{signal}"
-        if cfg.get("endpoint"):
-            endpoint = _signal_url(cfg["endpoint"], path)
+        if cfg.endpoint:
+            endpoint = _signal_url(cfg.endpoint, path)
         elif environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip():
             endpoint = environ[f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"].strip()
         else:
@@ -148,7 +178,7 @@ def resolve_settings(cfg: Mapping[str, Any], signal: str, environ: Mapping[str, 
             raise ValueError(f"otel endpoint {endpoint!r} must be an http:// or https:// URL")
         tls = scheme == "https"
     else:
-        raw = cfg.get("endpoint") or _env(environ, signal, "ENDPOINT") or DEFAULT_GRPC_ENDPOINT
+        raw = cfg.endpoint or _env(environ, signal, "ENDPOINT") or DEFAULT_GRPC_ENDPOINT
         parts = urllib.parse.urlsplit(raw if "://" in raw else "//" + raw)
         if not parts.hostname:
             raise ValueError(f"otel endpoint {raw!r} has no host")
@@ -158,14 +188,14 @@ def resolve_settings(cfg: Mapping[str, Any], signal: str, environ: Mapping[str, 
         elif parts.scheme == "http":
             tls = False
         else:
-            tls = not (cfg.get("insecure") or insecure_env)
+            tls = not (cfg.insecure or insecure_env)
         host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
         endpoint = f"{host}:{parts.port or 4317}"
 
     headers = parse_kv(_env(environ, signal, "HEADERS"), unquote=True)
-    headers.update(parse_kv(cfg.get("headers") or []))
+    headers.update(parse_kv(cfg.headers or ()))
 
-    timeout = float(cfg.get("timeout") or 0.0)
+    timeout = float(cfg.timeout or 0.0)
     if not timeout:
         text = _env(environ, signal, "TIMEOUT")
         try:
@@ -176,7 +206,7 @@ def resolve_settings(cfg: Mapping[str, Any], signal: str, environ: Mapping[str, 
         if timeout <= 0:
             timeout = DEFAULT_TIMEOUT
 
-    compression = (cfg.get("compression") or _env(environ, signal, "COMPRESSION") or "none").lower()
+    compression = (cfg.compression or _env(environ, signal, "COMPRESSION") or "none").lower()
     if compression not in ("gzip", "none"):
         log.warning("otel: unsupported compression %r, sending uncompressed", compression)
         compression = "none"
@@ -189,9 +219,9 @@ def resolve_settings(cfg: Mapping[str, Any], signal: str, environ: Mapping[str, 
         timeout=timeout,
         compression=compression,
         tls=tls,
-        certificate=cfg.get("certificate") or _env(environ, signal, "CERTIFICATE"),
-        client_certificate=cfg.get("client_certificate") or _env(environ, signal, "CLIENT_CERTIFICATE"),
-        client_key=cfg.get("client_key") or _env(environ, signal, "CLIENT_KEY"),
+        certificate=cfg.certificate or _env(environ, signal, "CERTIFICATE"),
+        client_certificate=cfg.client_certificate or _env(environ, signal, "CLIENT_CERTIFICATE"),
+        client_key=cfg.client_key or _env(environ, signal, "CLIENT_KEY"),
     )
 
 

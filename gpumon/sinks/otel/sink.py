@@ -25,7 +25,15 @@ from gpumon.sinks.common import (
 )
 from gpumon.sinks.otel.encoding import MetricEncoder, encode_logs, pb_modules
 from gpumon.sinks.otel.resource import azure_attributes, resource_attributes
-from gpumon.sinks.otel.settings import GRPC, IMDS_ALIASES, OPTIONS, SIGNALS, SignalSettings, resolve_settings
+from gpumon.sinks.otel.settings import (
+    GRPC,
+    IMDS_ALIASES,
+    OPTIONS,
+    SIGNALS,
+    OtelSettings,
+    SignalSettings,
+    resolve_settings,
+)
 from gpumon.sinks.otel.transport import THROTTLED_LOG_ATTEMPTS, SendResult, make_transport, send
 
 if TYPE_CHECKING:
@@ -41,13 +49,13 @@ class OtelSink(Sink):
     name = "otel"
     description = "OpenTelemetry OTLP export (http/protobuf or gRPC) of metrics and events."
     options = OPTIONS
+    settings: OtelSettings
     requires = ("google.protobuf", "opentelemetry.proto")
     extra = "otel"
 
     def __init__(self, ctx: SinkContext, cfg: Section | None = None, environ: Mapping[str, str] | None = None
                  ) -> None:
         super().__init__(ctx, cfg)
-        self._opts: dict[str, Any] = OPTIONS.values(cfg)
         self._environ = os.environ if environ is None else environ
         self._lock = threading.Lock()
         self._wake_metrics = threading.Condition(self._lock)
@@ -74,8 +82,8 @@ class OtelSink(Sink):
     # -- lifecycle
 
     def _resolve(self) -> dict[str, SignalSettings]:
-        signals = SIGNALS if self._opts["logs"] else ("metrics",)
-        return {s: resolve_settings(self._opts, s, self._environ) for s in signals}
+        signals = SIGNALS if self.settings.logs else ("metrics",)
+        return {s: resolve_settings(self.settings, s, self._environ) for s in signals}
 
     def start(self) -> None:
         self.ensure_dependencies()
@@ -88,9 +96,9 @@ class OtelSink(Sink):
         pb_modules()  # fail start-up now, not on the first export, if the protobuf classes do not load
         self._transports = self._make_transports()
         try:
-            self._resource = resource_attributes(self.ctx, self._opts["resource_attributes"], self._environ)
-            if self._opts["azure_detect"]:
-                self._imds = azure_host.imds_client(self.ctx, self.name, self.cfg, OPTIONS, IMDS_ALIASES)
+            self._resource = resource_attributes(self.ctx, self.settings.resource_attributes, self._environ)
+            if self.settings.azure_detect:
+                self._imds = azure_host.imds_client(self.ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
         except BaseException:
             for transport in self._transports.values():
                 transport.close()
@@ -156,7 +164,7 @@ class OtelSink(Sink):
             if detected:
                 with self._lock:
                     self._resource = resource_attributes(
-                        self.ctx, self._opts["resource_attributes"], self._environ, detected)
+                        self.ctx, self.settings.resource_attributes, self._environ, detected)
             if found.instance is not None:
                 log.info("otel: on Azure (%s, %s)", detected.get("host.type", "?"),
                          detected.get("cloud.region", "?"))
@@ -172,7 +180,7 @@ class OtelSink(Sink):
         with self._lock:
             self._latest = snapshot
             if snapshot.events and "logs" in self._settings:
-                limit = self._opts["max_queued_records"]
+                limit = self.settings.max_queued_records
                 for event in snapshot.events:
                     if len(self._events) >= limit:
                         seq, _ = self._events.popleft()
@@ -206,8 +214,8 @@ class OtelSink(Sink):
         settings = self._settings["metrics"]
         transport = self._transports.get("metrics")
         encoder = MetricEncoder(self.ctx.version)
-        backoff = Backoff(self._opts["backoff_initial"], self._opts["backoff_max"])
-        interval = float(self._opts["interval"])
+        backoff = Backoff(self.settings.backoff_initial, self.settings.backoff_max)
+        interval = self.settings.interval
         self._resource_ready.wait(self._detect_wait())
         exported: Snapshot | None = None
         pending: tuple[Snapshot, int] | None = None  # a snapshot that failed and awaits its retry
@@ -264,7 +272,7 @@ class OtelSink(Sink):
     def _logs_loop(self) -> None:
         settings = self._settings["logs"]
         transport = self._transports.get("logs")
-        backoff = Backoff(self._opts["backoff_initial"], self._opts["backoff_max"])
+        backoff = Backoff(self.settings.backoff_initial, self.settings.backoff_max)
         throttled = 0  # attempts of the head batch answered RESOURCE_EXHAUSTED without RetryInfo
         self._resource_ready.wait(self._detect_wait())
         try:

@@ -24,7 +24,7 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +61,36 @@ def _pairs_check(items: list[str]) -> str | None:
     return None
 
 
-def _pairs(items: list[str]) -> dict[str, str]:
+def _pairs(items: Sequence[str]) -> dict[str, str]:
     return {name.strip(): value.strip() for name, _, value in (item.partition("=") for item in items)}
+
+
+@dataclass(frozen=True)
+class RemoteWriteSettings:
+    url: str
+    interval: float
+    job: str
+    instance: str
+    external_labels: tuple[str, ...]
+    headers: tuple[str, ...]
+    timeout: float
+    auth: str
+    username: str
+    password: str
+    password_file: str
+    bearer_token_file: str
+    ca_file: str
+    cert_file: str
+    key_file: str
+    credential: str
+    client_id: str
+    tenant_id: str
+    client_secret: str
+    audience: str
+    spool_dir: str
+    spool_max_bytes: int
+    backoff_initial: float
+    backoff_max: float
 
 
 OPTIONS = SectionSchema(
@@ -112,6 +140,7 @@ OPTIONS = SectionSchema(
                "backoff_max.", min=0.01, max=600.0),
         Option("backoff_max", float, 60.0, "Longest wait between retries, in seconds.", min=0.01, max=3600.0),
     ),
+    RemoteWriteSettings,
 )
 
 
@@ -131,6 +160,7 @@ class RemoteWriteSink(Sink):
     name = "remote_write"
     description = "Prometheus remote write 1.0 (Prometheus, Mimir, Thanos, VictoriaMetrics, Azure Monitor)."
     options = OPTIONS
+    settings: RemoteWriteSettings
     requires = ("cramjam",)
     extra = "remote_write"
     config_backoff_min = 30.0
@@ -139,11 +169,10 @@ class RemoteWriteSink(Sink):
     def __init__(self, ctx: SinkContext, cfg: Any = None, *, credential: Any = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(ctx, cfg)
-        self._opt = OPTIONS.values(cfg)
         self._credential = credential
         self._clock = clock
-        labels = {"job": self._opt["job"], "instance": self._opt["instance"] or ctx.hostname}
-        labels.update(_pairs(self._opt["external_labels"]))
+        labels = {"job": self.settings.job, "instance": self.settings.instance or ctx.hostname}
+        labels.update(_pairs(self.settings.external_labels))
         self._encoder = encoding.Encoder(labels)
         self._spool: Spool | None = None
         self._transport: Transport | None = None
@@ -153,7 +182,7 @@ class RemoteWriteSink(Sink):
         self._samples_per_request = 0.0
         self._counters = DeliveryCounters()
         self._log_once = LogOnce(log)
-        self._backoff = Backoff(self._opt["backoff_initial"], self._opt["backoff_max"])
+        self._backoff = Backoff(self.settings.backoff_initial, self.settings.backoff_max)
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._stopping = threading.Event()
@@ -163,68 +192,69 @@ class RemoteWriteSink(Sink):
 
     @property
     def spool_dir(self) -> str:
-        return self._opt["spool_dir"] or os.path.join(self.ctx.state_dir, "spool", "remote_write")
+        return self.settings.spool_dir or os.path.join(self.ctx.state_dir, "spool", "remote_write")
 
     def _require(self) -> None:
-        opt = self._opt
-        if not opt["url"].startswith(("http://", "https://")):
+        opt = self.settings
+        if not opt.url.startswith(("http://", "https://")):
             raise ConfigError("[remote_write]", "url", "must be an http:// or https:// URL")
-        if opt["auth"] == "azure" and not opt["url"].startswith("https://"):
+        if opt.auth == "azure" and not opt.url.startswith("https://"):
             raise ConfigError("[remote_write]", "url", "must be https:// with auth = azure")
-        needs = {"basic": ("username",), "bearer": ("bearer_token_file",)}.get(opt["auth"], ())
+        needs = {"basic": ("username",), "bearer": ("bearer_token_file",)}.get(opt.auth, ())
         for key in needs:
-            if not opt[key]:
-                raise ConfigError("[remote_write]", key, f"is required with auth = {opt['auth']}")
+            if not getattr(opt, key):
+                raise ConfigError("[remote_write]", key, f"is required with auth = {opt.auth}")
         for key in ("ca_file", "cert_file", "key_file", "password_file", "bearer_token_file"):
-            if opt[key] and not os.path.isfile(opt[key]):
-                raise ConfigError("[remote_write]", key, f"no such file: {opt[key]}")
-        if opt["key_file"] and not opt["cert_file"]:
+            path = getattr(opt, key)
+            if path and not os.path.isfile(path):
+                raise ConfigError("[remote_write]", key, f"no such file: {path}")
+        if opt.key_file and not opt.cert_file:
             raise ConfigError("[remote_write]", "cert_file", "is required with key_file")
 
     def _make_transport(self) -> Transport:
-        opt = self._opt
+        opt = self.settings
         context = None
-        if opt["url"].startswith("https://"):
+        if opt.url.startswith("https://"):
             try:
-                context = tls_context(opt["ca_file"], opt["cert_file"], opt["key_file"])
+                context = tls_context(opt.ca_file, opt.cert_file, opt.key_file)
             except (OSError, ValueError) as exc:
-                raise ConfigError("[remote_write]", "cert_file" if opt["cert_file"] else "ca_file",
+                raise ConfigError("[remote_write]", "cert_file" if opt.cert_file else "ca_file",
                                   f"cannot load: {exc}") from None
-        if opt["auth"] == "azure" and self._credential is None:
+        if opt.auth == "azure" and self._credential is None:
             self._credential = make_credential(opt, "[remote_write]")
-        return Transport(opt["url"], opt["timeout"], f"gpumon/{__version__}", self._authorization,
-                         _pairs(opt["headers"]), context)
+        return Transport(opt.url, opt.timeout, f"gpumon/{__version__}", self._authorization,
+                         _pairs(opt.headers), context)
 
     def _authorization(self) -> str | None:
         """The Authorization header for the next request; raises when none can be had."""
-        opt = self._opt
-        if opt["auth"] == "basic":
-            password = opt["password"]
-            if opt["password_file"]:  # non-blocking, regular files only: a FIFO must not hang the uploader
-                password = read_regular_file(opt["password_file"], _SECRET_MAX).decode("utf-8").strip()
-            return basic_authorization(opt["username"], password)
-        if opt["auth"] == "bearer":
-            return "Bearer " + read_regular_file(opt["bearer_token_file"], _SECRET_MAX).decode("utf-8").strip()
-        if opt["auth"] == "azure":
+        opt = self.settings
+        if opt.auth == "basic":
+            password = opt.password
+            if opt.password_file:  # non-blocking, regular files only: a FIFO must not hang the uploader
+                password = read_regular_file(opt.password_file, _SECRET_MAX).decode("utf-8").strip()
+            return basic_authorization(opt.username, password)
+        if opt.auth == "bearer":
+            return "Bearer " + read_regular_file(opt.bearer_token_file, _SECRET_MAX).decode("utf-8").strip()
+        if opt.auth == "azure":
             if self._token is None or self._token.expires_on - time.time() < _TOKEN_MARGIN:
-                self._token = self._credential.get_token(opt["audience"].rstrip("/") + "/.default")
+                self._token = self._credential.get_token(opt.audience.rstrip("/") + "/.default")
             return "Bearer " + self._token.token
         return None
 
     def start(self) -> None:
         self.ensure_dependencies()
         self._require()
-        if self._opt["auth"] == "azure":
+        if self.settings.auth == "azure":
             import azure.identity  # noqa: F401 - fail start-up now, not on the first upload
         try:
-            self._spool = Spool(self.spool_dir, self._opt["spool_max_bytes"])
+            self._spool = Spool(self.spool_dir, self.settings.spool_max_bytes)
         except SpoolError as exc:
             raise ConfigError("[remote_write]", "spool_dir", str(exc)) from None
         self._transport = self._make_transport()
         self._thread = threading.Thread(target=self._run, name="remote-write-upload", daemon=True)
         self._thread.start()
         log.info("remote_write: sending to %s, %d requests spooled from before",
-                 _redact(self._opt["url"]), self._spool.stats().records)
+                 _redact(self.settings.url), self._spool.stats().records)
 
     # -- the loop's side ------------------------------------------------------------------------
 
@@ -234,7 +264,7 @@ class RemoteWriteSink(Sink):
         if self._spool is None:
             return
         now = self._clock()
-        interval = self._opt["interval"]
+        interval = self.settings.interval
         if interval and self._last_sent is not None and now - self._last_sent < interval - 1e-3:
             return
         if not interval and not has_new_results(snapshot, self._last_snapshot):
@@ -310,7 +340,7 @@ class RemoteWriteSink(Sink):
         except OSError as exc:
             return self._retry(samples, "unreachable", f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # the credential: azure-identity's ClientAuthenticationError and kin
-            return self._retry(samples, "token", f"no token ({self._opt['credential']}): {exc}", config=True)
+            return self._retry(samples, "token", f"no token ({self.settings.credential}): {exc}", config=True)
         status = response.status
         if 200 <= status < 300:
             self._counters.succeeded(samples, self._clock())
@@ -325,13 +355,13 @@ class RemoteWriteSink(Sink):
             return self._retry(samples, f"http {status}", _describe(response), response.retry_after, config=True)
         self._counters.dropped_items(samples, _describe(response))
         self._log_once.warning(f"refused {status}", "remote_write: %s refused %d samples, dropped "
-                               "(not retried): %s", _redact(self._opt["url"]), samples, _describe(response))
+                               "(not retried): %s", _redact(self.settings.url), samples, _describe(response))
         return _Verdict(True)
 
     def _retry(self, samples: int, key: str, reason: str, retry_after: float | None = None,
                config: bool = False) -> _Verdict:
         self._counters.failed_attempt(samples, reason)
-        self._log_once.warning(key, "remote_write: %s: %s; %s", _redact(self._opt["url"]), reason,
+        self._log_once.warning(key, "remote_write: %s: %s; %s", _redact(self.settings.url), reason,
                                "check the configuration; retrying slowly" if config else "retrying")
         floor = self.config_backoff_min if config else None
         return _Verdict(False, self._backoff.failed(self._clock(), retry_after, floor))
@@ -343,7 +373,7 @@ class RemoteWriteSink(Sink):
         except ValueError:
             self._counters.dropped_items(samples, _describe(response))
             self._log_once.warning("413", "remote_write: a single series is too large for %s, dropped: %s",
-                                   _redact(self._opt["url"]), _describe(response))
+                                   _redact(self.settings.url), _describe(response))
             return _Verdict(True)
         parts = [(encoding.compress(part), count)
                  for part, count in zip(halves, (samples // 2, samples - samples // 2))]
@@ -400,13 +430,13 @@ class RemoteWriteSink(Sink):
             transport = self._make_transport()
         except Exception as exc:
             return [CheckResult(self.name, False, str(exc))]
-        url = _redact(self._opt["url"])
+        url = _redact(self.settings.url)
         try:
             response = transport.post(encoding.compress(b""))
         except OSError as exc:
             return [CheckResult(self.name, False, f"{url} unreachable: {type(exc).__name__}: {exc}")]
         except Exception as exc:
-            return [CheckResult(self.name, False, f"no token ({self._opt['credential']}): {exc}")]
+            return [CheckResult(self.name, False, f"no token ({self.settings.credential}): {exc}")]
         finally:
             transport.close()
         if 200 <= response.status < 300:
