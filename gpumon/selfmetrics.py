@@ -70,6 +70,20 @@ CONFIG_RELOAD_OK = MetricSpec("gpumon_config_last_reload_successful", MetricType
 SPECS = (BUILD_INFO, COLLECTOR_UP, COLLECTOR_STATE, COLLECTOR_DURATION, COLLECTOR_RUNS, COLLECTOR_ERRORS,
          SINK_UP, SINK_EXPORTED, SINK_FAILED, SINK_DROPPED, CONFIG_RELOADS, CONFIG_RELOAD_OK)
 
+PROCESS_SPECS = tuple(
+    MetricSpec(name, kind, help, unit) for name, kind, help, unit in (
+        ("process_cpu_seconds_total", MetricType.COUNTER, "Total user and system CPU time spent in seconds.",
+         "seconds"),
+        ("process_resident_memory_bytes", MetricType.GAUGE, "Resident memory size in bytes.", "bytes"),
+        ("process_virtual_memory_bytes", MetricType.GAUGE, "Virtual memory size in bytes.", "bytes"),
+        ("process_open_fds", MetricType.GAUGE, "Number of open file descriptors.", ""),
+        ("process_max_fds", MetricType.GAUGE, "Maximum number of open file descriptors.", ""),
+        ("process_start_time_seconds", MetricType.GAUGE,
+         "Start time of the process since unix epoch in seconds.", "seconds"),
+    ))
+"""The process_* metrics prometheus-client reads from /proc (names and meaning are its own), which
+:class:`SelfMetrics` publishes as they come: listed here so that the docs list them."""
+
 
 @dataclass
 class CollectorBook:

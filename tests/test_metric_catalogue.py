@@ -4,6 +4,7 @@ registry, by name, until they move there); the OTel routes and the Azure columns
 from __future__ import annotations
 
 from gpumon import metric_catalogue as cat
+from gpumon.confdoc import declared_specs
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
 from gpumon.sinks import otel_mapping
 from gpumon.sinks.azure_rows import GPU, RowBuilder, stream_columns
@@ -53,7 +54,7 @@ def test_the_registry_reads_the_same_as_before():
 
 
 def test_every_registered_hint_names_a_declared_metric_and_none_is_declared_twice():
-    declared = {s.name: s for s in otel_mapping.declared_specs()}
+    declared = {s.name: s for s in declared_specs()}
     orphans = sorted(set(cat.registered()) - set(declared))
     assert not orphans, f"hints for metrics nobody declares (renamed? removed?): {orphans}"
     twice = sorted(n for n, s in declared.items() if (s.otel and n in cat.OTEL)

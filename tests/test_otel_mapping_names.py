@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from gpumon.confdoc import declared_specs
 from gpumon.model import MetricSpec, MetricType
 from gpumon.sinks import otel_mapping as m
 
@@ -82,7 +83,7 @@ def _signature(metric: m.OtelMetric) -> tuple:
 
 
 def test_every_declared_metric_maps_to_a_valid_distinct_series():
-    specs = m.declared_specs()
+    specs = declared_specs()
     names = {s.name for s in specs}
     assert "gpumon_collector_up" in names
     assert {"gpumon_gpu_utilization_ratio", "gpumon_ib_port_data_received_bytes_total"} <= names
@@ -102,7 +103,7 @@ def test_every_declared_metric_maps_to_a_valid_distinct_series():
 
 
 def test_no_table_entry_names_an_undeclared_metric_of_a_landed_collector():
-    names = {s.name for s in m.declared_specs()}
+    names = {s.name for s in declared_specs()}
     prefixes = {"gpumon_gpu_": "nvml", "gpumon_ib_": "infiniband"}
     from gpumon import registry
 
@@ -117,10 +118,10 @@ def test_docs_table_matches_what_is_exported():
     with open(os.path.join(REPO, "docs", "metrics.md"), encoding="utf-8") as fh:
         text = fh.read()
     section = text.split("<!-- BEGIN otel -->", 1)[1].split("<!-- END otel -->", 1)[0]
-    table = m.markdown_table(m.declared_specs())
+    table = m.markdown_table(declared_specs())
     missing = [row for row in table.splitlines() if row not in section]
     assert not missing, ("docs/metrics.md's otel table is out of date; regenerate it with "
-                         "`python -m gpumon.sinks.otel_mapping`. Missing rows:\n" + "\n".join(missing[:10]))
+                         "`python -m gpumon.confdoc --otel-table`. Missing rows:\n" + "\n".join(missing[:10]))
 
 
 def test_attribute_values_follow_the_conventions():
@@ -161,10 +162,10 @@ def test_attribute_values_follow_the_conventions():
 
 def test_no_metric_that_is_not_a_fraction_has_unit_1():
     """Unit 1 is for fractions; on a gauge the OTLP -> Prometheus translation appends ``_ratio``."""
-    wrong = [(spec.name, o.name) for spec in m.declared_specs() for o in m.routes(spec)
+    wrong = [(spec.name, o.name) for spec in declared_specs() for o in m.routes(spec)
              if o.unit == "1" and o.kind is m.Kind.GAUGE and not spec.name.endswith("_ratio")]
     assert not wrong
-    units = {spec.name: m.resolve(spec).unit for spec in m.declared_specs()}
+    units = {spec.name: m.resolve(spec).unit for spec in declared_specs()}
     assert units["gpumon_gpu_info"] == units["gpumon_build_info"] == "{info}"
     assert units["gpumon_collector_up"] == "{state}"
     assert units["gpumon_sink_dropped_total"] == "{item}"

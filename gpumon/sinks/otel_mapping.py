@@ -5,7 +5,8 @@ says which OpenTelemetry hardware semantic convention a metric maps to (``hw.gpu
 ``hw.network.io`` ...). Everything else is mapped
 mechanically: ``gpumon_<domain>_<rest>[_<unit>][_total]`` becomes ``gpumon.<domain>.<rest>`` with a
 UCUM unit derived from the spec's unit, so a metric a collector adds tomorrow still exports
-correctly. Pure data and string work: nothing here imports the OpenTelemetry SDK.
+correctly. Pure data and string work: nothing here imports the OpenTelemetry SDK, nor a collector
+(the docs table is made from the declared metrics by :mod:`gpumon.confdoc`).
 """
 
 from __future__ import annotations
@@ -411,37 +412,3 @@ def describe_attributes(metric: OtelMetric, spec: MetricSpec) -> str:
         parts.append("`cpu.mode` (user, system)")
     return ", ".join(p for p in parts if p) or "-"
 
-
-PROCESS_SPECS = tuple(
-    MetricSpec(name, kind, help, unit) for name, kind, help, unit in (
-        ("process_cpu_seconds_total", MetricType.COUNTER, "Total user and system CPU time spent in seconds.",
-         "seconds"),
-        ("process_resident_memory_bytes", MetricType.GAUGE, "Resident memory size in bytes.", "bytes"),
-        ("process_virtual_memory_bytes", MetricType.GAUGE, "Virtual memory size in bytes.", "bytes"),
-        ("process_open_fds", MetricType.GAUGE, "Number of open file descriptors.", ""),
-        ("process_max_fds", MetricType.GAUGE, "Maximum number of open file descriptors.", ""),
-        ("process_start_time_seconds", MetricType.GAUGE,
-         "Start time of the process since unix epoch in seconds.", "seconds"),
-    ))
-"""The process_* metrics prometheus-client reads from /proc (names and meaning are its own), which the
-self-metrics publish as they come: listed here so that the docs table has their OpenTelemetry names."""
-
-
-def declared_specs() -> list[MetricSpec]:
-    """Every metric the installed collectors and the daemon's self-metrics declare."""
-    from gpumon import registry, selfmetrics
-    from gpumon.health import stage
-
-    specs: dict[str, MetricSpec] = {s.name: s for s in selfmetrics.SPECS + PROCESS_SPECS + stage.SPECS}
-    for name in registry.available_collectors():
-        try:
-            cls = registry.collector_class(name)
-        except (ImportError, registry.UnknownPlugin):  # a plugin that does not import is not documented
-            continue
-        for spec in cls.metrics():
-            specs.setdefault(spec.name, spec)
-    return sorted(specs.values(), key=lambda s: s.name)
-
-
-if __name__ == "__main__":  # python -m gpumon.sinks.otel_mapping > table.md: the table in docs/metrics.md
-    print(markdown_table(declared_specs()))
