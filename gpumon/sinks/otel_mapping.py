@@ -1,12 +1,11 @@
 """How a gpumon (Prometheus-named) metric becomes an OpenTelemetry metric.
 
-The metric catalogue (:mod:`gpumon.metric_catalogue`: a spec's ``otel`` hint, or the registry's by name)
-says which OpenTelemetry hardware semantic convention a metric maps to (``hw.gpu.utilization``,
-``hw.network.io`` ...). Everything else is mapped
-mechanically: ``gpumon_<domain>_<rest>[_<unit>][_total]`` becomes ``gpumon.<domain>.<rest>`` with a
-UCUM unit derived from the spec's unit, so a metric a collector adds tomorrow still exports
-correctly. Pure data and string work: nothing here imports the OpenTelemetry SDK, nor a collector
-(the docs table is made from the declared metrics by :mod:`gpumon.confdoc`).
+A spec's ``otel`` hint (:mod:`gpumon.metric_catalogue`), on its declaration, says which OpenTelemetry
+hardware semantic convention a metric maps to (``hw.gpu.utilization``, ``hw.network.io`` ...).
+Everything else is mapped mechanically: ``gpumon_<domain>_<rest>[_<unit>][_total]`` becomes
+``gpumon.<domain>.<rest>`` with a UCUM unit derived from the spec's unit, so a metric a collector adds
+tomorrow still exports correctly. Pure data and string work: nothing here imports the OpenTelemetry
+SDK, nor a collector (the docs table is made from the declared metrics by :mod:`gpumon.confdoc`).
 """
 
 from __future__ import annotations
@@ -17,17 +16,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.metric_catalogue import OTEL, Domain, Kind, OtelMetric, otel_hints
+from gpumon.metric_catalogue import Domain, Kind, OtelMetric, otel_hints
 from gpumon.model import MetricSpec, MetricType
 
-__all__ = ["Domain", "Kind", "OtelMetric", "TABLE", "routes", "resolve", "attributes", "markdown_table"]
+__all__ = ["Domain", "Kind", "OtelMetric", "routes", "resolve", "attributes", "markdown_table"]
 
 GPU_INFO = "gpumon_gpu_info"
 IB_PORT_INFO = "gpumon_ib_port_info"
-
-TABLE = OTEL
-"""The registry's OpenTelemetry hints by Prometheus name (a view of :data:`gpumon.metric_catalogue.OTEL`):
-a spec's own ``otel`` hint, which :func:`routes` reads first, is not in it."""
 
 # Label values renamed where the attribute has a convention of its own.
 VALUE_MAPS: dict[str, dict[str, str]] = {
@@ -152,8 +147,7 @@ _KIND = {MetricType.GAUGE: Kind.GAUGE, MetricType.COUNTER: Kind.COUNTER, MetricT
 
 
 def routes(spec: MetricSpec) -> tuple[OtelMetric, ...]:
-    """Every OpenTelemetry metric ``spec``'s samples go to: its catalogue hints (beside the declaration
-    or in the registry), else the mechanical one."""
+    """Every OpenTelemetry metric ``spec``'s samples go to: its ``otel`` hints, else the mechanical one."""
     explicit = otel_hints(spec)
     if explicit:
         return explicit
