@@ -52,6 +52,8 @@ def breaches() -> dict[str, set[tuple[str, str]]]:
                 breach("simulate is imported only by simulate, daemon.context and cli", source, target)
             if source in ("gpumon.model", "gpumon.config") and target != "gpumon":
                 breach("model and config import nothing of gpumon", source, target)
+            if source == "gpumon.metric_catalogue" and target != "gpumon.model":
+                breach("the metric catalogue (hint types, pure data) imports only the model", source, target)
     return found
 
 
@@ -73,12 +75,14 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
     real = graph()
     planted = {**real, "gpumon.sources.kvp": real["gpumon.sources.kvp"] | {"gpumon.collectors.nvml"},
                "gpumon.collectors.kmsg": real["gpumon.collectors.kmsg"] | {"gpumon.collectors.xid"},
+               "gpumon.metric_catalogue": real["gpumon.metric_catalogue"] | {"gpumon.sources.ib_sysfs"},
                "gpumon.sinks.otel_mapping": real["gpumon.sinks.otel_mapping"]
                | {"gpumon.collectors.nvml_metrics"}}
     monkeypatch.setattr(me, "graph", lambda: planted)
     found = {edge for edges in breaches().values() for edge in edges}
     assert ("gpumon.sources.kvp", "gpumon.collectors.nvml") in found
     assert ("gpumon.collectors.kmsg", "gpumon.collectors.xid") in found
+    assert ("gpumon.metric_catalogue", "gpumon.sources.ib_sysfs") in found
     assert ("gpumon.sinks.otel_mapping", "gpumon.collectors.nvml_metrics") in found
 
 
