@@ -1,8 +1,14 @@
-"""Generates docs/configuration.md and examples/gpumon.toml from the config schemas.
+"""Generates docs/configuration.md and examples/gpumon.toml from the config schemas, and lists the
+declared metrics the metric docs are made from.
 
 The schemas are the single source of every key, default and bound; the committed files are checked
 against this output by the tests, so the docs cannot drift from the code. Regenerate with
 ``python -m gpumon.confdoc``.
+
+:func:`declared_specs` is every metric gpumon declares, with its sink hints: the OpenTelemetry table
+in docs/metrics.md (``python -m gpumon.confdoc --otel-table``) and the Azure template
+(``deploy/azure/generate.py``) are made from it. It lives here, with the other generators, because
+it reaches every collector, the self-metrics and the health stage, which no sink may import.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import os
 from typing import Any
 
 from gpumon.config import Option, SectionSchema, env_name
+from gpumon.model import MetricSpec
 
 
 def toml_value(value: Any) -> str:
@@ -91,6 +98,31 @@ def example_toml(schemas: list[SectionSchema]) -> str:
     return "\n".join(out)
 
 
+def declared_specs() -> list[MetricSpec]:
+    """Every metric the installed collectors, the daemon's self-metrics (with prometheus-client's
+    process_* ones) and the health stage declare, once each, sorted by name."""
+    from gpumon import registry, selfmetrics
+    from gpumon.health import stage
+
+    own = selfmetrics.SPECS + selfmetrics.PROCESS_SPECS + stage.SPECS
+    specs: dict[str, MetricSpec] = {s.name: s for s in own}
+    for name in registry.available_collectors():
+        try:
+            cls = registry.collector_class(name)
+        except (ImportError, registry.UnknownPlugin):  # a plugin that does not import is not documented
+            continue
+        for spec in cls.metrics():
+            specs.setdefault(spec.name, spec)
+    return sorted(specs.values(), key=lambda s: s.name)
+
+
+def otel_table() -> str:
+    """The Prometheus -> OpenTelemetry table of docs/metrics.md, over every declared metric."""
+    from gpumon.sinks.otel_mapping import markdown_table
+
+    return markdown_table(declared_specs())
+
+
 def outputs(root: str) -> dict[str, str]:
     from gpumon.cli import schemas
 
@@ -104,5 +136,8 @@ if __name__ == "__main__":
 
     from gpumon.generated import sync
 
+    if "--otel-table" in sys.argv[1:]:  # > table.md: the table in docs/metrics.md
+        print(otel_table())
+        sys.exit(0)
     sys.exit(sync(outputs(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                   "--check" in sys.argv[1:], "python -m gpumon.confdoc"))

@@ -15,6 +15,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from gpumon import __version__
+from gpumon.metric_catalogue import Domain, Kind, OtelMetric
 from gpumon.model import MetricFamily, MetricSpec, MetricType
 from gpumon.sinks.base import SinkHealth
 
@@ -69,6 +70,33 @@ CONFIG_RELOAD_OK = MetricSpec("gpumon_config_last_reload_successful", MetricType
 
 SPECS = (BUILD_INFO, COLLECTOR_UP, COLLECTOR_STATE, COLLECTOR_DURATION, COLLECTOR_RUNS, COLLECTOR_ERRORS,
          SINK_UP, SINK_EXPORTED, SINK_FAILED, SINK_DROPPED, CONFIG_RELOADS, CONFIG_RELOAD_OK)
+
+
+def _process(name: str, kind: MetricType, help: str, unit: str, otel: OtelMetric | None = None) -> MetricSpec:
+    return MetricSpec(name, kind, help, unit, otel=(otel,) if otel else ())
+
+
+PROCESS_SPECS = (
+    _process("process_cpu_seconds_total", MetricType.COUNTER,
+             "Total user and system CPU time spent in seconds.", "seconds",
+             OtelMetric("process.cpu.time", "s", Kind.COUNTER, Domain.PROCESS, semconv=True, cpu_modes=True,
+                        description="CPU time of the gpumon process.")),
+    _process("process_resident_memory_bytes", MetricType.GAUGE, "Resident memory size in bytes.", "bytes",
+             OtelMetric("process.memory.usage", "By", Kind.UPDOWN, Domain.PROCESS, semconv=True)),
+    _process("process_virtual_memory_bytes", MetricType.GAUGE, "Virtual memory size in bytes.", "bytes",
+             OtelMetric("process.memory.virtual", "By", Kind.UPDOWN, Domain.PROCESS, semconv=True)),
+    _process("process_open_fds", MetricType.GAUGE, "Number of open file descriptors.", "",
+             OtelMetric("process.unix.file_descriptor.count", "{file_descriptor}", Kind.UPDOWN,
+                        Domain.PROCESS, semconv=True)),
+    _process("process_max_fds", MetricType.GAUGE, "Maximum number of open file descriptors.", ""),
+    _process("process_start_time_seconds", MetricType.GAUGE,
+             "Start time of the process since unix epoch in seconds.", "seconds"),
+)
+"""The process_* metrics prometheus-client reads from /proc (names and meaning are its own), declared
+here so that they carry their sink hints (the process.* semantic conventions) and the docs list them.
+prometheus-client, not gpumon, makes the samples: :meth:`SelfMetrics._read_process` pairs each with
+its declaration by name, the one place a hint is found through a metric's name."""
+_PROCESS_BY_NAME = {spec.name: spec for spec in PROCESS_SPECS}
 
 
 @dataclass
@@ -181,7 +209,10 @@ class SelfMetrics:
                 if spec is None:
                     kind = MetricType.COUNTER if sample.name.endswith("_total") else MetricType.GAUGE
                     unit = "seconds" if "seconds" in sample.name else ("bytes" if "bytes" in sample.name else "")
-                    spec = MetricSpec(sample.name, kind, metric.documentation, unit)
+                    declared = _PROCESS_BY_NAME.get(sample.name)  # gpumon's declaration: the hints
+                    spec = MetricSpec(sample.name, kind, metric.documentation, unit,
+                                      otel=declared.otel if declared else (),
+                                      azure=declared.azure if declared else ())
                     self._process_specs[sample.name] = spec
                 out.append(MetricFamily(spec, (spec.sample(_clean(sample.name, sample.value)),)))
         return out

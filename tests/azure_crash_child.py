@@ -19,9 +19,11 @@ from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, 
 from gpumon.sinks.azure_monitor import AzureMonitorSink
 from gpumon.sinks.base import SinkContext
 from tests.azure_ingestion_server import FakeCredential
+from tests.declared_hints import hinted
 
-POWER = MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid"))
-ENERGY = MetricSpec("gpumon_gpu_energy_joules_total", MetricType.COUNTER, "e", "joules", ("gpu", "uuid"))
+POWER = hinted(MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid")))
+ENERGY = hinted(MetricSpec("gpumon_gpu_energy_joules_total", MetricType.COUNTER, "e", "joules",
+                           ("gpu", "uuid")))
 
 
 class RecordingSink(AzureMonitorSink):

@@ -7,13 +7,17 @@ import json
 from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
 from gpumon.sinks.azure_rows import GPU, IB, RowBuilder
 from tests.azure_ingestion_server import load_declarations, validate_row
+from tests.declared_hints import hinted
 
-POWER = MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid"))
-ENERGY = MetricSpec("gpumon_gpu_energy_joules_total", MetricType.COUNTER, "e", "joules", ("gpu", "uuid"))
-INFO = MetricSpec("gpumon_gpu_info", MetricType.INFO, "i", "", ("gpu", "uuid", "model", "pci_bus_id"))
-RX = MetricSpec("gpumon_ib_port_data_received_bytes_total", MetricType.COUNTER, "rx", "bytes", ("device", "port"))
-HW = MetricSpec("gpumon_ib_hw_stat_total", MetricType.COUNTER, "hw", "", ("device", "port", "counter"))
-FLAPPING = MetricSpec("gpumon_ib_port_flapping", MetricType.GAUGE, "f", "", ("device", "port"))
+POWER = hinted(MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid")))
+ENERGY = hinted(MetricSpec("gpumon_gpu_energy_joules_total", MetricType.COUNTER, "e", "joules",
+                           ("gpu", "uuid")))
+INFO = hinted(MetricSpec("gpumon_gpu_info", MetricType.INFO, "i", "", ("gpu", "uuid", "model", "pci_bus_id")))
+RX = hinted(MetricSpec("gpumon_ib_port_data_received_bytes_total", MetricType.COUNTER, "rx", "bytes",
+                       ("device", "port")))
+HW = hinted(MetricSpec("gpumon_ib_hw_stat_total", MetricType.COUNTER, "hw", "",
+                       ("device", "port", "counter")))
+FLAPPING = hinted(MetricSpec("gpumon_ib_port_flapping", MetricType.GAUGE, "f", "", ("device", "port")))
 UNKNOWN = MetricSpec("gpumon_gpu_something_new", MetricType.GAUGE, "?", "", ("gpu", "uuid"))
 DECLS = load_declarations()
 
@@ -114,7 +118,8 @@ def test_zero_increases_are_left_out_unless_asked_for():
 
 
 def test_static_columns_repeat_hourly_or_on_change():
-    limit = MetricSpec("gpumon_gpu_power_limit_watts", MetricType.GAUGE, "l", "watts", ("gpu", "uuid"))
+    limit = hinted(MetricSpec("gpumon_gpu_power_limit_watts", MetricType.GAUGE, "l", "watts",
+                              ("gpu", "uuid")))
     b = RowBuilder("node-1", static_every=3600)
     seen = []
     for minute, watts in enumerate([700, 700, 700, 650]):

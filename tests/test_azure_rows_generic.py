@@ -8,11 +8,13 @@ import logging
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Snapshot
 from gpumon.sinks.azure_rows import GPU, METRICS, RowBuilder
 from tests.azure_ingestion_server import load_declarations, validate_row
+from tests.declared_hints import hinted
 
 INLET = MetricSpec("acme_rack_inlet_temperature_celsius", MetricType.GAUGE, "Inlet.", "celsius", ("sensor",))
 TRIPS = MetricSpec("acme_rack_breaker_trips_total", MetricType.COUNTER, "Trips.", "", ("rack",))
-POWER = MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid"))
-PROCESS_MEMORY = MetricSpec("gpumon_gpu_process_memory_bytes", MetricType.GAUGE, "m", "bytes", ("gpu", "pid"))
+POWER = hinted(MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid")))
+PROCESS_MEMORY = hinted(MetricSpec("gpumon_gpu_process_memory_bytes", MetricType.GAUGE, "m", "bytes",
+                                   ("gpu", "pid")))
 DECLS = load_declarations()
 
 

@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
+from gpumon.confdoc import declared_specs
+from gpumon.metric_catalogue import MetricColumns, NoColumns, azure_hints
 from gpumon.model import MetricType
-from gpumon.sinks.azure_rows import BY_METRIC, EXCLUDED, IDENTITY, INFO_BY_METRIC, TABLES, stream_columns
+from gpumon.sinks.azure_rows import IDENTITY, TABLES, stream_columns
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(REPO, "deploy", "azure", "azuredeploy.json")
@@ -32,7 +34,7 @@ def test_committed_template_equals_generated():
 
 
 def test_column_names_follow_log_analytics_rules():
-    for table, columns in stream_columns().items():
+    for table, columns in stream_columns(declared_specs()).items():
         names = [n for n, _ in columns]
         assert len(names) == len(set(names)), table
         assert len(names) <= 500
@@ -84,14 +86,15 @@ def test_every_gpu_and_port_metric_has_columns(module):
     row_labels = {IDENTITY[table][0][0] for table in IDENTITY}  # gpu, device
     missing = []
     for spec in specs:
-        if not spec.labels or spec.labels[0] not in row_labels or spec.name in EXCLUDED:
+        hints = azure_hints(spec)
+        excluded = any(isinstance(h, NoColumns) for h in hints)
+        if not spec.labels or spec.labels[0] not in row_labels or excluded:
             continue  # host-wide series (no GPU/port) have no row to live in
-        mapping = BY_METRIC.get(spec.name) or INFO_BY_METRIC.get(spec.name)
-        if mapping is None:
+        if not hints:
             missing.append(spec.name)
             continue
-        for columns in BY_METRIC.get(spec.name, ()):
+        for columns in (h for h in hints if isinstance(h, MetricColumns)):
             aggs = set(columns.aggs)
             if spec.type is MetricType.GAUGE:
                 assert not aggs & {"increase", "rate"}, f"{spec.name} is a gauge"
-    assert not missing, f"metrics without Azure columns (add them to azure_rows.METRIC_COLUMNS): {missing}"
+    assert not missing, f"metrics without Azure columns (add an azure hint to their MetricSpec): {missing}"

@@ -23,10 +23,11 @@ from gpumon.sinks.base import SinkContext
 from gpumon.sinks.spool import Spool
 from tests import azure_ingestion_server
 from tests.azure_ingestion_server import FakeCredential, IngestionServer
+from tests.declared_hints import hinted
 
 EVENTS = "Custom-GpuMonEvents_CL"
 GPU_STREAM = "Custom-GpuMonGpu_CL"
-POWER = MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid"))
+POWER = hinted(MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid")))
 
 
 class UndeclaredStreamIs400(azure_ingestion_server._IngestHandler):

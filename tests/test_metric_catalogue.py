@@ -1,17 +1,32 @@
-"""One metric catalogue: a metric's sink hints sit beside its declaration (or in the catalogue's
-registry, by name, until they move there); the OTel routes and the Azure columns come from them."""
+"""One metric catalogue: a metric's sink hints sit on its declaration, the only place they are read
+from; the OTel routes and the Azure columns come from them.
+
+Nothing lost in the move from the old name-keyed registry is proven by the committed outputs the hints
+generate: docs/metrics.md's OTel table (tests/test_otel_mapping_names.py: every generated row is in
+it) and the DCR template (tests/test_azure_template_matches_code.py: generated == committed, and
+every per-GPU and per-port metric of nvml, infiniband and linkflap has an Azure hint on its spec),
+plus the tests below that each hint fits the declaration it sits on."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from gpumon import metric_catalogue as cat
+from gpumon import selfmetrics
+from gpumon.collectors import nvml_metrics
+from gpumon.confdoc import declared_specs
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
 from gpumon.sinks import otel_mapping
-from gpumon.sinks.azure_rows import GPU, RowBuilder, stream_columns
+from gpumon.sinks.azure_rows import GPU, IB, RowBuilder, stream_columns
 
 OWN = MetricSpec(
     "gpumon_gpu_widget_ratio", MetricType.GAUGE, "A widget.", "ratio", ("gpu", "uuid"),
     otel=(cat.OtelMetric("hw.gpu.widget", "1", cat.Kind.GAUGE, cat.Domain.GPU, semconv=True),),
     azure=(cat.MetricColumns("", GPU, "WidgetRatio", ("max",)),))
+
+DECLARED = {s.name: s for s in declared_specs()}
 
 
 def snapshot(*families: MetricFamily) -> Snapshot:
@@ -20,7 +35,6 @@ def snapshot(*families: MetricFamily) -> Snapshot:
 
 def test_a_hint_beside_the_declaration_routes_the_otel_metric():
     assert otel_mapping.routes(OWN) == OWN.otel
-    assert OWN.name not in otel_mapping.TABLE  # the registry is not involved
     bare = MetricSpec(OWN.name, OWN.type, OWN.help, OWN.unit, OWN.labels)
     assert otel_mapping.routes(bare)[0].name == "gpumon.gpu.widget"  # without it: the mechanical name
     assert bare == OWN  # hints do not make another metric
@@ -44,18 +58,76 @@ def test_a_plugins_azure_hint_adds_no_column():
     assert ("AcmeWidgetMax", "real") not in stream_columns([plugin])[GPU]
 
 
-def test_the_registry_reads_the_same_as_before():
-    util = otel_mapping.routes(MetricSpec("gpumon_gpu_utilization_ratio", MetricType.GAUGE, "", "ratio",
-                                          ("gpu", "uuid", "engine")))
-    assert [m.name for m in util] == ["hw.gpu.utilization", "hw.gpu.memory.utilization"]
-    power = MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "", "watts", ("gpu", "uuid"))
+def test_the_spec_is_the_only_source_a_name_is_no_key():
+    """A spec made again under a built-in's name, without hints, is mapped as any unhinted metric."""
+    power = nvml_metrics.POWER
     assert [h.column for h in cat.azure_hints(power)] == ["PowerWatts"]
+    assert otel_mapping.resolve(power).name == "hw.power"
+    bare = MetricSpec(power.name, power.type, power.help, power.unit, power.labels)
+    assert cat.otel_hints(bare) == () and cat.azure_hints(bare) == ()
+    assert otel_mapping.resolve(bare).name == "gpumon.gpu.power"
+    util = otel_mapping.routes(nvml_metrics.UTIL)
+    assert [m.name for m in util] == ["hw.gpu.utilization", "hw.gpu.memory.utilization"]
 
 
-def test_every_registered_hint_names_a_declared_metric_and_none_is_declared_twice():
-    declared = {s.name: s for s in otel_mapping.declared_specs()}
-    orphans = sorted(set(cat.registered()) - set(declared))
-    assert not orphans, f"hints for metrics nobody declares (renamed? removed?): {orphans}"
-    twice = sorted(n for n, s in declared.items() if (s.otel and n in cat.OTEL)
-                   or (s.azure and n in cat.AZURE_BY_METRIC))
-    assert not twice, f"hinted beside the declaration and in the registry: {twice}"
+def test_a_no_columns_hint_keeps_the_metric_out_of_the_generic_rows():
+    per_link = nvml_metrics.NVLINK_LINK_UP
+    (hint,) = cat.azure_hints(per_link)
+    assert isinstance(hint, cat.NoColumns) and hint.metric == per_link.name and hint.reason
+    rows = RowBuilder("node-1")
+    rows.add(snapshot(MetricFamily(per_link, (per_link.sample(1, "0", "GPU-a", "3"),))), 0.0)
+    assert per_link.name not in rows.unmapped
+    assert not rows.close_interval(1_700_000_060.0, 60.0)["metrics"]
+
+
+ROW_TABLE = {"gpu": GPU, "device": IB}
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in DECLARED.items() if s.otel or s.azure))
+def test_each_hint_fits_the_declaration_it_sits_on(name):
+    """Labels a hint selects, splits or renames are the spec's; a column hint is on the row of the
+    spec's identity (gpu -> GpuMonGpu_CL, device -> GpuMonInfiniBand_CL)."""
+    spec = DECLARED[name]
+    labels = set(spec.labels)
+    for otel in cat.otel_hints(spec):
+        used = {k for k, _ in otel.select + otel.exclude + otel.label_map}
+        assert used <= labels, (name, otel.name, used - labels)
+        if spec.type is MetricType.COUNTER:
+            assert otel.kind is cat.Kind.COUNTER, name
+    for hint in cat.azure_hints(spec):
+        assert hint.metric == name
+        if isinstance(hint, cat.NoColumns):
+            assert hint.reason and len(cat.azure_hints(spec)) == 1, name
+            continue
+        assert ROW_TABLE.get(spec.labels[0]) == hint.table, (name, hint.table)
+        if isinstance(hint, cat.InfoColumns):
+            assert spec.type is MetricType.INFO and {k for k, _ in hint.labels} <= labels, name
+        else:
+            used = {k for k, _ in hint.where} | ({hint.split_label} if hint.split_label else set())
+            assert used <= labels and bool(hint.split) == bool(hint.split_label), name
+
+
+def test_the_violation_columns_cover_every_reason_nvml_fields_read():
+    reasons = {f.extra[0] for f in nvml_metrics.FIELDS if f.spec is nvml_metrics.CLOCK_VIOLATION}
+    (hint,) = cat.azure_hints(nvml_metrics.CLOCK_VIOLATION)
+    assert isinstance(hint, cat.MetricColumns)
+    assert {value for value, _ in hint.split} == reasons
+
+
+def test_the_process_metrics_read_at_run_time_carry_their_declarations_hints():
+    """prometheus-client makes the process_* samples; each is paired with gpumon's declaration."""
+    read = {fam.name: fam.spec for fam in selfmetrics.SelfMetrics().families({}, {})
+            if fam.name.startswith("process_")}
+    assert read, "prometheus-client read no process metrics"
+    for spec in selfmetrics.PROCESS_SPECS:
+        if spec.name in read:
+            assert read[spec.name] == spec and read[spec.name].otel == spec.otel, spec.name
+    assert otel_mapping.resolve(read["process_cpu_seconds_total"]).name == "process.cpu.time"
+
+
+def test_hints_do_not_change_what_a_spec_is():
+    """Hints take no part in equality or hashing: the attribution copies (dataclasses.replace) keep them."""
+    power = nvml_metrics.POWER
+    copy = dataclasses.replace(power, labels=power.labels + ("pod",))
+    assert copy.otel == power.otel and copy.azure == power.azure
+    assert hash(power) == hash(MetricSpec(power.name, power.type, power.help, power.unit, power.labels))

@@ -10,10 +10,12 @@ from gpumon.collectors.attribution import ALLOCATION
 from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
 from gpumon.sinks import otel
 from gpumon.sinks import otel_mapping as m
+from tests.declared_hints import hinted
 
 pytest.importorskip("opentelemetry.proto.metrics.v1.metrics_pb2")
 
-UTIL = MetricSpec("gpumon_gpu_utilization_ratio", MetricType.GAUGE, "u", "ratio", ("gpu", "uuid", "engine"))
+UTIL = hinted(MetricSpec("gpumon_gpu_utilization_ratio", MetricType.GAUGE, "u", "ratio",
+                         ("gpu", "uuid", "engine")))
 CLOCK = MetricSpec("gpumon_gpu_clock_hertz", MetricType.GAUGE, "c", "hertz", ("gpu", "uuid", "clock"))
 
 

@@ -11,6 +11,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from gpumon.model import CollectorStatus, Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
 from gpumon.sinks import otel
 from tests import test_otel_receiver as receivers
+from tests.declared_hints import hinted
 from tests.test_otel_receiver import make_sink
 
 # The receivers' fixtures, shared with this module.
@@ -19,21 +20,27 @@ http_receiver = receivers.http_receiver
 
 GPU_INFO = MetricSpec("gpumon_gpu_info", MetricType.INFO, "GPU identity.",
                       labels=("gpu", "uuid", "model", "pci_bus_id", "driver_version", "vbios", "serial"))
-UTIL = MetricSpec("gpumon_gpu_utilization_ratio", MetricType.GAUGE, "GPU busy.", "ratio", ("gpu", "uuid", "engine"))
-MEM_USED = MetricSpec("gpumon_gpu_memory_used_bytes", MetricType.GAUGE, "Used.", "bytes", ("gpu", "uuid"))
-ENERGY = MetricSpec("gpumon_gpu_energy_joules_total", MetricType.COUNTER, "Energy.", "joules", ("gpu", "uuid"))
-TEMP = MetricSpec("gpumon_gpu_temperature_celsius", MetricType.GAUGE, "Temp.", "celsius", ("gpu", "uuid", "sensor"))
-LOST = MetricSpec("gpumon_gpu_lost", MetricType.GAUGE, "Lost.", "", ("gpu", "uuid"))
-XID = MetricSpec("gpumon_gpu_xid_errors_total", MetricType.COUNTER, "XIDs.", "", ("gpu", "uuid", "xid"))
+UTIL = hinted(MetricSpec("gpumon_gpu_utilization_ratio", MetricType.GAUGE, "GPU busy.", "ratio",
+                         ("gpu", "uuid", "engine")))
+MEM_USED = hinted(MetricSpec("gpumon_gpu_memory_used_bytes", MetricType.GAUGE, "Used.", "bytes",
+                             ("gpu", "uuid")))
+ENERGY = hinted(MetricSpec("gpumon_gpu_energy_joules_total", MetricType.COUNTER, "Energy.", "joules",
+                           ("gpu", "uuid")))
+TEMP = hinted(MetricSpec("gpumon_gpu_temperature_celsius", MetricType.GAUGE, "Temp.", "celsius",
+                         ("gpu", "uuid", "sensor")))
+LOST = hinted(MetricSpec("gpumon_gpu_lost", MetricType.GAUGE, "Lost.", "", ("gpu", "uuid")))
+XID = hinted(MetricSpec("gpumon_gpu_xid_errors_total", MetricType.COUNTER, "XIDs.", "",
+                        ("gpu", "uuid", "xid")))
 CLOCK = MetricSpec("gpumon_gpu_sm_clock_hertz", MetricType.GAUGE, "SM clock.", "hertz", ("gpu", "uuid"))
 IB_INFO = MetricSpec("gpumon_ib_port_info", MetricType.INFO, "Port identity.",
                      labels=("device", "port", "link_layer", "fw_version", "hca_type"))
-RX = MetricSpec("gpumon_ib_port_data_received_bytes_total", MetricType.COUNTER, "Rx.", "bytes", ("device", "port"))
-TX = MetricSpec("gpumon_ib_port_data_transmitted_bytes_total", MetricType.COUNTER, "Tx.", "bytes",
-                ("device", "port"))
-UP = MetricSpec("gpumon_ib_port_up", MetricType.GAUGE, "Up.", "", ("device", "port"))
-SYM = MetricSpec("gpumon_ib_port_symbol_errors_total", MetricType.COUNTER, "Symbol errors.", "",
-                 ("device", "port"))
+RX = hinted(MetricSpec("gpumon_ib_port_data_received_bytes_total", MetricType.COUNTER, "Rx.", "bytes",
+                       ("device", "port")))
+TX = hinted(MetricSpec("gpumon_ib_port_data_transmitted_bytes_total", MetricType.COUNTER, "Tx.", "bytes",
+                       ("device", "port")))
+UP = hinted(MetricSpec("gpumon_ib_port_up", MetricType.GAUGE, "Up.", "", ("device", "port")))
+SYM = hinted(MetricSpec("gpumon_ib_port_symbol_errors_total", MetricType.COUNTER, "Symbol errors.", "",
+                        ("device", "port")))
 DOWNED = MetricSpec("gpumon_ib_port_link_downed_total", MetricType.COUNTER, "Link downed.", "", ("device", "port"))
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"

@@ -10,11 +10,15 @@ import sys
 
 import pytest
 
+from gpumon.confdoc import declared_specs
+from gpumon.metric_catalogue import otel_hints
 from gpumon.model import MetricSpec, MetricType
 from gpumon.sinks import otel_mapping as m
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OTEL_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_.\-/]{0,254}$")
+TABLE = {s.name: otel_hints(s) for s in declared_specs() if otel_hints(s)}
+"""The OpenTelemetry hints on the declared metrics, by Prometheus name."""
 
 
 @pytest.mark.parametrize(("prom", "otel", "unit", "kind"), [
@@ -38,7 +42,7 @@ OTEL_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_.\-/]{0,254}$")
     ("process_cpu_seconds_total", "process.cpu.time", "s", m.Kind.COUNTER),
 ])
 def test_semantic_convention_entries(prom, otel, unit, kind):
-    metric = m.TABLE[prom][0]
+    metric = TABLE[prom][0]
     assert (metric.name, metric.unit, metric.kind, metric.semconv) == (otel, unit, kind, True)
 
 
@@ -82,7 +86,7 @@ def _signature(metric: m.OtelMetric) -> tuple:
 
 
 def test_every_declared_metric_maps_to_a_valid_distinct_series():
-    specs = m.declared_specs()
+    specs = declared_specs()
     names = {s.name for s in specs}
     assert "gpumon_collector_up" in names
     assert {"gpumon_gpu_utilization_ratio", "gpumon_ib_port_data_received_bytes_total"} <= names
@@ -101,40 +105,28 @@ def test_every_declared_metric_maps_to_a_valid_distinct_series():
         assert len(set(signatures)) == len(signatures), f"{otel_name}: two metrics would collide: {group}"
 
 
-def test_no_table_entry_names_an_undeclared_metric_of_a_landed_collector():
-    names = {s.name for s in m.declared_specs()}
-    prefixes = {"gpumon_gpu_": "nvml", "gpumon_ib_": "infiniband"}
-    from gpumon import registry
-
-    available = set(registry.available_collectors())
-    for prom in m.TABLE:
-        owner = next((c for p, c in prefixes.items() if prom.startswith(p)), None)
-        if owner in available and not prom.startswith("process_"):
-            assert prom in names, f"{prom} is in the table but no collector declares it"
-
-
 def test_docs_table_matches_what_is_exported():
     with open(os.path.join(REPO, "docs", "metrics.md"), encoding="utf-8") as fh:
         text = fh.read()
     section = text.split("<!-- BEGIN otel -->", 1)[1].split("<!-- END otel -->", 1)[0]
-    table = m.markdown_table(m.declared_specs())
+    table = m.markdown_table(declared_specs())
     missing = [row for row in table.splitlines() if row not in section]
     assert not missing, ("docs/metrics.md's otel table is out of date; regenerate it with "
-                         "`python -m gpumon.sinks.otel_mapping`. Missing rows:\n" + "\n".join(missing[:10]))
+                         "`python -m gpumon.confdoc --otel-table`. Missing rows:\n" + "\n".join(missing[:10]))
 
 
 def test_attribute_values_follow_the_conventions():
     identity = m.Identity.from_families([("gpumon_gpu_info", [{"gpu": "3", "uuid": "GPU-x", "model": "H100",
                                                                "vbios": "96.0", "serial": "S1"}])])
-    util = m.attributes(m.TABLE["gpumon_gpu_utilization_ratio"][0], {"gpu": "3", "uuid": "GPU-x", "engine": "gpu"},
+    util = m.attributes(TABLE["gpumon_gpu_utilization_ratio"][0], {"gpu": "3", "uuid": "GPU-x", "engine": "gpu"},
                         identity)
     assert dict(util) == {"hw.id": "GPU-x", "hw.type": "gpu", "hw.name": "gpu3", "hw.vendor": "NVIDIA",
                           "hw.model": "H100", "hw.firmware_version": "96.0", "hw.serial_number": "S1",
                           "hw.gpu.task": "general"}
-    pcie = dict(m.attributes(m.TABLE["gpumon_gpu_pcie_bytes_total"][0],
+    pcie = dict(m.attributes(TABLE["gpumon_gpu_pcie_bytes_total"][0],
                              {"gpu": "3", "uuid": "GPU-x", "direction": "tx"}, identity))
     assert pcie["network.io.direction"] == "transmit"
-    volatile, lifetime = m.TABLE["gpumon_gpu_ecc_errors_total"]
+    volatile, lifetime = TABLE["gpumon_gpu_ecc_errors_total"]
     sample = {"gpu": "3", "uuid": "GPU-x", "type": "uncorrected", "counter": "volatile"}
     assert volatile.takes(sample) and not lifetime.takes(sample)
     ecc = dict(m.attributes(volatile, sample, identity))
@@ -144,11 +136,11 @@ def test_attribute_values_follow_the_conventions():
     life = dict(m.attributes(lifetime, aggregate, identity))
     assert (lifetime.name, life["error.type"], life["hw.id"]) == ("gpumon.gpu.ecc.errors.lifetime", "uncorrected",
                                                                    "GPU-x")
-    util, memory = m.TABLE["gpumon_gpu_utilization_ratio"]
+    util, memory = TABLE["gpumon_gpu_utilization_ratio"]
     busy = {"gpu": "3", "uuid": "GPU-x", "engine": "memory"}
     assert memory.takes(busy) and not util.takes(busy) and "hw.gpu.task" not in dict(m.attributes(memory, busy,
                                                                                                    identity))
-    limit = dict(m.attributes(m.TABLE["gpumon_gpu_temperature_threshold_celsius"][0],
+    limit = dict(m.attributes(TABLE["gpumon_gpu_temperature_threshold_celsius"][0],
                               {"gpu": "3", "uuid": "GPU-x", "threshold": "memory_max"}, identity))
     assert limit == {"hw.id": "GPU-x:temperature:memory", "hw.type": "temperature", "hw.parent": "GPU-x",
                      "hw.name": "gpu3 memory temperature", "hw.sensor_location": "memory", "hw.limit_type": "max"}
@@ -161,10 +153,10 @@ def test_attribute_values_follow_the_conventions():
 
 def test_no_metric_that_is_not_a_fraction_has_unit_1():
     """Unit 1 is for fractions; on a gauge the OTLP -> Prometheus translation appends ``_ratio``."""
-    wrong = [(spec.name, o.name) for spec in m.declared_specs() for o in m.routes(spec)
+    wrong = [(spec.name, o.name) for spec in declared_specs() for o in m.routes(spec)
              if o.unit == "1" and o.kind is m.Kind.GAUGE and not spec.name.endswith("_ratio")]
     assert not wrong
-    units = {spec.name: m.resolve(spec).unit for spec in m.declared_specs()}
+    units = {spec.name: m.resolve(spec).unit for spec in declared_specs()}
     assert units["gpumon_gpu_info"] == units["gpumon_build_info"] == "{info}"
     assert units["gpumon_collector_up"] == "{state}"
     assert units["gpumon_sink_dropped_total"] == "{item}"

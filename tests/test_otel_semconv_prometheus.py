@@ -20,6 +20,8 @@ import time
 
 import pytest
 
+from gpumon import selfmetrics
+from gpumon.confdoc import declared_specs
 from gpumon.model import MetricFamily
 from gpumon.sinks import otel_mapping as mapping
 from tests import test_otel_receiver as receivers
@@ -79,7 +81,7 @@ def received(tmp_path_factory):
     try:
         snap = host.snapshot()
         process = tuple(MetricFamily(spec, (spec.sample(value),)) for spec, value in zip(
-            mapping.PROCESS_SPECS, (1.5, 2 ** 26, 2 ** 30, 12, 1024, time.time() - 5), strict=True))
+            selfmetrics.PROCESS_SPECS, (1.5, 2 ** 26, 2 ** 30, 12, 1024, time.time() - 5), strict=True))
         snap = snap.__class__(snap.host, snap.time, snap.families + process, (), snap.collectors, snap.seq)
         sink.start()
         sink.publish(snap)
@@ -152,7 +154,7 @@ def test_gpumon_names_come_back_unchanged_through_the_prometheus_receiver(receiv
     """A gpumon.* metric arrives in Prometheus under the name the Prometheus sink gives it. (The
     process_* metrics without a convention are sent as gpumon.process.*: the process.* namespace is
     the conventions' own.)"""
-    for spec in mapping.declared_specs():
+    for spec in declared_specs():
         for otel in mapping.routes(spec):
             if otel.semconv or otel.select or not spec.name.startswith("gpumon_"):
                 continue
@@ -167,7 +169,7 @@ def test_the_documented_promql_names_match(received):
     translated = {prometheus_name(name, m.unit, m.WhichOneof("data"),
                                   m.WhichOneof("data") == "sum" and m.sum.is_monotonic)
                   for name, m in received.items()}
-    mechanical = {spec.name for spec in mapping.declared_specs()
+    mechanical = {spec.name for spec in declared_specs()
                   if not any(o.semconv or o.select for o in mapping.routes(spec))}
     sent = {spec_name for spec_name in mechanical
             if mapping.mechanical_name(spec_name) in received}

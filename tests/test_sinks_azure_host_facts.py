@@ -23,13 +23,14 @@ from gpumon.sinks.azure_rows import HOST_COLUMNS
 from gpumon.sinks.base import SinkContext
 from tests import test_otel_receiver as receivers
 from tests.azure_ingestion_server import FakeCredential, IngestionServer
+from tests.declared_hints import hinted
 from tests.test_otel_export_wire import attrs
 
 http_receiver = receivers.http_receiver
 
 SCHEMAS = [DAEMON, imds.OPTIONS, host_info.OPTIONS, otel.OPTIONS, am.OPTIONS]
 COMPUTE_PATH = "/metadata/instance/compute"
-POWER = MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid"))
+POWER = hinted(MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid")))
 EXPECTED = {"VmId": COMPUTE["vmId"], "VmSize": COMPUTE["vmSize"], "Region": COMPUTE["location"],
             "Zone": "2", "Vmss": "gpu-node", "PlacementGroup": COMPUTE["placementGroupId"],
             "FaultDomain": "1", "PhysicalHost": "PHX0123456789"}

@@ -202,10 +202,13 @@ def arg_max_columns(kql: str) -> list[str]:
 
 
 def static_columns() -> set[str]:
-    from gpumon.sinks.azure_rows import INFO_COLUMNS, METRIC_COLUMNS
+    from gpumon.confdoc import declared_specs
+    from gpumon.sinks.azure_rows import InfoColumns, MetricColumns, column_hints
 
-    out = {col for info in INFO_COLUMNS for _, col in info.labels}
-    return out | {col for m in METRIC_COLUMNS if m.static for col, _ in m.column_names()}
+    hints = column_hints(declared_specs())
+    out = {col for info in hints if isinstance(info, InfoColumns) for _, col in info.labels}
+    static = (m for m in hints if isinstance(m, MetricColumns) and m.static)
+    return out | {col for m in static for col, _ in m.column_names()}
 
 
 def test_no_query_does_arithmetic_on_a_bare_increase_column() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
+from gpumon.confdoc import declared_specs  # noqa: E402
 from gpumon.generated import sync  # noqa: E402
 from gpumon.sinks.azure_rows import (  # noqa: E402
     DEFAULT_STREAMS,
@@ -31,7 +32,6 @@ from gpumon.sinks.azure_rows import (  # noqa: E402
     column_hints,
     stream_columns,
 )
-from gpumon.sinks.otel_mapping import declared_specs  # noqa: E402
 
 TEMPLATE_PATH = os.path.join(HERE, "azuredeploy.json")
 DOCS_PATH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "azure-monitor.md")

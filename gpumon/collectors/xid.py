@@ -34,6 +34,7 @@ from gpumon.collectors.nvml_tables import (
     xid_info,
 )
 from gpumon.config import Option, Section, SectionSchema
+from gpumon.metric_catalogue import ERRORS_DESCRIPTION, Domain, Kind, OtelMetric
 from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity
 from gpumon.xid_ledger import bus_id_of, shared_ledger
 
@@ -46,7 +47,10 @@ XID_GPU_LOST = 79
 
 XID_TOTAL = MetricSpec("gpumon_gpu_xid_errors_total", MetricType.COUNTER,
                        "XID errors reported by the driver since gpumon started, by XID number.", "",
-                       ("gpu", "uuid", "xid"))
+                       ("gpu", "uuid", "xid"),
+                       otel=(OtelMetric("hw.errors", "{error}", Kind.COUNTER, Domain.GPU,
+                                        label_map=(("xid", "error.type"),), description=ERRORS_DESCRIPTION,
+                                        semconv=True),))
 RECOVERY_TOTAL = MetricSpec("gpumon_gpu_recovery_action_events_total", MetricType.COUNTER,
                             "Recovery-action events from the driver, by requested action.", "",
                             ("gpu", "uuid", "action"))

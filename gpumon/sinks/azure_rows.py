@@ -1,10 +1,10 @@
 """Snapshots -> Log Analytics rows: the column table, the interval aggregation, the event rows.
 
 The custom tables have a *fixed* set of columns (a DCR stream declaration cannot grow at run time), so
-the columns a metric fills are its Azure hint in the metric catalogue (:mod:`gpumon.metric_catalogue`:
-beside the declaration, or registered by name). ``deploy/azure/generate.py`` builds the template's
-``streamDeclarations`` from :func:`stream_columns` over every declared metric, and a test checks that
-the committed template equals the generated one: the code and the deployed schema cannot drift apart.
+the columns a metric fills are the ``azure`` hint on its declaration (:mod:`gpumon.metric_catalogue`).
+``deploy/azure/generate.py`` builds the template's ``streamDeclarations`` from :func:`stream_columns`
+over every declared metric (:func:`gpumon.confdoc.declared_specs`), and a test checks that the
+committed template equals the generated one: the code and the deployed schema cannot drift apart.
 A test lists the collectors' per-GPU and per-port metrics that have no hint.
 
 Aggregations per metric (a column suffix each):
@@ -35,12 +35,9 @@ from typing import Any
 
 from gpumon import attribution_labels
 from gpumon.imds import AzureInstance
-from gpumon.metric_catalogue import (  # noqa: F401 (EXCLUDED, HW_COUNTERS: this module's names before)
-    AZURE,
+from gpumon.metric_catalogue import (
     EVENTS,
-    EXCLUDED,
     GPU,
-    HW_COUNTERS,
     IB,
     METRICS,
     AzureHint,
@@ -82,35 +79,29 @@ EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("Collector", "string"), *((column, "string") for _, column in HOLDER_COLUMNS),
 )
 
-METRIC_COLUMNS: tuple[MetricColumns, ...] = tuple(h for h in AZURE if isinstance(h, MetricColumns))
-INFO_COLUMNS: tuple[InfoColumns, ...] = tuple(h for h in AZURE if isinstance(h, InfoColumns))
-"""Views of the catalogue's registered Azure hints (:data:`gpumon.metric_catalogue.AZURE`)."""
 GENERIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("Name", "string"), ("MetricType", "string"), ("Unit", "string"), ("Labels", "dynamic"), ("Value", "real"),
     ("Min", "real"), ("Avg", "real"), ("Max", "real"), ("Increase", "real"))
 """GpuMonMetrics_CL: one row per series of a metric without columns of its own (a plugin's, a new
 one) per interval: its name, type, unit and labels, the last value, and min/avg/max (gauges) or the
 increase (counters) over the interval."""
-BY_METRIC: dict[str, tuple[MetricColumns, ...]] = {}
-for _mapping in METRIC_COLUMNS:
-    BY_METRIC[_mapping.metric] = BY_METRIC.get(_mapping.metric, ()) + (_mapping,)
-INFO_BY_METRIC: dict[str, InfoColumns] = {i.metric: i for i in INFO_COLUMNS}
 
 
 def column_hints(specs: Iterable[MetricSpec]) -> tuple[AzureHint, ...]:
-    """The registry's hints and those the given specs carry beside their declaration, each once."""
-    out: dict[AzureHint, None] = dict.fromkeys(AZURE)
-    for spec in specs:
-        if spec.azure:
-            out.update(dict.fromkeys(azure_hints(spec)))
+    """The Azure hints the given specs carry, each once, in the order of the specs' names (so that the
+    generated schema does not depend on the order the specs were listed in)."""
+    out: dict[AzureHint, None] = {}
+    for spec in sorted(specs, key=lambda s: s.name):
+        out.update(dict.fromkeys(azure_hints(spec)))
     return tuple(out)
 
 
 def stream_columns(specs: Iterable[MetricSpec] = ()) -> dict[str, list[tuple[str, str]]]:
     """Table key -> ordered (column, type) list: the one source for the streamDeclarations.
 
-    ``specs``: the declared metrics (``deploy/azure/generate.py`` passes every built-in one), whose own
-    Azure hints add to the registry's."""
+    ``specs``: the declared metrics (``deploy/azure/generate.py`` passes every built-in one); their
+    Azure hints give the GPU and port tables their metric columns, after the fixed ones, the info
+    columns first and then each metric's, by metric name."""
     hints = column_hints(specs)
     metric_columns = [h for h in hints if isinstance(h, MetricColumns)]
     info_columns = [h for h in hints if isinstance(h, InfoColumns)]
@@ -271,11 +262,11 @@ class RowBuilder:
             for hint in hints:
                 if isinstance(hint, MetricColumns):
                     self._add_metric(hint, fam, when)
-                else:
+                elif isinstance(hint, InfoColumns):
                     self._add_info(hint, fam)
             if hints:
-                continue
-            if fam.name != attribution_labels.ALLOCATION_FAMILY and fam.name not in EXCLUDED:
+                continue  # columns of its own, or NoColumns: deliberately not sent
+            if fam.name != attribution_labels.ALLOCATION_FAMILY:
                 self._add_generic(fam, when)
 
     def _add_generic(self, fam: MetricFamily, when: float) -> None:

@@ -1,11 +1,11 @@
 """How a gpumon (Prometheus-named) metric becomes an OpenTelemetry metric.
 
-The metric catalogue (:mod:`gpumon.metric_catalogue`: a spec's ``otel`` hint, or the registry's by name)
-says which OpenTelemetry hardware semantic convention a metric maps to (``hw.gpu.utilization``,
-``hw.network.io`` ...). Everything else is mapped
-mechanically: ``gpumon_<domain>_<rest>[_<unit>][_total]`` becomes ``gpumon.<domain>.<rest>`` with a
-UCUM unit derived from the spec's unit, so a metric a collector adds tomorrow still exports
-correctly. Pure data and string work: nothing here imports the OpenTelemetry SDK.
+A spec's ``otel`` hint (:mod:`gpumon.metric_catalogue`), on its declaration, says which OpenTelemetry
+hardware semantic convention a metric maps to (``hw.gpu.utilization``, ``hw.network.io`` ...).
+Everything else is mapped mechanically: ``gpumon_<domain>_<rest>[_<unit>][_total]`` becomes
+``gpumon.<domain>.<rest>`` with a UCUM unit derived from the spec's unit, so a metric a collector adds
+tomorrow still exports correctly. Pure data and string work: nothing here imports the OpenTelemetry
+SDK, nor a collector (the docs table is made from the declared metrics by :mod:`gpumon.confdoc`).
 """
 
 from __future__ import annotations
@@ -16,17 +16,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.metric_catalogue import OTEL, Domain, Kind, OtelMetric, otel_hints
+from gpumon.metric_catalogue import Domain, Kind, OtelMetric, otel_hints
 from gpumon.model import MetricSpec, MetricType
 
-__all__ = ["Domain", "Kind", "OtelMetric", "TABLE", "routes", "resolve", "attributes", "markdown_table"]
+__all__ = ["Domain", "Kind", "OtelMetric", "routes", "resolve", "attributes", "markdown_table"]
 
 GPU_INFO = "gpumon_gpu_info"
 IB_PORT_INFO = "gpumon_ib_port_info"
-
-TABLE = OTEL
-"""The registry's OpenTelemetry hints by Prometheus name (a view of :data:`gpumon.metric_catalogue.OTEL`):
-a spec's own ``otel`` hint, which :func:`routes` reads first, is not in it."""
 
 # Label values renamed where the attribute has a convention of its own.
 VALUE_MAPS: dict[str, dict[str, str]] = {
@@ -151,8 +147,7 @@ _KIND = {MetricType.GAUGE: Kind.GAUGE, MetricType.COUNTER: Kind.COUNTER, MetricT
 
 
 def routes(spec: MetricSpec) -> tuple[OtelMetric, ...]:
-    """Every OpenTelemetry metric ``spec``'s samples go to: its catalogue hints (beside the declaration
-    or in the registry), else the mechanical one."""
+    """Every OpenTelemetry metric ``spec``'s samples go to: its ``otel`` hints, else the mechanical one."""
     explicit = otel_hints(spec)
     if explicit:
         return explicit
@@ -411,37 +406,3 @@ def describe_attributes(metric: OtelMetric, spec: MetricSpec) -> str:
         parts.append("`cpu.mode` (user, system)")
     return ", ".join(p for p in parts if p) or "-"
 
-
-PROCESS_SPECS = tuple(
-    MetricSpec(name, kind, help, unit) for name, kind, help, unit in (
-        ("process_cpu_seconds_total", MetricType.COUNTER, "Total user and system CPU time spent in seconds.",
-         "seconds"),
-        ("process_resident_memory_bytes", MetricType.GAUGE, "Resident memory size in bytes.", "bytes"),
-        ("process_virtual_memory_bytes", MetricType.GAUGE, "Virtual memory size in bytes.", "bytes"),
-        ("process_open_fds", MetricType.GAUGE, "Number of open file descriptors.", ""),
-        ("process_max_fds", MetricType.GAUGE, "Maximum number of open file descriptors.", ""),
-        ("process_start_time_seconds", MetricType.GAUGE,
-         "Start time of the process since unix epoch in seconds.", "seconds"),
-    ))
-"""The process_* metrics prometheus-client reads from /proc (names and meaning are its own), which the
-self-metrics publish as they come: listed here so that the docs table has their OpenTelemetry names."""
-
-
-def declared_specs() -> list[MetricSpec]:
-    """Every metric the installed collectors and the daemon's self-metrics declare."""
-    from gpumon import registry, selfmetrics
-    from gpumon.health import stage
-
-    specs: dict[str, MetricSpec] = {s.name: s for s in selfmetrics.SPECS + PROCESS_SPECS + stage.SPECS}
-    for name in registry.available_collectors():
-        try:
-            cls = registry.collector_class(name)
-        except (ImportError, registry.UnknownPlugin):  # a plugin that does not import is not documented
-            continue
-        for spec in cls.metrics():
-            specs.setdefault(spec.name, spec)
-    return sorted(specs.values(), key=lambda s: s.name)
-
-
-if __name__ == "__main__":  # python -m gpumon.sinks.otel_mapping > table.md: the table in docs/metrics.md
-    print(markdown_table(declared_specs()))
