@@ -109,7 +109,7 @@ def holders(allocation: MetricFamily | None) -> Holders:
 
 def _spec_with_labels(spec: MetricSpec) -> MetricSpec:
     found = _specs.get(spec)
-    if found is None:
+    if found is None or found.otel is not spec.otel or found.azure is not spec.azure:  # hints: no part of ==
         found = _specs[spec] = dataclasses.replace(spec, labels=spec.labels + LABELS)
     return found
 

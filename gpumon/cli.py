@@ -129,23 +129,39 @@ def _log_level(args: argparse.Namespace, config: Config) -> str:
     return "warning"
 
 
+MAIN_WAKE = 5.0
+"""Longest sleep of the main thread with nothing to do (no signal, no watchdog ping due)."""
+MAIN_WAKE_MIN = 0.5
+"""Shortest: a watchdog ping overdue because the loop is wedged is not retried in a spin."""
+
+
 def cmd_run(args: argparse.Namespace, config: Config) -> int:
     stop = threading.Event()
     reload = threading.Event()
+    wake = threading.Event()
+    """Set with either: the main thread sleeps until a signal or a watchdog ping is due."""
 
     def on_stop(signum: int, _frame: Any) -> None:
         log.info("received %s, stopping", signal.Signals(signum).name)
         stop.set()
+        wake.set()
+
+    def on_reload(_signum: int, _frame: Any) -> None:
+        reload.set()
+        wake.set()
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGHUP, lambda *_: reload.set())
+    signal.signal(signal.SIGHUP, on_reload)
     runner = daemon.Daemon(config)
     runner.start()
     sdnotify.notify("READY=1")  # the port is bound: `systemctl start` may return
     watchdog = sdnotify.Watchdog.from_environ()
     while not stop.is_set():
-        if stop.wait(0.5):
+        due = watchdog.next_due()
+        wake.wait(MAIN_WAKE if due is None else min(MAIN_WAKE, max(due, MAIN_WAKE_MIN)))
+        wake.clear()
+        if stop.is_set():
             break
         if runner.loop is not None and runner.loop.alive():
             watchdog.tick()  # a wedged loop stops the pings and systemd restarts the service
