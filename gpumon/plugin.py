@@ -10,7 +10,7 @@ gpumon's other modules are its own business. ``docs/architecture.md`` shows a co
 from __future__ import annotations
 
 from gpumon import registry
-from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context, Table
+from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.config import Config, ConfigError, Option, Section, SectionSchema
 from gpumon.model import (
     Collection,
@@ -25,6 +25,7 @@ from gpumon.model import (
     Snapshot,
 )
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkDependencyMissing, SinkHealth
+from gpumon.table import Table
 
 COLLECTOR_GROUP = registry.COLLECTORS_GROUP
 """The entry-point group a collector is registered under: ``name = "package.module:Class"``."""

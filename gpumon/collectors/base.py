@@ -17,6 +17,7 @@ from typing import Any, ClassVar, TypeVar
 
 from gpumon.config import Section, SectionSchema
 from gpumon.model import Collection, MetricSpec, Snapshot
+from gpumon.table import Table
 
 T = TypeVar("T")
 
@@ -37,15 +38,6 @@ class CollectorUnavailable(Exception):
 
     The loop reports the collector unavailable with this message rather than failed.
     """
-
-
-@dataclass(frozen=True)
-class Table:
-    """Rows for ``gpumon once --format table``: one row per GPU, per port, and so on."""
-
-    title: str
-    columns: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
 
 
 @dataclass
@@ -113,7 +105,9 @@ class Collector:
 
     @classmethod
     def summarize(cls, snapshot: Snapshot) -> Table | None:
-        """This collector's part of the terminal table, built from the snapshot alone."""
+        """A plugin collector's part of the terminal table, built from the snapshot alone (None: no
+        section). The built-in collectors define none: their sections are the report's
+        (:mod:`gpumon.report.tables`), which asks this hook only for a collector it has no table for."""
         return None
 
     def interval(self, default: float) -> float:
