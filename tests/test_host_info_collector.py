@@ -12,6 +12,7 @@ from gpumon.collectors.base import Context
 from gpumon.collectors.host_info import LABELS, OPTIONS, HostInfoCollector
 from gpumon.config import DAEMON, load
 from gpumon.model import Collection, Snapshot
+from gpumon.report.tables import host_info_table
 from gpumon.simulate.imds import COMPUTE, COMPUTE_PATH, ImdsServer
 from tests.conftest import free_port
 from tests.test_host_info_kvp import record, writer_holding_the_lock
@@ -53,7 +54,7 @@ def test_identity_and_placement_from_imds_and_the_physical_host_from_kvp(server,
     assert got == {"vm_size": "Standard_ND96isr_H100_v5", "region": "eastus2", "zone": "2",
                    "vmss": "gpu-node", "vm_id": COMPUTE["vmId"], "placement_group": COMPUTE["placementGroupId"],
                    "fault_domain": "1", "physical_host": "CH1-R12-N07"}
-    table = HostInfoCollector.summarize(Snapshot("h", 0.0, tuple(c.collect().families), (), ()))
+    table = host_info_table(Snapshot("h", 0.0, tuple(c.collect().families), (), ()))
     assert table is not None and table.rows[0][-1] == "CH1-R12-N07"
 
 

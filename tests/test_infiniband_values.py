@@ -147,25 +147,6 @@ def test_every_metric_produced_is_declared(tmp_path) -> None:
     assert sorted(PROFILES)  # every profile is covered by the parametrized tests above
 
 
-def test_summarize_one_row_per_port_within_100_columns(tmp_path) -> None:
-    import time
-
-    from gpumon.model import Snapshot
-
-    ib, fabric = collector(tmp_path, "saturated-link-downed", )
-    fabric.set_counter("mlx5_ib0", 1, "symbol_error", 12)
-    snap = Snapshot("h", time.time(), tuple(ib.collect().families), (), ())
-    table = InfinibandCollector.summarize(snap)
-    assert table is not None and len(table.rows) == 1
-    row = dict(zip(table.columns, table.rows[0]))
-    assert row["port"] == "mlx5_ib0/1" and row["netdev"] == "ib0" and row["state"] == "IB ACTIVE"
-    assert row["rate"] == "400G"
-    assert "downed=255" in row["errors"] and "sym=12" in row["errors"]
-    widths = [max(len(c), *(len(r[i]) for r in table.rows)) for i, c in enumerate(table.columns)]
-    assert sum(widths) + 2 * (len(widths) - 1) <= 100
-    assert InfinibandCollector.summarize(Snapshot("h", 0, (), (), ())) is None
-
-
 def test_state_texts_the_kernel_prints_parse() -> None:
     from gpumon.sources.ib_sysfs import PHYS_STATE_NAMES, STATE_NAMES, parse_state
 

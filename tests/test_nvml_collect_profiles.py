@@ -1,5 +1,5 @@
 """The NVML collector on the simulated profiles: every family with sane values, the call budget, the
-series count, the opt-ins, MIG and the terminal table."""
+series count, the opt-ins and MIG (its terminal table: tests/test_report_tables.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from gpumon.collectors.base import Context
 from gpumon.collectors.nvml import NvmlCollector
 from gpumon.collectors.nvml_session import NvmlSession
 from gpumon.config import Section
-from gpumon.model import Collection, Snapshot
+from gpumon.model import Collection
 from gpumon.simulate.nvml import FakeNVML
 from tests.conftest import gpu_values
 
@@ -214,24 +214,6 @@ def test_every_declared_metric_is_well_formed_and_documented() -> None:
         assert spec.name.startswith("gpumon_")
         assert f"`{spec.name}`" in section, spec.name
     assert M.INFO_SPEC in specs
-
-
-def test_summary_table_has_one_row_per_gpu_and_fits_100_columns() -> None:
-    fake, c, _ = rig()
-    c.collect()
-    fake.set_lost(5, xid=False)
-    out = c.collect()
-    snap = Snapshot("h", 0.0, tuple(out.families), (), ())
-    table = NvmlCollector.summarize(snap)
-    assert table is not None and len(table.rows) == 8
-    assert all(len(r) == len(table.columns) for r in table.rows)
-    widths = [max(len(str(x)) for x in col) for col in zip(table.columns, *table.rows)]
-    assert sum(widths) + 2 * (len(widths) - 1) <= 100, widths
-    row0 = dict(zip(table.columns, table.rows[0]))
-    assert row0["Model"] == "H100 80GB HBM3" and row0["Power"].endswith("/700W")
-    assert dict(zip(table.columns, table.rows[5]))["Util"] == "LOST"
-    assert NvmlCollector.summarize(Snapshot("h", 0.0, (), (), ())) is None
-    c.close()
 
 
 @pytest.mark.parametrize("profile", ["h100-sxm5-80gb", "a100-sxm4-80gb", "a10"])

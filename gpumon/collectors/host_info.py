@@ -14,11 +14,11 @@ import logging
 from dataclasses import dataclass
 
 from gpumon import imds
-from gpumon.collectors.base import Availability, Collector, Context, Table
+from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.imds import AzureInstance, ImdsError
 from gpumon.log_once import COUNTED, LogOnce
-from gpumon.model import Collection, MetricSpec, MetricType, Snapshot
+from gpumon.model import Collection, MetricSpec, MetricType
 from gpumon.sources import kvp
 
 log = logging.getLogger("gpumon.collectors.host_info")
@@ -109,15 +109,6 @@ class HostInfoCollector(Collector):
             coll.count_error("kvp_read")
             self._log_once.warning("kvp", "KVP pool %s: %s", self.settings.kvp_pool, exc)
             return ""
-
-    @classmethod
-    def summarize(cls, snapshot: Snapshot) -> Table | None:
-        fam = snapshot.family(INFO.name)
-        if fam is None:
-            return None
-        rows = tuple(tuple(s.label(name) or "-" for name in LABELS) for s in fam.samples)
-        return Table("Azure host", ("Size", "Region", "Zone", "VMSS", "VM id", "Placement group", "FD", "Host"),
-                     rows)
 
 
 def _labels(instance: AzureInstance | None, host: str) -> tuple[str, ...]:

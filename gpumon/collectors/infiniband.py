@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context, Table
+from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.flaps import is_up, shared_detector
 from gpumon.metric_catalogue import (
@@ -39,7 +39,7 @@ from gpumon.metric_catalogue import (
     camel,
     port_columns,
 )
-from gpumon.model import Collection, Labels, MetricSpec, MetricType, Sample, Snapshot
+from gpumon.model import Collection, Labels, MetricSpec, MetricType, Sample
 from gpumon.sources import ib_sysfs
 from gpumon.sources.ib_sysfs import (
     HW_NOT_COUNTERS,
@@ -493,72 +493,3 @@ class InfinibandCollector(Collector):
         self._faults.report(coll, fault, path)
         if fault.reason == "vanished":
             self._stale = True  # a file or device went away: walk the tree again next run
-
-    # ------------------------------------------------------------------ table
-
-    @classmethod
-    def summarize(cls, snapshot: Snapshot) -> Table | None:
-        info = snapshot.family(SPEC_INFO.name)
-        if info is None:
-            return None
-
-        def by_port(name: str) -> dict[tuple[str | None, str | None], float]:
-            fam = snapshot.family(name)
-            if fam is None:
-                return {}
-            return {(s.label("device"), s.label("port")): s.value for s in fam.samples}
-
-        state = by_port(SPEC_STATE.name)
-        rate = by_port(SPEC_RATE.name)
-        rx = by_port(PMA_SPECS["port_rcv_data"].name)
-        tx = by_port(PMA_SPECS["port_xmit_data"].name)
-        flaps = by_port("gpumon_ib_link_flaps_total")
-        errors: dict[tuple[str | None, str | None], list[str]] = {}
-        for counter in PMA_COUNTERS:
-            if counter.scale != 1 or "packets" in counter.file:
-                continue
-            if counter.file == "port_xmit_wait":
-                continue
-            for key, value in by_port(counter.metric).items():
-                if value:
-                    errors.setdefault(key, []).append(f"{_ERROR_SHORT.get(counter.file, counter.file)}={value:g}")
-        rows = []
-        for sample in info.samples:
-            key = (sample.label("device"), sample.label("port"))
-            layer = "ETH" if sample.label("link_layer") == "Ethernet" else "IB"
-            state_id = state.get(key)
-            errs = " ".join(errors.get(key, [])) or "-"
-            if len(errs) > 34:
-                errs = errs[:31] + "..."
-            rows.append((
-                f"{key[0]}/{key[1]}",
-                (sample.label("netdev") or "-")[:12],
-                f"{layer} {STATE_NAMES.get(int(state_id), '?') if state_id is not None else '?'}",
-                f"{rate[key] * 8 / 1e9:g}G" if key in rate else "?",
-                _human(rx.get(key)),
-                _human(tx.get(key)),
-                f"{flaps[key]:g}" if key in flaps else "-",
-                errs,
-            ))
-        return Table("InfiniBand ports", ("port", "netdev", "state", "rate", "rx", "tx", "flaps", "errors"),
-                     tuple(rows))
-
-
-_ERROR_SHORT = {
-    "symbol_error": "sym", "link_error_recovery": "recov", "link_downed": "downed",
-    "port_rcv_errors": "rcv_err", "port_rcv_remote_physical_errors": "rcv_rphys",
-    "port_rcv_switch_relay_errors": "relay", "port_xmit_discards": "discards",
-    "port_xmit_constraint_errors": "xconstr", "port_rcv_constraint_errors": "rconstr",
-    "local_link_integrity_errors": "integrity", "excessive_buffer_overrun_errors": "overrun",
-    "VL15_dropped": "vl15",
-}
-
-
-def _human(value: float | None) -> str:
-    if value is None:
-        return "?"
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if abs(value) < 1000 or unit == "PB":
-            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
-        value /= 1000
-    return f"{value:.1f}PB"  # pragma: no cover - loop always returns

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.collectors import nvml_metrics as M
-from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context, Table
+from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.collectors.gpu_directory import KEY as DIRECTORY_KEY
 from gpumon.collectors.gpu_directory import GpuDirectory, GpuEntry, GpuProcess
 from gpumon.collectors.nvml_fabric import FABRIC_ITEM, FABRIC_LEGACY_ITEM, fabric_events
@@ -31,14 +31,13 @@ from gpumon.collectors.nvml_tables import (
     GPM_PCIE,
     GPM_RATIOS,
     NOT_FOUND,
-    THROTTLE_REASONS,
     TOTAL_POWER_SAMPLES,
     error_name,
     union_value,
 )
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.log_once import LogOnce
-from gpumon.model import Collection, MetricSpec, Sample, Snapshot, label_set
+from gpumon.model import Collection, MetricSpec, Sample, label_set
 
 log = logging.getLogger("gpumon.nvml")
 
@@ -721,82 +720,6 @@ class NvmlCollector(Collector):
                 rows.append((M.GPM_PCIE, (pcie[mid],), value * MIB))
             elif mid in nvlink:
                 rows.append((M.GPM_NVLINK, (nvlink[mid],), value * MIB))
-
-    # --- the terminal table --------------------------------------------------------------------------
-
-    @classmethod
-    def summarize(cls, snapshot: Snapshot) -> Table | None:
-        info = snapshot.family(M.INFO_SPEC.name)
-        lost = snapshot.family(M.LOST.name)
-        if info is None and lost is None:
-            return None
-        gpus: dict[str, dict[str, Any]] = {}
-        for fam in (lost, info):
-            for s in fam.samples if fam else ():
-                gpus.setdefault(s.label("gpu") or "?", {"uuid": s.label("uuid")})
-        for s in info.samples if info else ():
-            gpus[s.label("gpu") or "?"]["model"] = s.label("model") or ""
-        for s in lost.samples if lost else ():
-            gpus[s.label("gpu") or "?"]["lost"] = s.value == 1
-
-        def each(name: str, **match: str) -> Iterator[tuple[dict[str, Any], Sample]]:
-            fam = snapshot.family(name)
-            for s in fam.samples if fam else ():
-                gpu = s.label("gpu")
-                if all(s.label(k) == v for k, v in match.items()) and gpu is not None and gpu in gpus:
-                    yield gpus[gpu], s
-
-        columns: tuple[tuple[str, MetricSpec, dict[str, str]], ...] = (
-            ("util", M.UTIL, {"engine": "gpu"}), ("used", M.MEM_USED, {}), ("total", M.MEM_TOTAL, {}),
-            ("temp", M.TEMP, {"sensor": "gpu"}), ("power", M.POWER, {}), ("limit", M.POWER_LIMIT, {}),
-            ("sm", M.CLOCK, {"clock": "sm"}))
-        for column, spec, match in columns:
-            for row, s in each(spec.name, **match):
-                row[column] = s.value
-        short = {"sw_power_cap": "pwr", "hw_slowdown": "hw", "sync_boost": "sync",
-                 "sw_thermal_slowdown": "swtherm", "hw_thermal_slowdown": "hwtherm",
-                 "hw_power_brake_slowdown": "brake"}
-        for row, s in each(M.CLOCK_REASON.name):
-            if s.value == 1 and s.label("reason") in THROTTLE_REASONS:
-                row.setdefault("reasons", []).append(short.get(s.label("reason") or "", "?"))
-        for row, s in each(M.ECC.name, type="uncorrected", counter="volatile"):
-            if s.value:
-                row.setdefault("health", []).append(f"dbe{int(s.value)}")
-        for row, s in each(M.REMAP_PENDING.name):
-            if s.value:
-                row.setdefault("health", []).append("remap-pend")
-        for row, s in each(M.REMAP_FAILURE.name):
-            if s.value:
-                row.setdefault("health", []).append("remap-FAIL")
-        xid_fam = snapshot.family("gpumon_gpu_xid_errors_total")
-        for s in xid_fam.samples if xid_fam else ():
-            xid_row = gpus.get(s.label("gpu") or "")
-            if xid_row is not None and s.value:
-                xid_row.setdefault("xids", []).append(f"{s.label('xid')}x{int(s.value)}")
-
-        def num(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
-            return fmt.format(row[key] * scale) if key in row else "-"
-
-        out_rows = []
-        for index in sorted(gpus, key=lambda g: (len(g), g)):
-            r = gpus[index]
-            model = (r.get("model") or "").removeprefix("NVIDIA ")[:14]
-            if r.get("lost"):
-                out_rows.append((index, model, "LOST", "-", "-", "-", "-", "-", "-",
-                                 ",".join(r.get("xids", [])) or "-"))
-                continue
-            mem = (f"{r['used'] / 2**30:.1f}/{r['total'] / 2**30:.0f}G" if "used" in r and "total" in r else "-")
-            power = (f"{r['power']:.0f}/{r['limit']:.0f}W" if "power" in r and "limit" in r
-                     else num(r, "power", "{:.0f}W"))
-            out_rows.append((
-                index, model, num(r, "util", "{:.0f}%", 100.0), mem, num(r, "temp", "{:.0f}C"), power,
-                num(r, "sm", "{:.0f}M", 1e-6), ",".join(r.get("reasons", [])) or "-",
-                ",".join(r.get("health", [])) or "ok", ",".join(r.get("xids", [])) or "-",
-            ))
-        return Table("GPUs (NVML)",
-                     ("GPU", "Model", "Util", "Memory", "Temp", "Power", "SM clk", "Throttle", "ECC/remap",
-                      "XID"),
-                     tuple(out_rows))
 
 
 def _link_error_parser(link: int) -> M.Parser:

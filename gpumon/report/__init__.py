@@ -1,16 +1,20 @@
-"""What ``gpumon once`` prints: a table for a person, JSON for tools, the exposition for promtool."""
+"""What ``gpumon once`` prints: a table for a person, JSON for tools, the exposition for promtool.
+
+The table's sections for the built-in collectors are in :mod:`gpumon.report.tables`; a plugin's
+collector may build its own in its class's ``summarize``.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from gpumon import registry
-from gpumon.collectors.base import Table
 from gpumon.health.stage import Verdict
 from gpumon.model import Snapshot
 from gpumon.render import Renderer
+from gpumon.table import Table
 
 WIDTH = 100
 
@@ -49,12 +53,11 @@ def as_table(snapshot: Snapshot, width: int = WIDTH) -> str:
     for status in snapshot.collectors:
         if not status.ok:
             continue
-        try:
-            cls = registry.collector_class(status.name)
-        except (registry.UnknownPlugin, registry.BrokenPlugin):
+        summarize = _summarizer(status.name)
+        if summarize is None:
             continue
         try:
-            table = cls.summarize(snapshot)
+            table = summarize(snapshot)
         except Exception as exc:  # the table is a convenience; the collector's data is still good
             table = Table(f"{status.name}: summary failed ({type(exc).__name__}: {exc})", (), ())
         if table is not None:
@@ -70,6 +73,22 @@ def as_table(snapshot: Snapshot, width: int = WIDTH) -> str:
         for c in snapshot.collectors))
     parts.append(format_table(collectors, width))
     return "\n\n".join(parts) + "\n"
+
+
+def _summarizer(name: str) -> Callable[[Snapshot], Table | None] | None:
+    """The collector ``name``'s section: the report's own table function for a built-in, else the
+    collector class's ``summarize`` (a plugin's hook); None when the class cannot be loaded."""
+    # Imported here, not at the top: the table functions import the built-in collectors' modules
+    # (their metric specs), which only ``gpumon once --format table`` needs.
+    from gpumon.report import tables
+
+    own = tables.table_for(name)
+    if own is not None:
+        return own
+    try:
+        return registry.collector_class(name).summarize
+    except (registry.UnknownPlugin, registry.BrokenPlugin):
+        return None
 
 
 def health_json(verdict: Verdict) -> str:
