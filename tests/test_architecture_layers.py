@@ -13,6 +13,9 @@ LOOP = ("gpumon.daemon", "gpumon.registry", "gpumon.selfmetrics")
 COLLECTOR_MODULES = frozenset(target.partition(":")[0] for target in BUILTIN_COLLECTORS.values())
 """Modules a built-in collector is registered from; every other module in collectors/ is a helper."""
 
+SELF_CONTAINED = ("gpumon.model", "gpumon.config", "gpumon.table")
+"""The core types everything may import; they import nothing of gpumon."""
+
 KNOWN_BREACHES: set[tuple[str, str]] = set()
 """Edges that break a rule today, each to be removed by its module's owner; a fixed one must leave."""
 
@@ -50,8 +53,11 @@ def breaches() -> dict[str, set[tuple[str, str]]]:
             if inside(target, "gpumon.simulate") and not (
                     inside(source, "gpumon.simulate") or source in ("gpumon.daemon.context", "gpumon.cli")):
                 breach("simulate is imported only by simulate, daemon.context and cli", source, target)
-            if source in ("gpumon.model", "gpumon.config") and target != "gpumon":
-                breach("model and config import nothing of gpumon", source, target)
+            if source in SELF_CONTAINED and target != "gpumon":
+                breach("model, config and table import nothing of gpumon", source, target)
+            if inside(target, "gpumon.report") and not inside(source, *FACE):
+                breach("the report (once's output, the terminal tables) is imported only by the face",
+                       source, target)
             if source == "gpumon.metric_catalogue" and target != "gpumon.model":
                 breach("the metric catalogue (hint types, pure data) imports only the model", source, target)
     return found
@@ -64,6 +70,8 @@ def test_the_rules_see_the_modules_they_are_about():
     assert {"gpumon.collectors.base", "gpumon.collectors.gpu_directory"} <= set(edges) - COLLECTOR_MODULES
     assert "gpumon.collectors.gpu_directory" in edges["gpumon.collectors.attribution"]
     assert "gpumon.sources.ib_sysfs" in edges["gpumon.collectors.infiniband"]
+    assert "gpumon.collectors.infiniband" in edges["gpumon.report.tables"]  # the report owns the tables
+    assert "gpumon.report" in edges["gpumon.cli"]
     assert "gpumon.sinks.common" in edges["gpumon.health.actions.worker"]
     for package in ("gpumon.sinks", "gpumon.health", "gpumon.sources", "gpumon.simulate"):
         assert any(inside(m, package) for m in edges), package
@@ -77,13 +85,19 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
                "gpumon.collectors.kmsg": real["gpumon.collectors.kmsg"] | {"gpumon.collectors.xid"},
                "gpumon.metric_catalogue": real["gpumon.metric_catalogue"] | {"gpumon.sources.ib_sysfs"},
                "gpumon.sinks.otel_mapping": real["gpumon.sinks.otel_mapping"]
-               | {"gpumon.collectors.nvml_metrics"}}
+               | {"gpumon.collectors.nvml_metrics"},
+               "gpumon.collectors.nvml": real["gpumon.collectors.nvml"] | {"gpumon.report.tables"},
+               "gpumon.daemon.once": real["gpumon.daemon.once"] | {"gpumon.report"},
+               "gpumon.table": real["gpumon.table"] | {"gpumon.model"}}
     monkeypatch.setattr(me, "graph", lambda: planted)
     found = {edge for edges in breaches().values() for edge in edges}
     assert ("gpumon.sources.kvp", "gpumon.collectors.nvml") in found
     assert ("gpumon.collectors.kmsg", "gpumon.collectors.xid") in found
     assert ("gpumon.metric_catalogue", "gpumon.sources.ib_sysfs") in found
     assert ("gpumon.sinks.otel_mapping", "gpumon.collectors.nvml_metrics") in found
+    assert ("gpumon.collectors.nvml", "gpumon.report.tables") in found
+    assert ("gpumon.daemon.once", "gpumon.report") in found
+    assert ("gpumon.table", "gpumon.model") in found
 
 
 def test_imports_point_down_the_layers():
