@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.backoff import Backoff
 from gpumon.config import Config, ConfigError, Option, SectionSchema, readable_file_check
 from gpumon.imds import IMDS_URL, ImdsClient
 from gpumon.log_once import LogOnce
@@ -39,7 +40,7 @@ from gpumon.sinks import azure_host
 from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
 from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, METRICS, TABLES, RowBuilder, host_values
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
-from gpumon.sinks.common import Backoff, DeliveryCounters, retry_after_from_headers
+from gpumon.sinks.common import DeliveryCounters, retry_after_from_headers
 from gpumon.sinks.spool import Spool, SpoolError
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")

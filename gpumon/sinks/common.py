@@ -1,16 +1,15 @@
-"""Plumbing every sink shares: backoff with jitter, Retry-After, delivery counters, and whether a
-snapshot holds a new collector run.
+"""Plumbing every sink shares: Retry-After, delivery counters, and whether a snapshot holds a new
+collector run.
 
 One home for these, as the OpenTelemetry Collector has one ``exporterhelper``: a sink that needs to
-retry, honour a server's Retry-After and count what it sent, failed or dropped takes it from here
-rather than writing its own loop. Logging a failure once is :mod:`gpumon.log_once`'s (collectors
-need it too, and must not import a sink module).
+honour a server's Retry-After and count what it sent, failed or dropped takes it from here rather
+than writing its own loop. Logging a failure once is :mod:`gpumon.log_once`'s and the backoff is
+:mod:`gpumon.backoff`'s (collectors need them too, and must not import a sink module).
 """
 
 from __future__ import annotations
 
 import os
-import random
 import stat
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Any
 from gpumon.httpdates import parse_retry_after
 from gpumon.model import Snapshot
 
-__all__ = ["Backoff", "DeliveryCounters", "has_new_results", "parse_retry_after", "read_regular_file",
+__all__ = ["DeliveryCounters", "has_new_results", "parse_retry_after", "read_regular_file",
            "retry_after_from_headers"]
 
 
@@ -60,51 +59,6 @@ def read_regular_file(path: str, max_bytes: int = 1 << 20) -> bytes:
     if size > max_bytes:
         raise OSError(f"{path} is larger than {max_bytes} bytes")
     return b"".join(chunks)
-
-
-@dataclass
-class Backoff:
-    """Exponential backoff with jitter, honouring the server's Retry-After, capped at ``maximum``.
-
-    Each failure doubles the previous delay (before jitter), starting from ``initial`` or the
-    failure's ``floor`` (a configuration fault a person has to fix waits longer), whichever is
-    longer, up to ``maximum``; success starts over. Jitter matters: a fleet of hosts that lost the
-    same endpoint must not retry in step.
-    """
-
-    initial: float
-    maximum: float
-    failures: int = 0
-    not_before: float = 0.0
-    rng: random.Random = field(default_factory=random.Random)
-    jitter: tuple[float, float] = (0.5, 1.0)
-    """The delay is the nominal one times a uniform draw from this range."""
-    retry_after_max: float | None = None
-    """The longest Retry-After honoured; None: ``maximum``."""
-    retry_after_exact: bool = False
-    """True: a Retry-After is the delay, shorter than the backoff's or not; False: it only lengthens it.
-    Either way a Retry-After of 0 (or none) leaves the backoff's delay."""
-    nominal: float = 0.0
-    """The latest delay before jitter (0 after a success): the next failure doubles it."""
-
-    def failed(self, now: float, retry_after: float | None = None, floor: float | None = None) -> float:
-        """Record a failure at monotonic ``now``; return the delay before the next try."""
-        base = self.initial if floor is None else max(self.initial, floor)
-        self.nominal = min(self.maximum, max(base, self.nominal * 2))
-        low, high = self.jitter
-        delay = self.nominal * (low + (high - low) * self.rng.random())
-        if retry_after:
-            longest = self.maximum if self.retry_after_max is None else self.retry_after_max
-            honoured = min(retry_after, longest)
-            delay = honoured if self.retry_after_exact else max(delay, honoured)
-        self.failures += 1
-        self.not_before = now + delay
-        return delay
-
-    def succeeded(self) -> None:
-        self.failures = 0
-        self.not_before = 0.0
-        self.nominal = 0.0
 
 
 @dataclass

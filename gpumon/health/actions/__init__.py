@@ -17,11 +17,11 @@ import threading
 import time
 from typing import Any
 
+from gpumon.backoff import Backoff
 from gpumon.health.actions import hook, kubernetes, slurm
 from gpumon.health.actions.settings import ActionSettings
 from gpumon.health.actions.worker import Action, Worker
 from gpumon.health.stage import Verdict
-from gpumon.sinks.common import Backoff
 
 log = logging.getLogger("gpumon.health.actions")
 STATE_FILE = "health-actions.json"

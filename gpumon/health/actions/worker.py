@@ -12,10 +12,10 @@ import threading
 import time
 from typing import Protocol
 
+from gpumon.backoff import Backoff
 from gpumon.health.actions.process import ActionError
 from gpumon.health.stage import Verdict
 from gpumon.log_once import LogOnce
-from gpumon.sinks.common import Backoff
 
 log = logging.getLogger("gpumon.health.actions")
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from gpumon.backoff import Backoff
 from gpumon.config import readable_file_check
 from gpumon.imds import ImdsClient
 from gpumon.log_once import LogOnce
@@ -19,7 +20,6 @@ from gpumon.model import Event, Snapshot
 from gpumon.sinks import azure_host
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.common import (
-    Backoff,
     DeliveryCounters,
     has_new_results,
 )

@@ -29,12 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon import __version__
+from gpumon.backoff import Backoff
 from gpumon.config import ConfigError, Option, SectionSchema, readable_file_check
 from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
 from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
-from gpumon.sinks.common import Backoff, DeliveryCounters, has_new_results, read_regular_file
+from gpumon.sinks.common import DeliveryCounters, has_new_results, read_regular_file
 from gpumon.sinks.remote_write import encoding
 from gpumon.sinks.remote_write.transport import Response, Transport, basic_authorization, tls_context
 from gpumon.sinks.spool import Batch, Spool, SpoolError
