@@ -73,6 +73,7 @@ def test_the_rules_see_the_modules_they_are_about():
     assert "gpumon.collectors.infiniband" in edges["gpumon.report.tables"]  # the report owns the tables
     assert "gpumon.report" in edges["gpumon.cli"]
     assert "gpumon.backoff" in edges["gpumon.health.actions.worker"]  # the actions use the shared backoff
+    assert "gpumon.backoff" in edges["gpumon.collectors.nvml_session"]  # and so does NVML's re-init
     for package in ("gpumon.sinks", "gpumon.health", "gpumon.sources", "gpumon.simulate"):
         assert any(inside(m, package) for m in edges), package
 

@@ -73,6 +73,24 @@ def test_backoff_grows_while_the_driver_stays_away() -> None:
     c.close()
 
 
+def test_reinitialisation_waits_double_from_1_s_to_300_s_without_jitter() -> None:
+    """The session's backoff is gpumon.backoff's, in its jitter-free mode: the exact waits."""
+    fake = FakeNVML("h100-sxm5-80gb", 2)
+    clock = Clock()
+    session = NvmlSession(fake, clock=clock)
+    fake.fail_init(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    tries = []
+    for _ in range(1200):
+        before = fake.calls["nvmlInitWithFlags"]
+        with pytest.raises(CollectorUnavailable):
+            session.ensure()
+        if fake.calls["nvmlInitWithFlags"] > before:
+            tries.append(clock.t)
+        clock.t += 1.0
+    assert [b - a for a, b in zip(tries, tries[1:])] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0,
+                                                         300.0, 300.0]
+
+
 def test_driver_unloaded_mid_run_reinitialises_and_rediscovers() -> None:
     fake, c, clock, _ = rig()
     c.collect()

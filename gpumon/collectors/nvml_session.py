@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.backoff import NO_JITTER, Backoff
 from gpumon.collectors.base import CollectorUnavailable, Context
 from gpumon.collectors.nvml_tables import FUNCTION_NOT_FOUND, error_kind, error_name
 from gpumon.log_once import LogOnce
@@ -110,7 +111,8 @@ class NvmlSession:
         #: False while the last failure says this is no GPU host (no libnvidia-ml, no nvidia-ml-py);
         #: True when the library is there but init failed (driver not loaded, version mismatch).
         self.retryable = False
-        self._backoff = BACKOFF_MIN
+        #: Re-initialisation waits 1 s doubling to 300 s, without jitter (one host, a local library).
+        self._backoff = Backoff(BACKOFF_MIN, BACKOFF_MAX, jitter=NO_JITTER)
         self._next_try = 0.0
         self.devices: list[Device] = []
         self._by_handle: dict[int, Device] = {}
@@ -216,7 +218,7 @@ class NvmlSession:
             with self._lock:
                 self.ready = True
                 self.generation += 1
-                self._backoff = BACKOFF_MIN
+                self._backoff.succeeded()
                 self.reason = ""
             log.info("NVML initialised: %d GPU(s), driver %s", len(self.devices), self.driver_version)
         finally:
@@ -230,8 +232,7 @@ class NvmlSession:
                 log.debug("%s", reason)
         self.reason = reason
         self.retryable = retryable
-        self._next_try = now + self._backoff
-        self._backoff = min(BACKOFF_MAX, self._backoff * 2)
+        self._next_try = now + self._backoff.failed(now)
 
     def _run_pending_shutdowns(self) -> None:
         """Before a new ``nvmlInit``: the shutdowns deferred meanwhile, if nothing is in flight now, so
@@ -251,7 +252,7 @@ class NvmlSession:
                 return
             self.ready = False
             self.reason = reason
-            self._next_try = self._clock() + self._backoff
+            self._next_try = self._clock() + self._backoff.next_delay()
         log.warning("%s; re-initialising NVML with backoff", reason)
         self._shutdown("invalidated")
 
