@@ -132,9 +132,10 @@ def reason_code(message: str) -> str:
     return "error"
 
 
-PROCESS_EVERY = 1.0
-"""Seconds between readings of the process_* metrics (/proc): the loop may publish many times a
-second, and a CPU or memory figure fresher than a second tells a scraper nothing more."""
+PROCESS_EVERY = 5.0
+"""Seconds between readings of the process_* metrics (/proc, a few hundred µs on a cold cache): the
+loop may publish many times a second, and a CPU or memory figure fresher than the loop's REFRESH tells
+a scraper (every 10 s or more) nothing more."""
 
 
 class SelfMetrics:

@@ -153,6 +153,11 @@ class _Watched:
     state: Attr
     phys_state: Attr
     carrier: Attr | None
+    signal_labels: tuple[tuple[tuple[str, str], ...], ...] = ()
+    """``labels`` plus each of SIGNALS, made once: the same tuples every run compare by identity."""
+
+    def __post_init__(self) -> None:
+        self.signal_labels = tuple(self.labels + (("signal", signal),) for signal in SIGNALS)
 
 
 class LinkflapCollector(Collector):
@@ -255,8 +260,8 @@ class LinkflapCollector(Collector):
             st = self._detector.status(port.paths.key)
             labels = port.labels
             flaps.append(Sample(labels, float(st.flaps_total)))
-            for signal in SIGNALS:
-                signals.append(Sample(labels + (("signal", signal),), float(st.signal_counts.get(signal, 0))))
+            for signal, signal_labels in zip(SIGNALS, port.signal_labels):
+                signals.append(Sample(signal_labels, float(st.signal_counts.get(signal, 0))))
             window.append(Sample(labels, float(st.window_flaps)))
             flapping.append(Sample(labels, 1.0 if st.flapping else 0.0))
             if st.last_flap_timestamp is not None:

@@ -153,9 +153,12 @@ class Loop:
     """Longest sleep between deadline checks; a collector whose deadline is shorter shortens it, so
     a run is marked down at its deadline (a running one wakes the loop just past it)."""
     REFRESH = 5.0
-    """Seconds after which a snapshot is published even without a new result (process metrics)."""
+    """Seconds after which a snapshot is published even without a new result: what only bookkeeping
+    moved (run counts, durations, process metrics) reaches the page within this. A scraper that looks
+    every 10 s or more sees nothing staler, and a watcher running every second does not cost a whole
+    publish a second on a quiet host."""
     SOFT = 1.0
-    """Seconds a publish may wait when only bookkeeping moved (run counts, durations)."""
+    """Seconds a publish may wait when a health evaluation was put off (see HEALTH_EVERY)."""
     HEALTH_EVERY = 1.0
     """Seconds between health evaluations when a collector's series changed (the watch interval), so
     a fast collector does not pay the rules on every run; runs that changed nothing are judged every
@@ -173,7 +176,7 @@ class Loop:
         self._health_at = -self.REFRESH
         self._health_series: tuple[tuple[MetricFamily, ...], ...] = ()
         self._owed = False
-        """Bookkeeping (run counts, durations, a health evaluation) waits for a publish."""
+        """A health evaluation was put off: the next publish comes within SOFT seconds."""
         self._shown: dict[str, tuple[tuple[MetricFamily, ...], tuple]] = {}
         self._placeholders: dict[tuple[str, str, bool], CollectorStatus] = {}
         self.reloads = reloads
@@ -292,11 +295,10 @@ class Loop:
                 to_log += self._mark_down(runner.name, slot, failure, duration, available=not unavailable,
                                           cause=reason_code(failure) if unavailable else "error")
             news = bool(self._events) or self._differs(runner.name, slot)
-            self._owed = True
         for event in to_log:
             log_event(event)
         if news:
-            self._wake.set()  # else only bookkeeping moved: the loop publishes it within SOFT s
+            self._wake.set()  # else only bookkeeping moved: the loop publishes it within REFRESH s
 
     def _mark_down(self, name: str, slot: _Slot, error: str, duration: float,
                    available: bool = True, cause: str = "error") -> list[Event]:
@@ -346,8 +348,8 @@ class Loop:
     # -- composing ---------------------------------------------------------------------------
     def _run(self) -> None:
         """Publish at once when a collector's series, state or events changed (``accept`` wakes the
-        loop only then: a flap reaches the page within one watch run); when only bookkeeping moved
-        (run counts, durations), within SOFT seconds; with nothing new, every REFRESH seconds."""
+        loop only then: a flap reaches the page within one watch run); when a health evaluation was
+        put off, within SOFT seconds; otherwise (only bookkeeping moved) every REFRESH seconds."""
         last = time.monotonic()
         while not self._stop.is_set():
             self.heartbeat = time.monotonic()
