@@ -19,7 +19,7 @@ Labels = tuple[tuple[str, str], ...]
 """Label pairs in a fixed order: hashable, so renderers can cache per-series text."""
 
 _LABEL_SETS: dict[tuple[tuple[str, ...], tuple[str, ...]], Labels] = {}
-_LABEL_SETS_MAX = 16384
+_LABEL_SETS_MAX = 8192
 
 
 def label_set(names: tuple[str, ...], values: tuple[str, ...]) -> Labels:

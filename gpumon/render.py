@@ -88,7 +88,7 @@ class _ValueLines(dict[float, str]):
     bounded, so a stream of distinct values (counters) cannot grow it: it starts again when full.
     Fractions, NaN and infinities are formatted each time and never kept."""
 
-    MAX = 8192
+    MAX = 1024
 
     def __missing__(self, value: float) -> str:
         if not value.is_integer():  # a measured fraction rarely comes back: formatted, not kept
