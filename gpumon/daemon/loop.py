@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from gpumon import attribution_labels, registry
+from gpumon.collectors.attribution import OPTIONS as ATTRIBUTION
 from gpumon.collectors.base import Collector, CollectorUnavailable, Context
 from gpumon.config import Config
 from gpumon.daemon.plan import Plan, collector_deadline
@@ -168,8 +169,7 @@ class Loop:
                  reloads: ReloadCounts | None = None, health: HealthStage | None = None) -> None:
         self.config = config
         self.health = health
-        attribution = config.sections.get("attribution")
-        self._relabel = bool(attribution is not None and attribution.get("labels"))
+        self._relabel = ATTRIBUTION.settings_of(config.sections.get("attribution")).labels
         """``[attribution] labels``: every per-GPU series also carries its holders' labels."""
         self._health_seen: tuple[int, ...] | None = None
         self._health_out: tuple[tuple[MetricFamily, ...], tuple[Event, ...]] = ((), ())
