@@ -252,6 +252,15 @@ class SectionSchema(Generic[S]):
         return self.settings(**{key: _settled(types[key], value) for key, value in values.items()})
 
 
+def parsed_section(name: str, schema: SectionSchema[Any] | None, cfg: Mapping[str, Any] | None) -> Any:
+    """A plugin's section parsed once, as collectors and sinks hold it (``self.settings``):
+    ``schema.settings_of(cfg)``; for a plugin that declares no schema, the section as a
+    :class:`Section` (None when it has none)."""
+    if schema is not None:
+        return schema.settings_of(cfg)
+    return Section(name, cfg) if cfg is not None else None
+
+
 def _check_settings(name: str, options: tuple[Option, ...], settings: type) -> None:
     """A settings type must be a frozen dataclass with a field for every option and no other."""
     params = getattr(settings, "__dataclass_params__", None)  # set by @dataclass

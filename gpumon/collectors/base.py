@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from gpumon.config import Section, SectionSchema
+from gpumon.config import Section, SectionSchema, parsed_section
 from gpumon.model import Collection, MetricSpec, Snapshot
 from gpumon.table import Table
 
@@ -96,7 +96,7 @@ class Collector:
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         self.ctx = ctx
         self.cfg = cfg
-        self.settings = _settings(self.name, self.options, cfg)
+        self.settings = parsed_section(self.name, self.options, cfg)
 
     @classmethod
     def metrics(cls) -> tuple[MetricSpec, ...]:
@@ -138,9 +138,3 @@ class Collector:
     def close(self) -> None:
         """Release file descriptors, threads, library handles."""
 
-
-def _settings(name: str, schema: SectionSchema[Any] | None, cfg: Section | None) -> Any:
-    """A plugin's parsed section: ``schema.settings_of(cfg)``; without a schema the section itself."""
-    if schema is not None:
-        return schema.settings_of(cfg)
-    return Section(name, cfg) if cfg is not None else None

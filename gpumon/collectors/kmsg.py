@@ -108,7 +108,6 @@ class KmsgCollector(Collector):
         self._pending: list[tuple[Record, driver_log.DriverMessage]] = []
         self._log_once = LogOnce(log, suffix=COUNTED)
         self._ib_by_pci: dict[str, str] = {}
-        self._names: dict[str, tuple[str, str]] = {}
         self._ipoib: set[str] = set()
         """IPoIB netdevs seen (only those: every other name is asked again, so pod churn's veths
         leave nothing behind)."""
@@ -190,14 +189,14 @@ class KmsgCollector(Collector):
                 keep.append((record, msg))
                 continue
             xid = int(msg.attrs["xid"])
-            bus = self._pci_names(msg.pci)[0]
+            bus = nvml_bus_id(msg.pci)
             if self.ledger.claim_kernel(bus, xid, when):
                 self._xids[(bus, str(xid))] += 1
                 out.events.append(self._event(record, msg))
         self._pending = keep
 
     def _event(self, record: Record, msg: driver_log.DriverMessage) -> Event:
-        bus = self._pci_names(msg.pci)[0] if msg.pci else ""
+        bus = nvml_bus_id(msg.pci) if msg.pci else ""
         subject = {"pci_bus_id": bus} if bus else {}
         attrs: dict[str, Any] = {**msg.attrs, "line": record.message, "source": "kmsg", "seq": record.seq}
         if msg.kind == "xid":
@@ -224,19 +223,9 @@ class KmsgCollector(Collector):
 
     # --- names -------------------------------------------------------------------------------------
 
-    def _pci_names(self, pci: str) -> tuple[str, str]:
-        """(NVML bus id, sysfs name) of an address as a driver printed it, remembered: a host has a
-        few dozen, and a busy log names them again and again (a hostile one gets a fresh memo)."""
-        names = self._names.get(pci)
-        if names is None:
-            if len(self._names) >= 1024:
-                self._names.clear()
-            names = self._names[pci] = (nvml_bus_id(pci), sysfs_name(pci))
-        return names
-
     def _ib_device(self, pci: str) -> str:
         """The RDMA device on this PCI function (``mlx5_ib0``), so events join the IB series."""
-        name = self._pci_names(pci)[1]
+        name = sysfs_name(pci)
         if name not in self._ib_by_pci:
             base = os.path.join(self.ctx.sysfs_root, "class", "infiniband")
             try:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from gpumon.config import Config, Section, SectionSchema
+from gpumon.config import Config, Section, SectionSchema, parsed_section
 from gpumon.model import Snapshot
 
 
@@ -74,7 +74,7 @@ class Sink:
     def __init__(self, ctx: SinkContext, cfg: Section | None = None) -> None:
         self.ctx = ctx
         self.cfg = cfg
-        self.settings = self.options.settings_of(cfg) if self.options is not None else cfg
+        self.settings = parsed_section(self.name, self.options, cfg)
 
     @classmethod
     def missing_dependencies(cls) -> list[str]:
