@@ -273,8 +273,9 @@ class ImdsClient:
         return ImdsError("http_error", f"HTTP {status} {exc.reason}", status)
 
     def _failed(self, path: str, exc: ImdsError) -> None:
-        key = f"{path.partition('?')[0]}:{exc.reason}"
-        self._log_once.warning(key, "%s (logged once until IMDS answers again, counted every time)", exc)
+        where = path.partition('?')[0]
+        self._log_once.warning(f"{where}:{exc.reason}", "%s (asking %s; logged once until IMDS answers again, "
+                               "counted every time)", exc, where)
 
     # -- compute metadata --------------------------------------------------------------------------
 
