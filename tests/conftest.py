@@ -250,3 +250,7 @@ def _never_the_real_imds(monkeypatch):
         return real(self, path, body, timeout)
 
     monkeypatch.setattr(imds.ImdsClient, "_exchange", exchange)
+    # The shared clients are keyed by address: a stand-in of an earlier test on a port the OS hands out
+    # again would otherwise answer this test from its cache (its VM id, its resource group).
+    with imds._clients_lock:
+        imds._clients.clear()
