@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "daemon_cpu": "whole `gpumon run` CPU per IB run vs node_exporter's scrape; idle daemon share of a core",
     "cycle": "per-cycle overhead beyond reading (accept, snapshot, render, self-metrics; health apart), ND H100 v5",
     "real_host": "whole daemon on a simulated ND H100 v5 at defaults and at 1 s, the NVML double's and simulation's cost taken out",
+    "real_gpu": "whole daemon on this host's real NVIDIA GPUs at defaults and at 1 s, the driver's CPU included (needs a GPU)",
     "ib_cpu": "IB collector alone: CPU per full run vs node_exporter's infiniband scrape (ratio)",
     "watcher": "link-state watcher CPU share at 1 s, 0.5 s and 0.1 s on 9 ports",
     "nvml_calls": "NVML calls per GPU per run for each simulated profile; CPU per run for 8 GPUs",

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -178,6 +179,14 @@ def wait_metrics(port: int, timeout: float = 20.0, proc: subprocess.Popen | None
         return body if status == 200 and all(n in body for n in needles) else None
 
     return wait_until(ready, timeout, alive=proc)
+
+
+def collector_runs(port: int, collector: str) -> float:
+    """``gpumon_collector_runs_total`` of one collector, from the endpoint on ``port`` (0 when absent)."""
+    status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+    pattern = rb'^gpumon_collector_runs_total\{collector="' + re.escape(collector.encode()) + rb'"\} (\S+)$'
+    match = re.search(pattern, body, re.M) if status == 200 else None
+    return float(match.group(1)) if match else 0.0
 
 
 def series_count(body: bytes) -> int:

@@ -13,7 +13,6 @@ host with no GPU and no IB (an empty sysfs root), and on the static ND H100 v5 t
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 import time
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from bench.common import (
     Options,
     clean_env,
+    collector_runs,
     cpu_seconds,
     free_port,
     gpumon_command,
@@ -39,14 +39,9 @@ from gpumon.simulate.sysfs import build_tree
 TARGET_RATIO = 0.5
 TARGET_IDLE_EMPTY = 0.001
 TARGET_IDLE_TREE = 0.002
-_RUNS = re.compile(rb'^gpumon_collector_runs_total\{collector="infiniband"\} ([0-9.e+]+)$', re.M)
-
-
 def ib_runs(port: int) -> float:
     """gpumon_collector_runs_total of the infiniband collector, from the endpoint."""
-    status, body = http_get(f"http://127.0.0.1:{port}/metrics")
-    match = _RUNS.search(body) if status == 200 else None
-    return float(match.group(1)) if match else 0.0
+    return collector_runs(port, "infiniband")
 
 
 POLL = 0.25

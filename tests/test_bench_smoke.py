@@ -65,3 +65,15 @@ def test_unknown_benchmark_is_a_usage_error(tmp_path):
     assert proc.returncode == 2
     assert "unknown benchmark" in proc.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_real_gpu_measures_only_where_a_gpu_is(tmp_path):
+    """Without an NVIDIA GPU the benchmark says why and measures nothing (it must not fail the run);
+    with one, it writes both intervals' shares."""
+    proc = run_bench(tmp_path, "real_gpu")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((tmp_path / "real_gpu.json").read_text())
+    if "not_run" in data:
+        assert data["not_run"] and "defaults" not in data
+    else:
+        assert data["defaults"]["share_of_one_core"] > 0 and data["interval_1s"]["share_of_one_core"] > 0

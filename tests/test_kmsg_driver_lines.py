@@ -37,6 +37,18 @@ def test_xid_fields_pid_name_and_address():
     assert gb200.attrs["xid"] == 149 and gb200.attrs["detail"].startswith("NETIR_LINK_EVT Fatal")
 
 
+def test_a_real_r580_xid_line_names_the_gpu_nvml_names():
+    """Read from /dev/kmsg on a real H100 (driver 580.159.04): newer drivers print "channel 0x..." where
+    older ones printed "Ch ...". Its address is the one NVML gave that GPU (nvmlDeviceGetPciInfo_v3
+    busId "00000000:00:06.0", tests/fixtures/nvml/h100_r580.json), so the two reports are one XID."""
+    msg = recognise("NVRM: Xid (PCI:0000:00:06): 31, pid=547, name=python3, channel 0x0000000a, intr 00000000. "
+                    "MMU Fault: ENGINE GRAPHICS GPC1 GPCCLIENT_T1_8 faulted @ 0x0_00000000. "
+                    "Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_WRITE")
+    assert msg.attrs["xid"] == 31 and msg.attrs["pid"] == 547 and msg.attrs["process"] == "python3"
+    assert msg.attrs["detail"].startswith("channel 0x0000000a, intr 00000000. MMU Fault")
+    assert nvml_bus_id(msg.pci) == nvml_bus_id("00000000:00:06.0")
+
+
 def test_sxid_and_mlx5_fields():
     sx = recognise("nvidia-nvswitch0: SXid (PCI:0000:c6:00.0): 20034, Fatal, Link 30 LTSSM Fault Up")
     assert (sx.attrs["switch"], sx.attrs["sxid"], sx.attrs["fatal"]) == ("nvidia-nvswitch0", 20034, 1)

@@ -52,7 +52,7 @@ R580_ONLY = {"gpumon_gpu_pcie_bytes_total", "gpumon_gpu_recovery_action"}   # fi
 
 
 def test_h100_exports_every_default_family_with_the_profiles_values() -> None:
-    fake, c, _ = rig()
+    fake, c, clock = rig()
     out = c.collect()
     expected = {
         "gpumon_gpu_info", "gpumon_gpu_lost", "gpumon_gpu_utilization_ratio", "gpumon_gpu_memory_total_bytes",
@@ -86,12 +86,45 @@ def test_h100_exports_every_default_family_with_the_profiles_values() -> None:
     assert all(0 <= v <= 1 for v in gpu_values(out, "gpumon_gpu_activity_ratio").values())
     assert gpu_values(out, "gpumon_gpu_clock_max_hertz", clock="sm")["0"] == 1980e6
     assert gpu_values(out, "gpumon_gpu_nvlink_links_active")["0"] == 18
-    assert gpu_values(out, "gpumon_gpu_temperature_threshold_celsius", threshold="slowdown")["0"] == 90
+    assert gpu_values(out, "gpumon_gpu_temperature_threshold_celsius", threshold="slowdown")["0"] == 89   # a real H100, driver 580
     assert set(gpu_values(out, "gpumon_gpu_temperature_celsius", sensor="gpu")) == {str(i) for i in range(8)}
     assert gpu_values(out, "gpumon_gpu_memory_total_bytes")["0"] == 81559 * 2**20
     energy = gpu_values(out, "gpumon_gpu_energy_joules_total")["0"]
-    fake.tick(10)
+    fake.tick(M.SLOW_FIELD_SECONDS)     # energy is a slow field: asked again after 30 s
+    clock.t += M.SLOW_FIELD_SECONDS
     assert gpu_values(c.collect(), "gpumon_gpu_energy_joules_total")["0"] > energy
+    c.close()
+
+
+def test_slow_fields_are_asked_every_30_seconds_and_their_last_value_stands_in_between() -> None:
+    """The fields the driver answers with milliseconds of CPU (energy, thermal violation counters, PCIe
+    counters: tests/fixtures/nvml/h100_r580.json) are asked once every SLOW_FIELD_SECONDS; every run
+    in between still exports them, with the value last read."""
+    fake, c, clock = rig(count=1, driver="580.159.04")
+    slow_ids = {fs.field_id for fs in M.FIELDS if fs.slow}
+    assert {83, 75, 269, 270, 94, 197, 198} == slow_ids
+    asked: list[set[int]] = []
+    real = fake.nvmlDeviceGetFieldValues
+
+    def spy(handle: Any, ids: Any) -> Any:
+        asked.append({fid for fid, _ in ids})
+        return real(handle, ids)
+
+    fake.nvmlDeviceGetFieldValues = spy  # type: ignore[method-assign]
+    first = gpu_values(c.collect(), "gpumon_gpu_energy_joules_total")["0"]
+    assert slow_ids <= asked[-1]
+    for _ in range(2):
+        fake.tick(10)
+        clock.t += 10
+        out = c.collect()
+        assert not asked[-1] & slow_ids and 82 in asked[-1]          # every other field, every run
+        assert gpu_values(out, "gpumon_gpu_energy_joules_total")["0"] == first
+        assert gpu_values(out, "gpumon_gpu_pcie_bytes_total", direction="tx")
+    fake.tick(10)
+    clock.t += 10
+    out = c.collect()
+    assert slow_ids <= asked[-1]
+    assert gpu_values(out, "gpumon_gpu_energy_joules_total")["0"] > first
     c.close()
 
 
@@ -292,7 +325,7 @@ def test_thresholds_are_absolute_temperatures_not_tlimit_margins() -> None:
     out = c.collect()
     thresholds = {s.label("threshold"): s.value for f in out.families
                   if f.name == "gpumon_gpu_temperature_threshold_celsius" for s in f.samples if s.label("gpu") == "1"}
-    assert thresholds == {"shutdown": 92, "slowdown": 90, "memory_max": 95, "gpu_max": 87}   # the profile's
+    assert thresholds == {"shutdown": 95, "slowdown": 89, "memory_max": 95, "gpu_max": 87}   # a real H100
     assert not {193, 194, 195, 196} & set(asked)        # the signed T.Limit fields are not read
     fake.reset_calls()
     c.collect()
@@ -405,4 +438,47 @@ def test_a_failed_second_gpm_allocation_frees_the_first(monkeypatch) -> None:
     fake.nvmlGpmSampleAlloc = second_fails  # type: ignore[method-assign]
     c.collect()
     assert fake.gpm_samples_allocated() == 0
+    c.close()
+
+
+def test_gpm_graphics_activity_is_asked_every_30_seconds_and_stands_in_between() -> None:
+    """GRAPHICS_UTIL costs the driver 1.5 ms of CPU per metrics call (the other GPM metrics 11 µs:
+    tests/fixtures/nvml/h100_r580.json), so it is asked once every SLOW_FIELD_SECONDS; the other
+    activity ratios are asked every run, and graphics keeps its last value in between."""
+    fake, c, clock = rig(count=1)
+    asked: list[set[int]] = []
+    real = fake.nvmlGpmMetricsGet
+
+    def spy(mg: Any) -> Any:
+        asked.append({int(mg.metrics[i].metricId) for i in range(mg.numMetrics)})
+        return real(mg)
+
+    fake.nvmlGpmMetricsGet = spy  # type: ignore[method-assign]
+    first = gpu_values(c.collect(), "gpumon_gpu_activity_ratio", activity="graphics")
+    assert 1 in asked[-1] and 2 in asked[-1] and "0" in first
+    fake.tick(10)
+    clock.t += 10
+    out = c.collect()
+    assert 1 not in asked[-1] and 2 in asked[-1]
+    assert gpu_values(out, "gpumon_gpu_activity_ratio", activity="graphics") == first
+    fake.tick(M.SLOW_FIELD_SECONDS)
+    clock.t += M.SLOW_FIELD_SECONDS
+    c.collect()
+    assert 1 in asked[-1]
+    c.close()
+
+
+def test_pcie_byte_counters_wrapping_at_4_gib_still_only_grow() -> None:
+    """Fields 197/198 are 32-bit counters in the driver (valueType unsigned int on a real H100,
+    tests/fixtures/nvml/h100_r580.json): a wrap between two reads adds the bytes that passed, it does
+    not look like a counter reset."""
+    fake, c, clock = rig(count=1, driver="580.159.04")
+    gpu = fake._gpus[0]
+    gpu.pcie_tx = 2**32 - 1000
+    first = gpu_values(c.collect(), "gpumon_gpu_pcie_bytes_total", direction="tx")["0"]
+    assert first == 2**32 - 1000
+    gpu.pcie_tx = 2**32 + 5000          # the driver answers 5000: the counter wrapped
+    clock.t += M.SLOW_FIELD_SECONDS
+    second = gpu_values(c.collect(), "gpumon_gpu_pcie_bytes_total", direction="tx")["0"]
+    assert second - first == 6000
     c.close()

@@ -225,9 +225,10 @@ def test_tlimit_fields_are_signed_margins_not_temperatures(fake: FakeNVML) -> No
     h = fake.nvmlDeviceGetHandleByIndex(0)
     values = fake.nvmlDeviceGetFieldValues(h, [193, 194, 195, 196])
     assert all(v.valueType == pynvml.NVML_VALUE_TYPE_SIGNED_INT for v in values)
-    # H100: shutdown 92, slowdown 90, memory max 95, GPU max 87 degrees; T.Limit counts from GPU max
-    assert [v.value.siVal for v in values] == [-5, -3, -8, 0]
-    assert fake.nvmlDeviceGetTemperatureThreshold(h, pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN) == 92
+    # a real H100 (driver 580): shutdown 95, slowdown 89, memory max 95, GPU max 87 degrees, and
+    # nvidia-smi -q's T.Limit lines -8, -2, 0 (memory, from its own maximum), 0
+    assert [v.value.siVal for v in values] == [-8, -2, 0, 0]
+    assert fake.nvmlDeviceGetTemperatureThreshold(h, pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN) == 95
 
 
 def test_nvlink_total_error_fields_take_the_link_in_scope(fake: FakeNVML) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.cadence import due
 from gpumon.collectors import nvml_metrics as M
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.collectors.gpu_directory import KEY as DIRECTORY_KEY
@@ -30,6 +31,7 @@ from gpumon.collectors.nvml_tables import (
     GPM_NVLINK,
     GPM_PCIE,
     GPM_RATIOS,
+    GPM_SLOW_IDS,
     NOT_FOUND,
     TOTAL_POWER_SAMPLES,
     error_name,
@@ -124,6 +126,14 @@ class _Gpu:
     power_seen: int = 0
     #: The fabric rows of the last good read, what the next one is compared with for events.
     fabric_rows: list[M.Row] | None = None
+    #: When the slow fields were last asked (None: not yet), and the rows they gave then.
+    slow_fields_at: float | None = None
+    slow_field_rows: list[M.Row] = field(default_factory=list)
+    #: Per GPM pair (by its label values): when its slow metrics were last asked, and their rows.
+    gpm_slow_at: dict[tuple[str, ...], float] = field(default_factory=dict)
+    gpm_slow_rows: dict[tuple[str, ...], list[M.Row]] = field(default_factory=dict)
+    #: Wrapping fields (FieldSpec.wraps): field id -> (last raw value, total so far).
+    unwrapped: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 class NvmlCollector(Collector):
@@ -254,7 +264,7 @@ class NvmlCollector(Collector):
         rows.extend(gpu.static_rows)
 
         calls = 0
-        if self._fields(gpu, rows, out):
+        if self._fields(gpu, now, rows, out):
             calls += 1
         for item in self._active(gpu, list(M.FAST_CALLS) + self._field_fallbacks(gpu, fast=True)):
             calls += 1
@@ -444,6 +454,9 @@ class NvmlCollector(Collector):
         if gpu.dev.uuid and uuid != gpu.dev.uuid:
             return False
         gpu.static_at = -1.0
+        gpu.slow_fields_at = None
+        gpu.gpm_slow_at.clear()
+        gpu.gpm_slow_rows.clear()
         self._free_gpm(gpu)
         self.session.mark_recovered(gpu.dev, handle, uuid)
         return True
@@ -556,9 +569,10 @@ class NvmlCollector(Collector):
 
     # --- fields --------------------------------------------------------------------------------------
 
-    def _field_plan(self, gpu: _Gpu) -> list[tuple[int, int]]:
+
+    def _field_plan(self, gpu: _Gpu, slow_due: bool) -> list[tuple[int, int]]:
         driver = self.session.driver_major
-        ids = [(fs.field_id, 0) for fs in M.FIELDS if fs.min_driver <= driver]
+        ids = [(fs.field_id, 0) for fs in M.FIELDS if fs.min_driver <= driver and (slow_due or not fs.slow)]
         if gpu.link_count:
             per_link = [M.FIELD_NVLINK_STATE, M.FIELD_NVLINK_TX_KIB, M.FIELD_NVLINK_RX_KIB]
             per_link += [fs.field_id for fs in M.NVLINK_TOTAL_FIELDS]
@@ -567,11 +581,13 @@ class NvmlCollector(Collector):
             ids += [(fid, link) for link in range(gpu.link_count) for fid in per_link]
         return [key for key in ids if ("field",) + key not in gpu.dropped]
 
-    def _fields(self, gpu: _Gpu, rows: list[M.Row], out: Collection) -> bool:
-        """One nvmlDeviceGetFieldValues call for every field-backed value; False when none was asked."""
+    def _fields(self, gpu: _Gpu, now: float, rows: list[M.Row], out: Collection) -> bool:
+        """One nvmlDeviceGetFieldValues call for every field-backed value; False when none was asked.
+        The slow fields are in it once every SLOW_FIELD_SECONDS; between, their last rows stand in."""
         if ("call", "fields") in gpu.dropped:
             return False
-        plan = self._field_plan(gpu)
+        slow_due = due(gpu.slow_fields_at, now, M.SLOW_FIELD_SECONDS)
+        plan = self._field_plan(gpu, slow_due)
         if not plan:
             return False
         try:
@@ -592,12 +608,30 @@ class NvmlCollector(Collector):
                 self._handle_error(gpu, ("field", fid, scope), f"field {fid} (scope {scope})", err, out)
                 continue
             got[(fid, scope)] = _field_value(fv)
+        fresh_slow: list[M.Row] = []
         for fs in M.FIELDS:
             if (fs.field_id, 0) in got:
-                rows.append((fs.spec, fs.extra, got[(fs.field_id, 0)] * fs.scale))
+                value = got[(fs.field_id, 0)]
+                if fs.wraps:
+                    value = self._unwrap(gpu, fs, value)
+                row = (fs.spec, fs.extra, value * fs.scale)
+                (fresh_slow if fs.slow else rows).append(row)
+        if slow_due:
+            gpu.slow_fields_at = now
+            gpu.slow_field_rows = fresh_slow
+        rows.extend(gpu.slow_field_rows)
         if gpu.link_count:
             self._nvlink_rows(gpu, got, rows)
         return True
+
+    @staticmethod
+    def _unwrap(gpu: _Gpu, fs: M.FieldSpec, raw: float) -> float:
+        """A total that only grows from a counter that wraps at ``fs.wraps``: right while the counter
+        wraps at most once between two reads (the docs say what that means for PCIe bytes)."""
+        last = gpu.unwrapped.get(fs.field_id)
+        total = raw if last is None else last[1] + (raw - last[0]) % fs.wraps
+        gpu.unwrapped[fs.field_id] = (raw, total)
+        return total
 
     @staticmethod
     def _all_links(gpu: _Gpu, got: dict[tuple[int, int], float], fid: int) -> list[float] | None:
@@ -697,7 +731,12 @@ class NvmlCollector(Collector):
 
     def _gpm_metrics(self, gpu: _Gpu, pair: GpmPair, rows: list[M.Row], extra: tuple[str, ...],
                      ratio_spec: MetricSpec, out: Collection, ratios_only: bool = False) -> None:
-        ids = [mid for mid in GPM_ALL_IDS if ("gpm_metric", mid) not in gpu.dropped]
+        """The pair's metrics, the slow ones (GPM_SLOW_IDS) only once every SLOW_FIELD_SECONDS: between,
+        their last rows stand in (each such read spans the last interval, as every GPM read does)."""
+        now = self._clock()
+        slow_due = due(gpu.gpm_slow_at.get(extra), now, M.SLOW_FIELD_SECONDS)
+        ids = [mid for mid in GPM_ALL_IDS if ("gpm_metric", mid) not in gpu.dropped
+               and (slow_due or mid not in GPM_SLOW_IDS)]
         if ratios_only:
             ratio_ids = {mid for mid, _ in GPM_RATIOS}
             ids = [mid for mid in ids if mid in ratio_ids]
@@ -710,16 +749,22 @@ class NvmlCollector(Collector):
             return
         names = dict(GPM_RATIOS)
         pcie, nvlink = dict(GPM_PCIE), dict(GPM_NVLINK)
+        slow_rows: list[M.Row] = []
         for mid, code, value in read:
             if code != 0:
                 self._handle_error(gpu, ("gpm_metric", mid), f"GPM metric {mid}", _code_error(code), out)
                 continue
+            target = slow_rows if mid in GPM_SLOW_IDS else rows
             if mid in names:
-                rows.append((ratio_spec, extra + (names[mid],), max(0.0, min(1.0, value / 100.0))))
+                target.append((ratio_spec, extra + (names[mid],), max(0.0, min(1.0, value / 100.0))))
             elif mid in pcie:
-                rows.append((M.GPM_PCIE, (pcie[mid],), value * MIB))
+                target.append((M.GPM_PCIE, (pcie[mid],), value * MIB))
             elif mid in nvlink:
-                rows.append((M.GPM_NVLINK, (nvlink[mid],), value * MIB))
+                target.append((M.GPM_NVLINK, (nvlink[mid],), value * MIB))
+        if slow_due:
+            gpu.gpm_slow_at[extra] = now
+            gpu.gpm_slow_rows[extra] = slow_rows
+        rows.extend(gpu.gpm_slow_rows.get(extra, ()))
 
 
 def _link_error_parser(link: int) -> M.Parser:

@@ -299,6 +299,18 @@ class FieldSpec:
     scale: float = 1.0
     fallback: str = ""  # key of a slow call that stands in when this field is not supported
     min_driver: int = 0  # asked only from this driver branch on (the id meant something else before)
+    #: The driver answers it slowly (busy CPU, not waiting): asked at most every SLOW_FIELD_SECONDS,
+    #: and its last value stands in between. Measured on an H100 with driver 580
+    #: (tests/fixtures/nvml/h100_r580.json, ``us_per_field_alone``): these cost 0.14-3.2 ms of CPU
+    #: each per call, every other field about 15 µs.
+    slow: bool = False
+    #: The driver's counter wraps at this value (0: it does not): the collector adds up differences
+    #: modulo it, so the exported total only grows.
+    wraps: int = 0
+
+
+SLOW_FIELD_SECONDS = 30.0
+"""How often the slow fields are asked: their values are counters read with rate() over minutes."""
 
 
 # Fields 193-196 (TEMPERATURE_*_TLIMIT) are not used: they are signed margins on the T.Limit scale
@@ -306,11 +318,11 @@ class FieldSpec:
 # nvmlDeviceGetTemperatureThreshold (THRESHOLDS, static).
 FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec(82, "MEMORY_TEMP", TEMP, ("memory",)),
-    FieldSpec(83, "TOTAL_ENERGY_CONSUMPTION", ENERGY, (), 1e-3, "energy"),
+    FieldSpec(83, "TOTAL_ENERGY_CONSUMPTION", ENERGY, (), 1e-3, "energy", slow=True),
     FieldSpec(186, "POWER_INSTANT", POWER, (), 1e-3, "power"),
     FieldSpec(190, "POWER_CURRENT_LIMIT", POWER_LIMIT, (), 1e-3, "power_limit"),
     FieldSpec(74, "PERF_POLICY_POWER", CLOCK_VIOLATION, ("sw_power_cap",), 1e-9),
-    FieldSpec(75, "PERF_POLICY_THERMAL", CLOCK_VIOLATION, ("thermal",), 1e-9),
+    FieldSpec(75, "PERF_POLICY_THERMAL", CLOCK_VIOLATION, ("thermal",), 1e-9, slow=True),
     FieldSpec(76, "PERF_POLICY_SYNC_BOOST", CLOCK_VIOLATION, ("sync_boost",), 1e-9),
     FieldSpec(77, "PERF_POLICY_BOARD_LIMIT", CLOCK_VIOLATION, ("board_limit",), 1e-9),
     FieldSpec(78, "PERF_POLICY_LOW_UTILIZATION", CLOCK_VIOLATION, ("low_utilization",), 1e-9),
@@ -319,14 +331,14 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec(81, "PERF_POLICY_TOTAL_BASE_CLOCKS", CLOCK_VIOLATION, ("total_base_clocks",), 1e-9),
     # 269-271 are these counters from R580 on; R570/R575 numbered power-smoothing fields there
     FieldSpec(269, "CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN", CLOCK_VIOLATION, ("sw_thermal_slowdown",), 1e-9,
-              min_driver=580),
+              min_driver=580, slow=True),
     FieldSpec(270, "CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN", CLOCK_VIOLATION, ("hw_thermal_slowdown",), 1e-9,
-              min_driver=580),
+              min_driver=580, slow=True),
     FieldSpec(271, "CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN", CLOCK_VIOLATION,
               ("hw_power_brake_slowdown",), 1e-9, min_driver=580),
-    FieldSpec(94, "PCIE_REPLAY_COUNTER", PCIE_REPLAY, (), 1.0, "pcie_replay"),
-    FieldSpec(197, "PCIE_COUNT_TX_BYTES", PCIE_BYTES, ("tx",)),
-    FieldSpec(198, "PCIE_COUNT_RX_BYTES", PCIE_BYTES, ("rx",)),
+    FieldSpec(94, "PCIE_REPLAY_COUNTER", PCIE_REPLAY, (), 1.0, "pcie_replay", slow=True),
+    FieldSpec(197, "PCIE_COUNT_TX_BYTES", PCIE_BYTES, ("tx",), slow=True, wraps=2**32),
+    FieldSpec(198, "PCIE_COUNT_RX_BYTES", PCIE_BYTES, ("rx",), slow=True, wraps=2**32),
     FieldSpec(3, "ECC_SBE_VOL_TOTAL", ECC, ("corrected", "volatile"), 1.0, "ecc_cv"),
     FieldSpec(4, "ECC_DBE_VOL_TOTAL", ECC, ("uncorrected", "volatile"), 1.0, "ecc_uv"),
     FieldSpec(5, "ECC_SBE_AGG_TOTAL", ECC, ("corrected", "aggregate"), 1.0, "ecc_ca"),
@@ -470,7 +482,8 @@ SLOW_CALLS: tuple[CallItem, ...] = (
     CallItem("decoder", "nvmlDeviceGetDecoderUtilization", (), _ratio_percent("decoder")),
     CallItem("fan", "nvmlDeviceGetFanSpeed", (), _scalar(FAN, (), 0.01)),
 )
-FAST_FALLBACKS = frozenset({"power", "energy"})
+# The energy call costs as much as its field (3 ms of CPU on an H100, driver 580): the slow tier's
+FAST_FALLBACKS = frozenset({"power"})
 FALLBACK_CALLS: dict[str, CallItem] = {c.key: c for c in (
     CallItem("memory_v1", "nvmlDeviceGetMemoryInfo", (), _memory),
     CallItem("temperature_legacy", "nvmlDeviceGetTemperature", (0,), _scalar(TEMP, ("gpu",))),

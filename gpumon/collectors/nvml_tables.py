@@ -157,6 +157,10 @@ GPM_RATIOS: tuple[tuple[int, str], ...] = (
 GPM_PCIE: tuple[tuple[int, str], ...] = ((20, "tx"), (21, "rx"))         # MiB/s
 GPM_NVLINK: tuple[tuple[int, str], ...] = ((61, "tx"), (60, "rx"))       # MiB/s
 GPM_ALL_IDS: tuple[int, ...] = tuple(i for i, _ in GPM_RATIOS + GPM_PCIE + GPM_NVLINK)
+GPM_SLOW_IDS = frozenset({1})
+"""GPM metrics the driver computes slowly, asked once every SLOW_FIELD_SECONDS: on an H100 with
+driver 580 GRAPHICS_UTIL alone costs 1.5 ms of CPU per nvmlGpmMetricsGet, every other metric about
+11 µs (tests/fixtures/nvml/h100_r580.json, ``metrics_get_cpu_us_per_id_alone``)."""
 
 # --- NVLink fabric (nvmlDeviceGetGpuFabricInfo[V]) ----------------------------------------------------
 # Values as pynvml 13.x defines them (NVML_GPU_FABRIC_STATE_*, NVML_GPU_FABRIC_HEALTH_MASK_*,

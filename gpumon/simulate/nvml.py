@@ -93,8 +93,8 @@ class GpuProfile:
 
 PROFILES: dict[str, GpuProfile] = {
     "h100-sxm5-80gb": GpuProfile(
-        "NVIDIA H100 80GB HBM3", 81559 * 2**20, 553 * 2**20, 131072 * 2**20, 700_000, 72_000, 1980, 2619,
-        5, 16, 18, True, True, False, False, {0: 92, 1: 90, 2: 95, 3: 87}, "96.00.99.00.01", "16529220",
+        "NVIDIA H100 80GB HBM3", 81559 * 2**20, 480 * 2**20, 131072 * 2**20, 700_000, 72_000, 1980, 2619,
+        5, 16, 18, True, True, False, False, {0: 95, 1: 89, 2: 95, 3: 87}, "96.00.DA.00.0C", "16516240",
         0x233010DE, True, 9856 * 2**20),
     "a100-sxm4-80gb": GpuProfile(
         "NVIDIA A100-SXM4-80GB", 81920 * 2**20, 589 * 2**20, 131072 * 2**20, 400_000, 62_000, 1410, 1593,
@@ -124,10 +124,17 @@ _GPM_RATIO_IDS = (1, 2, 3, 5, 10, 11, 12, 13)
 _FUNCTION_SINCE: dict[str, int] = {"nvmlDeviceGetTemperatureV": 570, "nvmlDeviceGetGpuFabricInfoV": 550}
 _FABRIC_V3_SINCE = 570
 
-# The driver's power sample buffer: one sample per period, a bounded ring (sizes are this double's
-# choice: NVML documents neither). Values are milliwatts as unsigned int (NVML_VALUE_TYPE_UNSIGNED_INT).
-_POWER_SAMPLE_US = 100_000
-_POWER_SAMPLE_CAPACITY = 300
+# The driver's power sample buffer: one sample per period, a bounded ring. NVML documents neither size;
+# an H100 with driver 580 samples every 20 ms and keeps 119 samples, 2.36 s
+# (tests/fixtures/nvml/h100_r580.json, power_samples). Values are milliwatts as unsigned int
+# (NVML_VALUE_TYPE_UNSIGNED_INT): the same record has them beside nvmlDeviceGetPowerUsage's mW.
+_POWER_SAMPLE_US = 20_000
+_POWER_SAMPLE_CAPACITY = 119
+# Event types an H100 supports with driver 580: 0xFF9F (tests/fixtures/nvml/h100_r580.json): every type
+# but 0x20 and 0x40; the GPU-unavailable and recovery-action bits (0x4000, 0x8000) exist from R565.
+_BASE_EVENT_TYPES = 0x3F9F
+_UTIL_PERIOD_US = 100_000
+"""The sampling period encoder/decoder utilization report on an H100, driver 580 (same record)."""
 _EVENT_SINCE: dict[int, int] = {_real.nvmlEventTypeGpuUnavailableError: 565,
                                 _real.nvmlEventTypeGpuRecoveryAction: 565}
 _FIELD_SINCE: dict[int, int] = {197: 555, 198: 555, 230: 565, 269: 580, 270: 580, 271: 580}
@@ -704,16 +711,16 @@ class FakeNVML:
     @_api()
     def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
         g = self._device(handle)
-        if not g.profile.encoder:
-            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
         self._whole_gpu_only(g)
-        return [round(10 * g.load), 167000]
+        if not g.profile.encoder:     # no NVENC: an H100 answers 0 (tests/fixtures/nvml/h100_r580.json)
+            return [0, _UTIL_PERIOD_US]
+        return [round(10 * g.load), _UTIL_PERIOD_US]
 
     @_api()
     def nvmlDeviceGetDecoderUtilization(self, handle: Any) -> list[int]:
         g = self._device(handle)
         self._whole_gpu_only(g)
-        return [0, 167000]
+        return [0, _UTIL_PERIOD_US]
 
     @_api()
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
@@ -978,27 +985,30 @@ class FakeNVML:
                 return ok, uint, _R570_POWER_SMOOTHING[fid]
             return unsupported                      # a field id this driver does not know
         if fid in (193, 194, 195, 196):
-            # T.Limit scale: degrees below the GPU's T.Limit point, signed (nvidia-smi's "GPU Shutdown
-            # T.Limit Temp: -5 C"); the point is the max operating temperature
+            # T.Limit scale: degrees below the GPU's T.Limit point, signed; the point is the max operating
+            # temperature. A real H100 (driver 580, nvidia-smi -q): "GPU Shutdown T.Limit Temp: -8 C",
+            # "GPU Slowdown T.Limit Temp: -2 C", "GPU Max Operating T.Limit Temp: 0 C" and "Memory Max
+            # Operating T.Limit Temp: 0 C" (memory counts from its own maximum)
             threshold = {193: 0, 194: 1, 195: 2, 196: 3}[fid]
             if threshold not in p.thresholds or 3 not in p.thresholds:
                 return unsupported
-            return ok, _real.NVML_VALUE_TYPE_SIGNED_INT, p.thresholds[3] - p.thresholds[threshold]
+            margin = 0 if fid == 195 else p.thresholds[3] - p.thresholds[threshold]
+            return ok, _real.NVML_VALUE_TYPE_SIGNED_INT, margin
         if fid in g.violation_ns:
             return ok, ull, int(g.violation_ns[fid])
         if fid == 94:
             return ok, uint, g.pcie_replay
-        if fid == 197:
-            return ok, ull, int(g.pcie_tx)
-        if fid == 198:
-            return ok, ull, int(g.pcie_rx)
+        if fid in (197, 198):
+            # a 32-bit counter that wraps every 4 GiB: an H100 with driver 580 answers valueType
+            # NVML_VALUE_TYPE_UNSIGNED_INT (tests/fixtures/nvml/h100_r580.json)
+            return ok, uint, int(g.pcie_tx if fid == 197 else g.pcie_rx) % 2**32
         if fid in (3, 4, 5, 6):
             key = {3: (0, 0), 4: (1, 0), 5: (0, 1), 6: (1, 1)}[fid]
             return ok, ull, g.ecc[key]
         if fid in (29, 30, 31, 92, 93):
             return unsupported                      # page retirement is pre-Ampere
         if fid in (142, 143, 144, 145):
-            return ok, uint, g.remap[fid - 142]
+            return ok, ull, g.remap[fid - 142]       # unsigned long long on an H100, driver 580
         if fid == 230:
             return ok, uint, g.recovery_action
         if fid == 91:
@@ -1074,7 +1084,8 @@ class FakeNVML:
         g = self._device(device)
         if not g.profile.mig_capable:
             raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
-        return 7
+        with self._lock:    # zero while MIG is off (nvml.h; an H100 with MIG disabled answers 0)
+            return 7 if g.mig else 0
 
     @_api()
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
@@ -1110,8 +1121,7 @@ class FakeNVML:
         return s
 
     def _event_types(self) -> int:
-        types = (_real.nvmlEventTypeXidCriticalError | _real.nvmlEventTypeSingleBitEccError
-                 | _real.nvmlEventTypeDoubleBitEccError)
+        types = _BASE_EVENT_TYPES
         for bit, since in _EVENT_SINCE.items():
             if self.driver_major >= since:
                 types |= bit

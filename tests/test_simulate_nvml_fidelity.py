@@ -1,0 +1,146 @@
+"""The NVML double against a real driver's record (tests/fixtures/nvml/h100_r580.json, README beside it).
+
+The record is what ``python -m gpumon.simulate.nvml_record`` wrote on one NVIDIA H100 80GB HBM3 with
+driver 580.159.04; the same recorder runs here over :class:`FakeNVML` with the H100 profile and that
+driver version. Every call gpumon makes must end the same way (a value of the same shape, or the same
+NVML error code), every field must answer with the same ``nvmlReturn`` and ``valueType``, and the facts
+the collector relies on (units, sample spacing, buffer size, event types) must be equal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+import pytest
+
+from gpumon.simulate.nvml import FakeNVML
+from gpumon.simulate.nvml_record import record
+from tests.conftest import REPO
+
+FIXTURE = os.path.join(REPO, "tests", "fixtures", "nvml", "h100_r580.json")
+
+NO_NVLINK_IN_THE_RECORDED_VM = "the recorded GPU was passed into its VM alone, without its NVSwitch fabric"
+DIFFERENCES: dict[tuple[str, str], str] = {
+    **{("fields", str(fid)): NO_NVLINK_IN_THE_RECORDED_VM for fid in (91, 165, 138, 139, 38, 45, 52, 59, 161, 162, 163)},
+    ("calls", "fabric"): NO_NVLINK_IN_THE_RECORDED_VM,
+    ("calls", "fabric_legacy"): NO_NVLINK_IN_THE_RECORDED_VM,
+    ("static", "nvlink_crc_data_link0"): NO_NVLINK_IN_THE_RECORDED_VM,
+}
+"""Where the double answers as an ND H100 v5 GPU does (18 NVLinks, NVSwitch fabric) and the recorded
+VM could not: not a difference in how the driver answers."""
+
+
+def shape(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    if isinstance(value, bool | int | float):
+        return "number"
+    return type(value).__name__
+
+
+def outcome(entry: dict[str, Any]) -> Any:
+    """An error code, or the value's shape; an empty list is a list of any shape (no process ran)."""
+    if "error" in entry:
+        return ("error", entry["error"])
+    found = shape(entry["value"])
+    return ("value", "list" if isinstance(found, list) and not found else found)
+
+
+def same_outcome(got: dict[str, Any], want: dict[str, Any]) -> bool:
+    a, b = outcome(got), outcome(want)
+    if a[0] == b[0] == "value" and "list" in (a[1], b[1]):
+        return isinstance(a[1], list | str) and isinstance(b[1], list | str)
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def real() -> dict[str, Any]:
+    with open(FIXTURE, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@pytest.fixture(scope="module")
+def double(real: dict[str, Any]) -> dict[str, Any]:
+    fake = FakeNVML("h100-sxm5-80gb", 1, driver_version=real["driver_version"], cuda_version=13000)
+    fake.tick(3.0)      # a real driver has been sampling since it loaded
+    return record(fake, repeats=1, sleep=fake.tick)
+
+
+def test_the_record_is_a_real_h100_on_driver_580(real: dict[str, Any]) -> None:
+    dev = real["devices"][0]
+    assert dev["static"]["name"]["value"] == "NVIDIA H100 80GB HBM3" and real["driver_version"] == "580.159.04"
+    assert dev["static"]["pci"]["value"]["pciDeviceId"] == 0x233010DE
+
+
+@pytest.mark.parametrize("part", ["static", "calls"])
+def test_every_call_ends_as_on_the_real_driver(real: dict[str, Any], double: dict[str, Any], part: str) -> None:
+    got, want = double["devices"][0][part], real["devices"][0][part]
+    assert set(got) == set(want)
+    for key in want:
+        if (part, key) in DIFFERENCES:
+            continue
+        assert same_outcome(got[key], want[key]), (part, key, got[key], want[key])
+
+
+def test_every_field_answers_with_the_real_return_code_and_value_type(real: dict[str, Any],
+                                                                      double: dict[str, Any]) -> None:
+    want = {str(v["id"]): v for v in real["devices"][0]["fields"]["values"]}
+    got = {str(v["id"]): v for v in double["devices"][0]["fields"]["values"]}
+    assert set(got) == set(want)
+    for fid, w in want.items():
+        if ("fields", fid) in DIFFERENCES:
+            continue
+        g = got[fid]
+        assert (g["nvmlReturn"], g["valueType"]) == (w["nvmlReturn"], w["valueType"]), fid
+
+
+def test_static_facts_equal_the_real_gpu(real: dict[str, Any], double: dict[str, Any]) -> None:
+    for key in ("max_clock_sm", "max_clock_memory", "max_clock_graphics", "max_pcie_generation", "max_pcie_width",
+                "threshold_shutdown", "threshold_slowdown", "threshold_memory_max", "threshold_gpu_max",
+                "ecc_mode", "mig_mode", "max_mig_devices", "supported_events", "name", "gpm_support"):
+        assert double["devices"][0]["static"][key]["value"] == real["devices"][0]["static"][key]["value"], key
+    want, got = real["devices"][0]["calls"], double["devices"][0]["calls"]
+    for key in ("total", "reserved"):
+        assert got["memory"]["value"][key] == want["memory"]["value"][key], key
+    assert got["bar1"]["value"]["bar1Total"] == want["bar1"]["value"]["bar1Total"]
+    assert got["encoder"]["value"] == want["encoder"]["value"] == [0, 100_000]   # no NVENC: 0, not refused
+    assert got["power_limit"]["value"] == want["power_limit"]["value"]
+
+
+def test_power_samples_are_milliwatts_20_ms_apart_in_a_ring_of_119(real: dict[str, Any],
+                                                                   double: dict[str, Any]) -> None:
+    want, got = real["devices"][0]["power_samples"], double["devices"][0]["power_samples"]
+    # the real samples are milliwatts: within a few percent of nvmlDeviceGetPowerUsage (mW) read between
+    assert want["min"] * 0.9 <= want["power_usage_mw"] <= want["max"] * 1.1
+    assert got["sampleValType"] == want["sampleValType"] == 1          # NVML_VALUE_TYPE_UNSIGNED_INT
+    assert abs(got["median_step_us"] - want["median_step_us"]) <= 100   # 20 ms, give or take the clock
+    assert got["buffer_after_wait"]["count"] == want["buffer_after_wait"]["count"] == 119
+    assert got["after_1s"]["count"] == want["after_1s"]["count"] == 50
+
+
+def test_gpm_answers_every_metric_gpumon_asks(real: dict[str, Any], double: dict[str, Any]) -> None:
+    want, got = real["devices"][0]["gpm"], double["devices"][0]["gpm"]
+    assert want["supported"] and got["supported"]
+    assert [(m["id"], m["nvmlReturn"]) for m in got["metrics"]] == [(m["id"], m["nvmlReturn"]) for m in want["metrics"]]
+    assert all(0.0 <= m["value"] <= 100.0 for m in want["metrics"] if m["id"] < 20)   # ratios are percent
+
+
+def test_events_time_out_and_an_xid_arrives_as_the_real_one_did(real: dict[str, Any]) -> None:
+    fake = FakeNVML("h100-sxm5-80gb", 1, driver_version=real["driver_version"])
+    xid = threading.Timer(0.3, fake.inject_xid, (0, 31))   # once the recorder has registered
+    xid.start()
+    try:
+        got = record(fake, repeats=1, events=1.0, sleep=fake.tick)["events"]
+    finally:
+        xid.cancel()
+    want = real["events"]
+    assert got["empty_wait"]["error"] == want["empty_wait"]["error"] == 10    # NVML_ERROR_TIMEOUT
+    assert got["registered"] == {0: want["registered"]["0"]}
+    xid = [e for e in got["events"] if e.get("eventType") == 8]
+    keys = ("eventType", "eventData", "gpuInstanceId", "computeInstanceId", "gpu")
+    assert [{k: e[k] for k in keys} for e in xid] == [{k: e[k] for k in keys} for e in want["events"]]
