@@ -7,7 +7,8 @@ timed), then the loop takes each result (``Loop.accept``) and publishes once (``
 compose the snapshot, health rules, self-metrics, render the page). The thread CPU of those two
 steps is the overhead (``time.thread_time``), median over the cycles; the part each step takes is
 given beside it. The GPUs' values move every cycle (the double's workload), so the renderer cannot
-keep the GPU families' text: this is the busy case. A part figure, labelled as one: the loop alone.
+keep the text of the GPU families read that cycle: this is the busy case (the NVML fields and GPM
+metric read once every 30 s stand in between, as in the daemon). A part figure, labelled as one: the loop alone.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def tree_files(root: str) -> int:
 
 def run(opts: Options) -> dict:
     rounds = 3 if opts.smoke else 15
-    g_batch = 10 if opts.smoke else 300
+    g_batch = 100 if opts.smoke else 300   # smoke: enough runs for a few 10 ms /proc ticks
     ne_batch = 3 if opts.smoke else 60
     with tempfile.TemporaryDirectory(prefix="gpumon-bench-ib-") as tmp:
         sysfs = os.path.join(tmp, "sys")

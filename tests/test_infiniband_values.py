@@ -7,7 +7,7 @@ import os
 import pytest
 
 from gpumon.collectors.base import Context
-from gpumon.collectors.infiniband import PMA_COUNTERS, InfinibandCollector
+from gpumon.collectors.infiniband import HW_COUNTER_SECONDS, PMA_COUNTERS, InfinibandCollector
 from gpumon.config import Section
 from gpumon.model import MetricType
 from gpumon.simulate.sysfs import PROFILES, build_tree
@@ -106,6 +106,25 @@ def test_hw_queue_counter_at_32_bit_max_is_flagged(tmp_path) -> None:
     fabric.set_counter("mlx5_0", 1, "out_of_buffer", (1 << 32) - 1)
     sat = values(ib.collect(), "gpumon_ib_port_saturated")
     assert sat == {("mlx5_0", "1", "out_of_buffer"): 1}
+
+
+def test_hw_counters_are_read_every_10_seconds_and_counters_every_run(tmp_path) -> None:
+    """At a fast interval counters/ (data, errors, link_downed for flaps) is read every run and
+    hw_counters/ at most every HW_COUNTER_SECONDS, its last value exported in between."""
+    ib, fabric = collector(tmp_path, "plain-mlx5")
+    now = [1000.0]
+    ib._clock = lambda: now[0]
+    key = ("mlx5_0", "1")
+    ib.collect()
+    fabric.set_counter("mlx5_0", 1, "out_of_buffer", 7)
+    fabric.set_counter("mlx5_0", 1, "port_xmit_data", 1000)
+    now[0] += 1.0
+    coll = ib.collect()
+    assert values(coll, "gpumon_ib_port_data_transmitted_bytes_total")[key] == 4000     # read this run
+    assert values(coll, "gpumon_ib_hw_stat_total")[key + ("out_of_buffer",)] != 7      # the last value
+    now[0] += HW_COUNTER_SECONDS
+    coll = ib.collect()
+    assert values(coll, "gpumon_ib_hw_stat_total")[key + ("out_of_buffer",)] == 7
 
 
 def test_old_kernel_no_pma_keeps_everything_else(tmp_path) -> None:

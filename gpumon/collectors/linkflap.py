@@ -17,9 +17,9 @@ from typing import Any
 
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.config import Option, Section, SectionSchema
-from gpumon.flaps import SIGNALS, shared_detector
+from gpumon.flaps import SIGNALS, PortFlapStatus, shared_detector
 from gpumon.metric_catalogue import AGG_COUNTER, AGG_FLAG, AGG_LAST, each, port_columns
-from gpumon.model import Collection, MetricSpec, MetricType, Sample
+from gpumon.model import Collection, MetricFamily, MetricSpec, MetricType, Sample
 from gpumon.sources import ib_sysfs
 from gpumon.sources.ib_sysfs import (
     DEVICE_OPTIONS,
@@ -177,6 +177,8 @@ class LinkflapCollector(Collector):
         self._signature: Signature | None = None
         self._stale = True
         self._ports: list[_Watched] = []
+        #: The statuses and ports the last export was made from, and the families it made.
+        self._exported: tuple[list[PortFlapStatus], list[_Watched], list[MetricFamily]] = ([], [], [])
 
     @classmethod
     def metrics(cls) -> tuple[MetricSpec, ...]:
@@ -255,9 +257,16 @@ class LinkflapCollector(Collector):
             return None
 
     def _export(self, coll: Collection) -> None:
+        """The ports' flap series; the same families as the last run while no port's status changed
+        (most seconds on a healthy host): nothing is made again, and the loop sees the same samples."""
+        statuses = [self._detector.status(port.paths.key) for port in self._ports]
+        if statuses != self._exported[0] or self._ports is not self._exported[1]:
+            self._exported = (statuses, self._ports, self._families(statuses))
+        coll.families.extend(self._exported[2])
+
+    def _families(self, statuses: list[PortFlapStatus]) -> list[MetricFamily]:
         flaps, signals, window, flapping, last, down, last_down = ([] for _ in range(7))
-        for port in self._ports:
-            st = self._detector.status(port.paths.key)
+        for port, st in zip(self._ports, statuses):
             labels = port.labels
             flaps.append(Sample(labels, float(st.flaps_total)))
             for signal, signal_labels in zip(SIGNALS, port.signal_labels):
@@ -269,10 +278,9 @@ class LinkflapCollector(Collector):
             down.append(Sample(labels, st.down_seconds))
             if st.last_down_seconds is not None:
                 last_down.append(Sample(labels, st.last_down_seconds))
-        coll.add(SPEC_FLAPS, flaps)
-        coll.add(SPEC_SIGNALS, signals)
-        coll.add(SPEC_WINDOW, window)
-        coll.add(SPEC_FLAPPING, flapping)
-        coll.add(SPEC_LAST, last)
-        coll.add(SPEC_DOWN, down)
-        coll.add(SPEC_LAST_DOWN, last_down)
+        made = Collection()
+        for spec, samples in ((SPEC_FLAPS, flaps), (SPEC_SIGNALS, signals), (SPEC_WINDOW, window),
+                              (SPEC_FLAPPING, flapping), (SPEC_LAST, last), (SPEC_DOWN, down),
+                              (SPEC_LAST_DOWN, last_down)):
+            made.add(spec, samples)
+        return made.families

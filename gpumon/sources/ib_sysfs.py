@@ -12,6 +12,7 @@ an attribute is never replaced; anywhere else (fixtures, ``--simulate``) files a
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import re
@@ -347,20 +348,28 @@ def tree_signature(sysfs_root: str) -> Signature | None:
         return None
     result = []
     for name in names:
+        link, net, ports_dir = _signature_paths(base, name)
         try:
-            target = os.readlink(os.path.join(base, name))
+            target = os.readlink(link)
         except OSError:
             target = ""
         try:
-            netdevs = tuple(sorted(os.listdir(os.path.join(base, name, "device", "net"))))
+            netdevs = tuple(sorted(os.listdir(net)))
         except OSError:
             netdevs = ()
         try:
-            ports = tuple(sorted(os.listdir(os.path.join(base, name, "ports"))))
+            ports = tuple(sorted(os.listdir(ports_dir)))
         except OSError:
             ports = ()
         result.append((name, target, netdevs, ports))
     return tuple(result)
+
+
+@functools.lru_cache(maxsize=256)
+def _signature_paths(base: str, name: str) -> tuple[str, str, str]:
+    """The three paths the signature looks at for one device, joined once (it runs every collection)."""
+    link = os.path.join(base, name)
+    return link, os.path.join(link, "device", "net"), os.path.join(link, "ports")
 
 
 def _netdevs(device_dir: str, port: str, port_count: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
