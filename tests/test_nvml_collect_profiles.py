@@ -482,3 +482,47 @@ def test_pcie_byte_counters_wrapping_at_4_gib_still_only_grow() -> None:
     second = gpu_values(c.collect(), "gpumon_gpu_pcie_bytes_total", direction="tx")["0"]
     assert second - first == 6000
     c.close()
+
+
+def test_a_slow_field_that_fails_once_is_asked_again_on_the_next_run() -> None:
+    """A transient error (UNKNOWN, not a refusal that drops the field) leaves energy absent for that
+    run only, as for any field: it is asked again on the next run, not 30 s later."""
+    fake, c, clock = rig(count=1, driver="580.159.04")
+    asked: list[set[int]] = []
+    real = fake.nvmlDeviceGetFieldValues
+
+    def spy(handle: Any, ids: Any) -> Any:
+        asked.append({fid for fid, _ in ids})
+        return real(handle, ids)
+
+    fake.nvmlDeviceGetFieldValues = spy  # type: ignore[method-assign]
+    fake.fail_field(83, pynvml.NVML_ERROR_UNKNOWN)
+    assert "0" not in gpu_values(c.collect(), "gpumon_gpu_energy_joules_total")
+    fake.clear_faults()
+    clock.t += 10
+    out = c.collect()
+    assert 83 in asked[-1] and "0" in gpu_values(out, "gpumon_gpu_energy_joules_total")
+    clock.t += 10
+    c.collect()
+    assert 83 not in asked[-1]           # read well: back to once every 30 s
+    c.close()
+
+
+def test_gpm_graphics_that_fails_once_is_asked_again_on_the_next_run() -> None:
+    fake, c, clock = rig(count=1)
+    asked: list[set[int]] = []
+    real = fake.nvmlGpmMetricsGet
+
+    def spy(mg: Any) -> Any:
+        asked.append({int(mg.metrics[i].metricId) for i in range(mg.numMetrics)})
+        return real(mg)
+
+    fake.nvmlGpmMetricsGet = spy  # type: ignore[method-assign]
+    fake.fail_gpm_metric(1, pynvml.NVML_ERROR_UNKNOWN)
+    assert "0" not in gpu_values(c.collect(), "gpumon_gpu_activity_ratio", activity="graphics")
+    fake.clear_faults()
+    fake.tick(10)
+    clock.t += 10
+    out = c.collect()
+    assert 1 in asked[-1] and "0" in gpu_values(out, "gpumon_gpu_activity_ratio", activity="graphics")
+    c.close()

@@ -569,7 +569,6 @@ class NvmlCollector(Collector):
 
     # --- fields --------------------------------------------------------------------------------------
 
-
     def _field_plan(self, gpu: _Gpu, slow_due: bool) -> list[tuple[int, int]]:
         driver = self.session.driver_major
         ids = [(fs.field_id, 0) for fs in M.FIELDS if fs.min_driver <= driver and (slow_due or not fs.slow)]
@@ -617,8 +616,10 @@ class NvmlCollector(Collector):
                 row = (fs.spec, fs.extra, value * fs.scale)
                 (fresh_slow if fs.slow else rows).append(row)
         if slow_due:
-            gpu.slow_fields_at = now
             gpu.slow_field_rows = fresh_slow
+            # a slow field that failed this time (and was not dropped) is asked again next run
+            if all(key in got for key in plan if key[1] == 0 and key[0] in M.SLOW_FIELD_IDS):
+                gpu.slow_fields_at = now
         rows.extend(gpu.slow_field_rows)
         if gpu.link_count:
             self._nvlink_rows(gpu, got, rows)
@@ -762,8 +763,9 @@ class NvmlCollector(Collector):
             elif mid in nvlink:
                 target.append((M.GPM_NVLINK, (nvlink[mid],), value * MIB))
         if slow_due:
-            gpu.gpm_slow_at[extra] = now
             gpu.gpm_slow_rows[extra] = slow_rows
+            if all(code == 0 for mid, code, _ in read if mid in GPM_SLOW_IDS):
+                gpu.gpm_slow_at[extra] = now      # else asked again next run
         rows.extend(gpu.gpm_slow_rows.get(extra, ()))
 
 

@@ -352,6 +352,8 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec(145, "REMAPPED_FAILURE", REMAP_FAILURE, (), 1.0, "remap"),
     FieldSpec(230, "GET_GPU_RECOVERY_ACTION", RECOVERY),
 )
+SLOW_FIELD_IDS = frozenset(fs.field_id for fs in FIELDS if fs.slow)
+
 # The "_TOTAL" error fields count all lanes of the link named in scopeId: asked per link and summed.
 NVLINK_TOTAL_FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec(38, "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", NVLINK_ERRORS, ("crc_flit",)),
