@@ -484,7 +484,8 @@ SLOW_CALLS: tuple[CallItem, ...] = (
     CallItem("decoder", "nvmlDeviceGetDecoderUtilization", (), _ratio_percent("decoder")),
     CallItem("fan", "nvmlDeviceGetFanSpeed", (), _scalar(FAN, (), 0.01)),
 )
-# The energy call costs as much as its field (3 ms of CPU on an H100, driver 580): the slow tier's
+# Fallbacks read in the fast tier, every run; the others share the slow rotation. Energy is not among
+# them: its call costs as much as its field (3 ms of CPU on an H100, driver 580).
 FAST_FALLBACKS = frozenset({"power"})
 FALLBACK_CALLS: dict[str, CallItem] = {c.key: c for c in (
     CallItem("memory_v1", "nvmlDeviceGetMemoryInfo", (), _memory),

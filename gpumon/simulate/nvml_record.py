@@ -5,8 +5,9 @@ driver's own answers: each call's outcome (a value's shape and value, or the NVM
 field id's ``nvmlReturn`` / ``valueType`` / value, the power-sample buffer, GPM metrics, the event
 types the GPU supports, and how long each call takes. Run against :class:`FakeNVML`, it writes the
 double's answers in the same form, so a test can hold the double to a real driver's record
-(``tests/fixtures/nvml/``). The call list is the collector's own (``nvml_metrics`` and
-``nvml_fabric``): a call the collector adds is recorded without touching this file.
+(``tests/fixtures/nvml/``). The per-run calls and fields are the collector's own tables
+(``nvml_metrics`` and ``nvml_fabric``): one the collector adds is recorded without touching this
+file. The static facts the collector reads at discovery are listed here (``STATIC_CALLS``).
 
 ``--events SECONDS`` also waits that long for NVML events (XIDs, ...) on every GPU and records each
 one as the driver delivered it.
