@@ -38,6 +38,32 @@ def rig(profile: str = "h100-sxm5-80gb", count: int = 8, driver: str = "550.90.0
     return fake, collector, clock
 
 
+def field_ids_asked(fake: FakeNVML) -> list[set[int]]:
+    """The field ids of each nvmlDeviceGetFieldValues call from now on, one set per call."""
+    asked: list[set[int]] = []
+    real = fake.nvmlDeviceGetFieldValues
+
+    def spy(handle: Any, ids: Any) -> Any:
+        asked.append({fid for fid, _ in ids})
+        return real(handle, ids)
+
+    fake.nvmlDeviceGetFieldValues = spy  # type: ignore[method-assign]
+    return asked
+
+
+def gpm_ids_asked(fake: FakeNVML) -> list[set[int]]:
+    """The GPM metric ids of each nvmlGpmMetricsGet call from now on, one set per call."""
+    asked: list[set[int]] = []
+    real = fake.nvmlGpmMetricsGet
+
+    def spy(mg: Any) -> Any:
+        asked.append({int(mg.metrics[i].metricId) for i in range(mg.numMetrics)})
+        return real(mg)
+
+    fake.nvmlGpmMetricsGet = spy  # type: ignore[method-assign]
+    return asked
+
+
 
 
 def names(out: Collection) -> set[str]:
@@ -103,14 +129,7 @@ def test_slow_fields_are_asked_every_30_seconds_and_their_last_value_stands_in_b
     fake, c, clock = rig(count=1, driver="580.159.04")
     slow_ids = {fs.field_id for fs in M.FIELDS if fs.slow}
     assert {83, 75, 269, 270, 94, 197, 198} == slow_ids
-    asked: list[set[int]] = []
-    real = fake.nvmlDeviceGetFieldValues
-
-    def spy(handle: Any, ids: Any) -> Any:
-        asked.append({fid for fid, _ in ids})
-        return real(handle, ids)
-
-    fake.nvmlDeviceGetFieldValues = spy  # type: ignore[method-assign]
+    asked = field_ids_asked(fake)
     first = gpu_values(c.collect(), "gpumon_gpu_energy_joules_total")["0"]
     assert slow_ids <= asked[-1]
     for _ in range(2):
@@ -446,14 +465,7 @@ def test_gpm_graphics_activity_is_asked_every_30_seconds_and_stands_in_between()
     tests/fixtures/nvml/h100_r580.json), so it is asked once every SLOW_FIELD_SECONDS; the other
     activity ratios are asked every run, and graphics keeps its last value in between."""
     fake, c, clock = rig(count=1)
-    asked: list[set[int]] = []
-    real = fake.nvmlGpmMetricsGet
-
-    def spy(mg: Any) -> Any:
-        asked.append({int(mg.metrics[i].metricId) for i in range(mg.numMetrics)})
-        return real(mg)
-
-    fake.nvmlGpmMetricsGet = spy  # type: ignore[method-assign]
+    asked = gpm_ids_asked(fake)
     first = gpu_values(c.collect(), "gpumon_gpu_activity_ratio", activity="graphics")
     assert 1 in asked[-1] and 2 in asked[-1] and "0" in first
     fake.tick(10)
@@ -488,14 +500,7 @@ def test_a_slow_field_that_fails_once_is_asked_again_on_the_next_run() -> None:
     """A transient error (UNKNOWN, not a refusal that drops the field) leaves energy absent for that
     run only, as for any field: it is asked again on the next run, not 30 s later."""
     fake, c, clock = rig(count=1, driver="580.159.04")
-    asked: list[set[int]] = []
-    real = fake.nvmlDeviceGetFieldValues
-
-    def spy(handle: Any, ids: Any) -> Any:
-        asked.append({fid for fid, _ in ids})
-        return real(handle, ids)
-
-    fake.nvmlDeviceGetFieldValues = spy  # type: ignore[method-assign]
+    asked = field_ids_asked(fake)
     fake.fail_field(83, pynvml.NVML_ERROR_UNKNOWN)
     assert "0" not in gpu_values(c.collect(), "gpumon_gpu_energy_joules_total")
     fake.clear_faults()
@@ -510,14 +515,7 @@ def test_a_slow_field_that_fails_once_is_asked_again_on_the_next_run() -> None:
 
 def test_gpm_graphics_that_fails_once_is_asked_again_on_the_next_run() -> None:
     fake, c, clock = rig(count=1)
-    asked: list[set[int]] = []
-    real = fake.nvmlGpmMetricsGet
-
-    def spy(mg: Any) -> Any:
-        asked.append({int(mg.metrics[i].metricId) for i in range(mg.numMetrics)})
-        return real(mg)
-
-    fake.nvmlGpmMetricsGet = spy  # type: ignore[method-assign]
+    asked = gpm_ids_asked(fake)
     fake.fail_gpm_metric(1, pynvml.NVML_ERROR_UNKNOWN)
     assert "0" not in gpu_values(c.collect(), "gpumon_gpu_activity_ratio", activity="graphics")
     fake.clear_faults()

@@ -30,7 +30,7 @@ from gpumon.collectors import nvml_metrics as M
 from gpumon.collectors.nvml_fabric import FABRIC_ITEM, FABRIC_LEGACY_ITEM
 from gpumon.collectors.nvml_gpm import GpmPair, alloc_samples, free_samples
 from gpumon.collectors.nvml_session import NvmlSession, nvml_code
-from gpumon.collectors.nvml_tables import GPM_ALL_IDS, TOTAL_POWER_SAMPLES, union_value
+from gpumon.collectors.nvml_tables import GPM_ALL_IDS, TIMEOUT, TOTAL_POWER_SAMPLES, union_value
 
 TIMING_REPEATS = 20
 """Calls timed per item: the median of these is recorded (the first call of a kind can be slower)."""
@@ -227,7 +227,6 @@ def _record_gpm(session: NvmlSession, h: Any, repeats: int, sleep: Callable[[flo
 
 def record_events(session: NvmlSession, seconds: float) -> dict[str, Any]:
     """Wait ``seconds`` for events on every GPU (each GPU registered for every type it supports)."""
-    lib = session.lib
     es = session.call("nvmlEventSetCreate")
     registered: dict[int, Any] = {}
     for dev in session.devices:
@@ -244,7 +243,7 @@ def record_events(session: NvmlSession, seconds: float) -> dict[str, Any]:
         try:
             data = session.call("nvmlEventSetWait_v2", es, 500)
         except Exception as exc:  # noqa: BLE001
-            if nvml_code(exc) != getattr(lib, "NVML_ERROR_TIMEOUT", 10):
+            if nvml_code(exc) != TIMEOUT:
                 events.append({"error": nvml_code(exc), "message": str(exc)})
             continue
         seen = session.device_for(data.device)
