@@ -150,4 +150,4 @@ def test_image_has_no_build_tooling(container):
 
 def test_image_state_dir_is_owned_by_the_user(container):
     out = run_in(container, "stat", "-c", "%u %a", "/var/lib/gpumon")
-    assert out.stdout.split() == ["10001", "700"]
+    assert out.stdout.split() == ["10001", "700"], out.stderr
