@@ -203,6 +203,15 @@ class DeliveryCounters:
             if error:
                 self.last_error = error
 
+    def refused(self, items: int, error: str) -> None:
+        """The receiver refused ``items`` for good (a 400 for out-of-order samples): dropped, and the
+        sink is not up until a request goes through, so that a receiver refusing everything does not
+        look like a healthy one."""
+        with self._lock:
+            self.dropped += items
+            self.consecutive_failures += 1
+            self.last_error = error
+
 
 def has_new_results(new: Snapshot, old: Snapshot | None) -> bool:
     """Whether ``new`` carries a collector run that ``old`` did not.

@@ -222,7 +222,7 @@ class HttpTransport:
                 return SendResult(False, True, f"timed out: no complete answer within the {seconds:g} s "
                                                "deadline"), url
             reason: object = getattr(exc, "reason", None) or exc
-            if isinstance(reason, ValueError) and "header" in str(reason).lower():
+            if isinstance(reason, ValueError) and not isinstance(reason, OSError) and "header" in str(reason).lower():
                 # http.client's message quotes the header: it may be a credential
                 return SendResult(False, True, "a request header is not valid HTTP (not shown)", config=True), url
             return SendResult(False, True, f"{type(reason).__name__}: "
