@@ -24,8 +24,9 @@ from typing import Any
 from gpumon.httpdates import parse_retry_after
 from gpumon.model import Snapshot
 
-__all__ = ["REDIRECT_FOLLOWED", "DeliveryCounters", "has_new_results", "parse_retry_after", "read_regular_file",
-           "receiver_text", "redact_url", "redirect_target", "retry_after_from_headers", "secrets_of"]
+__all__ = ["REDIRECT_FOLLOWED", "DeliveryCounters", "has_new_results", "header_list_check", "header_problem",
+           "parse_retry_after", "read_regular_file", "receiver_text", "redact_url", "redirect_target",
+           "retry_after_from_headers", "secrets_of"]
 
 REDIRECT_FOLLOWED = (307, 308)
 """The only redirects a sink follows: they keep the method and the body (RFC 9110 15.4.8, RFC 9110
@@ -90,6 +91,39 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 def _origin_text(url: str) -> str:
     scheme, host, port = _origin(url)
     return sanitize_text(f"{scheme}://{host}:{port}", 120)
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP field name (RFC 9110 5.1, ``token``)."""
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""What a field value must not hold (RFC 9110 5.5): a CR or LF would end the header, a NUL is refused."""
+
+
+def header_problem(item: str) -> str | None:
+    """Why ``NAME=VALUE`` is not a request header gpumon can send, or None. The message names the
+    header (as far as it reads as a name) and never shows the value: a header written
+    ``Authorization: Bearer ...`` holds a credential however it is mistyped."""
+    name, sep, value = item.partition("=")
+    # a name followed by ':' or a space reads as a header name; a lone word may be the secret itself
+    hint = re.match(r"\s*([!#$%&'*+.^_`|~0-9A-Za-z-]+)\s*[:\s]", item)
+    named = f" {hint.group(1)!r}" if hint else ""
+    if not sep:
+        return f"entry{named} is not NAME=VALUE (write {hint.group(1) if hint else 'NAME'}=VALUE; " \
+               "the entry is not shown)"
+    if not _TOKEN.fullmatch(name.strip()):
+        return f"entry{named} does not start with a valid header name before '=' (the entry is not shown)"
+    if _CONTROL.search(value):
+        return f"header {name.strip()!r}: the value holds a control character or a line break (not shown)"
+    return None
+
+
+def header_list_check(items: list[str]) -> str | None:
+    """The config check of a ``headers`` option (``[otel]``, ``[remote_write]``): see :func:`header_problem`."""
+    for item in items:
+        problem = header_problem(item)
+        if problem:
+            return problem
+    return None
 
 
 def secrets_of(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon import __version__
@@ -40,7 +40,13 @@ from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
 from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
-from gpumon.sinks.common import DeliveryCounters, has_new_results, read_regular_file, redact_url
+from gpumon.sinks.common import (
+    DeliveryCounters,
+    has_new_results,
+    header_list_check,
+    read_regular_file,
+    redact_url,
+)
 from gpumon.sinks.remote_write import encoding
 from gpumon.sinks.remote_write.limits import BodyLimit
 from gpumon.sinks.remote_write.transport import (
@@ -85,11 +91,11 @@ class RemoteWriteSettings:
     job: str
     instance: str
     external_labels: tuple[str, ...]
-    headers: tuple[str, ...]
+    headers: tuple[str, ...] = field(repr=False)  # a secret: never in a repr
     timeout: float
     auth: str
     username: str
-    password: str
+    password: str = field(repr=False)  # a secret: never in a repr
     password_file: str
     bearer_token_file: str
     ca_file: str
@@ -98,7 +104,7 @@ class RemoteWriteSettings:
     credential: str
     client_id: str
     tenant_id: str
-    client_secret: str
+    client_secret: str = field(repr=False)  # a secret: never in a repr
     audience: str
     spool_dir: str
     spool_max_bytes: int
@@ -120,8 +126,8 @@ OPTIONS = SectionSchema(
         Option("instance", str, "", "The `instance` label every series gets; empty means the host name."),
         Option("external_labels", list, [], "More labels for every series as NAME=VALUE (cluster=..., "
                "region=...); a series' own label of the same name wins.", check=_pairs_check),
-        Option("headers", list, [], "Extra request headers as NAME=VALUE (X-Scope-OrgID=tenant for Mimir).",
-               secret=True),
+        Option("headers", list, [], "Extra request headers as NAME=VALUE (X-Scope-OrgID=tenant for Mimir). "
+               "Values are never logged or printed.", check=header_list_check, secret=True),
         Option("timeout", float, 10.0, "Seconds one request may take in all: connect, send and answer.",
                min=0.1, max=600.0),
         Option("auth", str, "none", "`none`, `basic` (username, password or password_file), `bearer` "
