@@ -358,3 +358,28 @@ def test_samples_the_full_spool_drops_are_counted_exactly_and_never_go_down(rece
     health = sink.health()
     assert health.dropped >= seen[-1]
     assert health.exported + health.dropped == published  # every sample delivered or counted once
+
+
+def test_a_request_in_flight_when_the_spool_drops_it_is_counted_once(tmp_path):
+    """The full spool drops the segment of the request being sent: delivered, it is exported and not
+    also dropped; not delivered, it is dropped once, when the uploader reads on."""
+    from gpumon.sinks.remote_write.sink import _record_samples
+    from gpumon.sinks.spool import Spool
+
+    spool = Spool(str(tmp_path / "spool"), 65536, weigh=_record_samples)
+    record = struct.pack(">I", 7) + b"x" * 2000  # a request of 7 samples
+    spool.append([record])
+    for delivered_it in (True, False):
+        before = spool.stats()
+        batch = spool.read(max_records=1)
+        assert batch is not None
+        while any(seg.number == batch.segment for seg in spool._segments):
+            spool.append([record])  # past the cap: the oldest segment, the batch's, is dropped
+        after = spool.stats()
+        lost = after.dropped - before.dropped  # records, the one in flight included
+        assert lost > 1 and after.dropped_weight - before.dropped_weight == 7 * (lost - 1)
+        if delivered_it:
+            spool.ack(batch)  # stale (its segment is gone), but it was delivered: not dropped
+        assert spool.read(max_records=1) is not None
+        assert spool.stats().dropped_weight == after.dropped_weight + (0 if delivered_it else 7)
+    spool.close()

@@ -167,6 +167,10 @@ class Spool:
         self._dirty = False
         self._dropped = 0
         self._dropped_weight = 0
+        self._reading: tuple[Batch, int] | None = None
+        """The latest batch read and not yet acknowledged, with its weight. A drop of its segment leaves
+        its weight to the consumer's outcome: delivered (acknowledged), or counted at the next read."""
+        self._reading_dropped = False
         self._corrupt = 0
         self._error = ""
         self._cursor_error = ""
@@ -362,6 +366,9 @@ class Spool:
         oldest = self._segments.pop(0)
         self._dropped += oldest.pending
         self._dropped_weight += oldest.weight
+        if self._reading is not None and self._reading[0].segment == oldest.number and not self._reading_dropped:
+            self._dropped_weight -= self._reading[1]  # in flight: its sending decides (see ``_reading``)
+            self._reading_dropped = True
         self._cursor = (self._segments[0].number, 0)
         return oldest.path
 
@@ -435,6 +442,7 @@ class Spool:
     def read(self, max_records: int = 5000, max_bytes: int = 4 << 20) -> Batch | None:
         """The next unacknowledged records (from one segment), or None when there are none."""
         with self._lock:
+            self._forget_reading()
             consumed = self._pop_consumed()
         self._retire(consumed)
         with self._lock:
@@ -472,11 +480,27 @@ class Spool:
             pos = stop
         if not records:
             return None
-        return Batch(number, offset, offset + pos, tuple(records))
+        batch = Batch(number, offset, offset + pos, tuple(records))
+        weight = sum(self._weigh(record) for record in records)
+        with self._lock:
+            self._reading, self._reading_dropped = (batch, weight), False
+            if all(seg.number != number for seg in self._segments):  # dropped while being read
+                self._dropped_weight -= weight
+                self._reading_dropped = True
+        return batch
+
+    def _forget_reading(self) -> None:
+        """The batch in flight is read no more (lock held): dropped meanwhile and never acknowledged,
+        it was lost, and is counted now."""
+        if self._reading is not None and self._reading_dropped:
+            self._dropped_weight += self._reading[1]
+        self._reading, self._reading_dropped = None, False
 
     def ack(self, batch: Batch) -> None:
         """Mark a batch delivered (or given up on). Stale batches (already dropped) are ignored."""
         with self._lock:
+            if self._reading is not None and self._reading[0] is batch:
+                self._reading, self._reading_dropped = None, False  # delivered or given up by the caller
             if not self._segments or self._segments[0].number != batch.segment:
                 return
             seg = self._segments[0]
