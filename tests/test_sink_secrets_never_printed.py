@@ -191,3 +191,35 @@ def test_an_otlp_receiver_echoing_the_authorization_header_has_it_redacted(tmp_p
         assert SECRET not in text
     for message in [r.getMessage() for r in caplog.records] + [detail, *checked]:
         assert clean_line(message), repr(message)
+
+
+def test_a_grpc_collector_echoing_the_metadata_has_it_redacted(tmp_path, caplog):
+    """gRPC: the status message of a collector that quotes the call's authorization metadata."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+
+    class Echoing(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - generated name
+            sent = dict(context.invocation_metadata()).get("authorization", "")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"refused {sent}\nCRITICAL forged line")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Echoing(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    sink = make_otel_sink(f"http://127.0.0.1:{port}", tmp_path, protocol="grpc", logs=False,
+                          headers=[f"Authorization=Bearer {SECRET}"])
+    sink.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="gpumon.sinks.otel"):
+            sink.publish(snapshot(time.time(), 1.0, 1.0))
+            wait_for(lambda: sink.health().failed >= 1)
+        detail = sink.health().detail
+    finally:
+        sink.stop(1)
+        server.stop(grace=None)
+    assert "UNAUTHENTICATED: refused <redacted>" in detail
+    assert SECRET not in caplog.text + detail
+    assert all(clean_line(m) for m in [r.getMessage() for r in caplog.records] + [detail])
