@@ -38,6 +38,7 @@ BAD_SECRETS = {
     "remote_write header with a line break": (
         f'[remote_write]\nurl = "http://127.0.0.1:1/w"\nheaders = ["X-Token={SECRET}\\r\\nX-Injected: 1"]\n',
         "[remote_write] headers"),
+    "otel header that is the token alone": (f'[otel]\nheaders = ["{SECRET}"]\n', "[otel] headers"),
     "otel header with a colon": (f'[otel]\nheaders = ["Authorization: Bearer {SECRET}"]\n', "[otel] headers"),
     "otel header not a list of strings": (f'[otel]\nheaders = ["a=b", {{x = "{SECRET}"}}]\n', "[otel] headers"),
     "remote_write password a number": ("[remote_write]\npassword = 98765432123\n", "[remote_write] password"),

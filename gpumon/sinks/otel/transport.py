@@ -170,7 +170,7 @@ class HttpTransport:
         }
         if settings.compression == "gzip":
             self._headers["Content-Encoding"] = "gzip"
-        self._secrets = secrets_of(self._headers)
+        self._secrets = secrets_of(settings.headers)  # the configured ones: the protocol's are no secret
         handlers: list[Any] = [_DeadlineHTTPHandler(), _NoRedirect()]
         if settings.tls:
             context = ssl.create_default_context(cafile=settings.certificate or None)
