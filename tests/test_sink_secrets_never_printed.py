@@ -132,9 +132,14 @@ def test_a_binary_answer_is_described_not_logged(tmp_path, caplog):
     assert all(clean_line(r.getMessage()) for r in caplog.records)
 
 
-def test_a_token_file_with_a_line_break_is_a_configuration_fault_without_the_token(tmp_path):
+@pytest.mark.parametrize("content, says", [
+    (f"{SECRET}\nX-Injected: 1\n".encode(), "not valid HTTP"),
+    (SECRET.encode() + b"\xff\xfe", "not UTF-8"),
+], ids=["line-break", "not-utf8"])
+def test_a_token_file_that_cannot_be_a_header_is_a_configuration_fault_without_the_token(tmp_path, content,
+                                                                                          says):
     token = tmp_path / "token"
-    token.write_text(f"{SECRET}\nX-Injected: 1\n")
+    token.write_bytes(content)
     receiver = Receiver()
     sink = make_sink(tmp_path, receiver.url, auth="bearer", bearer_token_file=str(token))
     sink.start()
@@ -145,7 +150,7 @@ def test_a_token_file_with_a_line_break_is_a_configuration_fault_without_the_tok
     finally:
         sink.stop(1.0)
         receiver.close()
-    assert "not valid HTTP" in health.detail and SECRET not in health.detail
+    assert says in health.detail and SECRET not in health.detail and "xff" not in health.detail
     assert receiver.times == [] and health.dropped == 0 and health.extra["requests_queued"] == 1
 
 

@@ -261,10 +261,10 @@ class RemoteWriteSink(Sink):
         if opt.auth == "basic":
             password = opt.password
             if opt.password_file:  # non-blocking, regular files only: a FIFO must not hang the uploader
-                password = read_regular_file(opt.password_file, _SECRET_MAX).decode("utf-8").strip()
+                password = _secret_file(opt.password_file)
             return basic_authorization(opt.username, password)
         if opt.auth == "bearer":
-            return "Bearer " + read_regular_file(opt.bearer_token_file, _SECRET_MAX).decode("utf-8").strip()
+            return "Bearer " + _secret_file(opt.bearer_token_file)
         if opt.auth == "azure":
             if self._token is None or self._token.expires_on - time.time() < _TOKEN_MARGIN:
                 self._token = self._credential.get_token(opt.audience.rstrip("/") + "/.default")
@@ -509,6 +509,15 @@ class RemoteWriteSink(Sink):
         if 200 <= response.status < 300:
             return [CheckResult(self.name, True, f"{url} accepts remote write (HTTP {response.status})")]
         return [CheckResult(self.name, False, f"{url}: {response.redirect or _describe(response)}")]
+
+
+def _secret_file(path: str) -> str:
+    """A password or token file's text, stripped; a file that is not UTF-8 is refused without
+    quoting any of it (the codec's message would show a byte of the secret)."""
+    try:
+        return read_regular_file(path, _SECRET_MAX).decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise HeaderError(f"{path} is not UTF-8 text (its content is not shown)") from None
 
 
 def _describe(response: Response) -> str:
