@@ -58,8 +58,15 @@ class Option:
     secret: bool = False
 
     def validate(self, value: Any) -> Any:
-        """Return the value coerced to the option's type, or raise ValueError with a reason."""
-        value = _coerce(self.type, value)
+        """Return the value coerced to the option's type, or raise ValueError with a reason (which,
+        for a secret option, never shows the value)."""
+        try:
+            value = _coerce(self.type, value)
+        except ValueError as exc:
+            if not self.secret or "(got" not in str(exc):
+                raise
+            raise ValueError(f"must be {_KINDS.get(self.type, self.type.__name__)} (got a value of type "
+                             f"{type(value).__name__}, not shown: it is a secret)") from None
         if self.choices is not None:
             items = value if isinstance(value, list) else [value]
             for item in items:
@@ -74,6 +81,11 @@ class Option:
             if problem:
                 raise ValueError(problem)
         return value
+
+
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+          list: "a list of strings"}
+"""How an error message names a type without showing the value."""
 
 
 def shown(value: Any) -> str:

@@ -128,6 +128,9 @@ class Reply:
     retry_after: str | None = None
     body: str = ""
     hang: bool = False
+    location: str | None = None
+    echo: bool = False
+    """Answer with the request's headers in the body, as some proxies' error pages do."""
 
 
 class Receiver:
@@ -145,6 +148,12 @@ class Receiver:
         self.times: list[float] = []
         """Monotonic arrival time of every request, answered or not."""
         self.replies: list[Reply] = []
+        self.default = Reply(204)
+        """The answer once ``replies`` are used up."""
+        self.max_body: int | None = None
+        """With a value: 413 for every body larger than this many bytes, as a proxy's body limit."""
+        self.sizes: list[int] = []
+        """The body size of every request, answered or not."""
         self.token = token
         self._lock = threading.Lock()
         self._release = threading.Event()
@@ -184,7 +193,10 @@ class Receiver:
         with self._lock:
             self.times.append(time.monotonic())
             self.paths.append(h.path)
-            reply = self.replies.pop(0) if self.replies else Reply(204)
+            self.sizes.append(len(body))
+            reply = self.replies.pop(0) if self.replies else self.default
+        if self.max_body is not None and len(body) > self.max_body:
+            reply = Reply(413, body="request entity too large")
         if self.token is not None and headers.get("Authorization") != self.token:
             reply = Reply(401, body="bad credentials")
         if self.accepts is not None and not self.accepts(headers.get("Authorization")):
@@ -192,16 +204,20 @@ class Receiver:
         if reply.hang:
             self._release.wait(30)
             return
-        if reply.status < 300:
+        if 200 <= reply.status < 300:
             with self._lock:
                 self.received.append(Received(headers, decode_write_request(decompress(body))))
         else:
             with self._lock:
                 self.refused.append(reply.status)
         payload = reply.body.encode()
+        if reply.echo:
+            payload += "".join(f"{k}: {v}\n" for k, v in headers.items()).encode() + b"\x00\x1b[2J"
         h.send_response(reply.status)
         if reply.retry_after is not None:
             h.send_header("Retry-After", reply.retry_after)
+        if reply.location is not None:
+            h.send_header("Location", reply.location)
         h.send_header("Content-Length", str(len(payload)))
         h.end_headers()
         h.wfile.write(payload)

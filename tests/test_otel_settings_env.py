@@ -97,7 +97,7 @@ def test_section_loads_from_toml_and_gpumon_variables(tmp_path):
     assert (section.protocol, section.endpoint, section.headers, section.interval) == (
         "grpc", "http://c:4317", ["a=b"], 15.0)
     path.write_text('[otel]\nheaders = ["novalue"]\n')
-    with pytest.raises(ConfigError, match="KEY=VALUE"):
+    with pytest.raises(ConfigError, match="not NAME=VALUE"):
         load([OPTIONS], str(path), environ={})
     path.write_text('[otel]\nprotocol = "http/json"\n')
     with pytest.raises(ConfigError, match="protocol"):

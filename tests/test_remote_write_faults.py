@@ -127,9 +127,11 @@ def test_413_splits_the_request_until_it_goes(receiver, started):
     sink = started(receiver.url)
     sink.publish(small_snapshot(T0, gpus=6))
     wait_for(lambda: delivered(sink))
-    # 8 series: 413, then halves of 4: 413, its halves of 2 and 2 go, then the other half of 4.
-    assert receiver.refused == [413, 413] and [len(r.series) for r in receiver.received] == [2, 2, 4]
-    assert receiver.samples() == 8 and sink.health().dropped == 0
+    # 8 series: 413, split at once; the first half of 4: 413 again, so after a backoff every part at
+    # least as large as that half is split before it is sent
+    assert receiver.refused == [413, 413]
+    assert all(size < receiver.sizes[1] for size in receiver.sizes[2:])
+    assert receiver.samples() == 8 and sink.health().dropped == 0 and sink.health().up
 
 
 def test_413_split_whose_second_half_fails_resends_only_that_half(receiver, started):
@@ -146,13 +148,50 @@ def test_413_split_whose_second_half_fails_resends_only_that_half(receiver, star
     assert health.extra["requests_queued"] == 0
 
 
-def test_413_for_a_single_series_drops_it(receiver, started):
-    receiver.answer(*[Reply(413)] * 5)
+def test_413_for_a_single_series_drops_it_counted_once(receiver, started, caplog):
+    receiver.max_body = 130  # the counter series alone is 137 bytes, the info series 127
     sink = started(receiver.url)
-    sink.publish(small_snapshot(T0, gpus=1))  # 3 series: 413, 1 -> 413 (dropped), 2 -> 413, 1, 1 -> 413 ...
-    wait_for(lambda: sink.health().extra["requests_queued"] == 0 and len(receiver.refused) == 5)
+    with caplog.at_level(logging.WARNING, logger="gpumon.sinks.remote_write"):
+        sink.publish(small_snapshot(T0, gpus=0))  # 2 series: 413, split at once; the counter is refused alone
+        wait_for(lambda: sink.health().extra["requests_queued"] == 0 and receiver.samples() == 1)
+    assert sink.health().dropped == 1
+    assert len([r for r in caplog.records if "single series" in r.getMessage()]) == 1
+    assert [dict(labels)["__name__"] for labels, _ in receiver.received[0].series] == ["gpumon_gpu_info"]
+
+
+def test_a_receiver_answering_413_to_everything_gets_a_bounded_rate_of_requests(receiver, started, caplog):
+    """A proxy refusing every body: splitting each refusal down to single series sent 2 x series - 1
+    requests per snapshot at full speed. Each 413 after the first backs off, and a size refused is
+    remembered, so the requests are a few per outage, and every sample is counted dropped once."""
+    receiver.default = Reply(413, body="request entity too large")
+    sink = started(receiver.url, backoff_initial=0.05, backoff_max=0.2)
+    with caplog.at_level(logging.WARNING, logger="gpumon.sinks.remote_write"):
+        for i in range(5):
+            sink.publish(small_snapshot(T0 + i, gpus=60))  # 62 series each
+        wait_for(lambda: sink.health().extra["requests_queued"] == 0 and sink.health().dropped == 5 * 62,
+                 timeout=15)
     health = sink.health()
-    assert health.dropped + receiver.samples() == 3 and health.dropped >= 1
+    assert len(receiver.times) <= 20, len(receiver.times)  # 5 x 123 before
+    gaps = [b - a for a, b in zip(receiver.times[1:], receiver.times[2:], strict=False)]
+    assert all(gap >= 0.02 for gap in gaps), gaps  # after the first split, never back to back
+    assert receiver.samples() == 0 and not health.up
+    assert len([r for r in caplog.records if "single series" in r.getMessage()]) == 1
+
+
+def test_a_body_limit_once_learnt_is_not_hit_again(receiver, started):
+    """A proxy with a body limit: once a 413 taught it, later snapshots are split before they are
+    sent and none is refused again; nothing is lost."""
+    receiver.max_body = 400
+    sink = started(receiver.url)
+    sink.publish(small_snapshot(T0, gpus=40))
+    wait_for(lambda: delivered(sink) and receiver.samples() == 42)
+    refused = len(receiver.refused)
+    assert refused >= 1
+    for i in range(1, 4):
+        sink.publish(small_snapshot(T0 + i, gpus=40))
+    wait_for(lambda: receiver.samples() == 4 * 42 and delivered(sink))
+    assert len(receiver.refused) == refused
+    assert sink.health().dropped == 0 and sink.health().up
 
 
 def test_a_hung_receiver_hits_the_deadline_and_the_loop_never_waits(receiver, started, caplog):
@@ -226,3 +265,121 @@ def test_check_posts_an_empty_request_and_says_what_is_wrong(receiver, tmp_path)
     assert not down[0].ok and "unreachable" in down[0].message
     bad = make_sink(tmp_path, "ftp://127.0.0.1/x").check()
     assert not bad[0].ok and "url" in bad[0].message
+
+
+# ----------------------------------------------------------------- redirects, 1xx, a receiver refusing
+
+
+def test_a_307_to_the_same_origin_is_followed_within_the_deadline(receiver, started):
+    receiver.answer(Reply(307, location="/api/v1/moved"), Reply(308, location=receiver.url.replace(
+        "/api/v1/write", "/api/v1/final")))
+    sink = started(receiver.url, auth="basic", username="gpumon", password="s3cret-pw")
+    sink.publish(small_snapshot(T0))
+    wait_for(lambda: delivered(sink))
+    assert receiver.paths == ["/api/v1/write", "/api/v1/moved", "/api/v1/final"]
+    assert receiver.received[0].headers["Authorization"].startswith("Basic ")
+    health = sink.health()
+    assert receiver.samples() == 4 and health.dropped == 0 and health.up
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307])
+def test_a_redirect_elsewhere_is_a_configuration_fault_kept_and_retried_slowly(status, receiver, started, caplog):
+    elsewhere = Receiver()
+    try:
+        receiver.answer(Reply(status, location=elsewhere.url), Reply(status, location=elsewhere.url))
+        sink = started(receiver.url, auth="basic", username="gpumon", password="s3cret-pw")
+        with caplog.at_level(logging.WARNING, logger="gpumon.sinks.remote_write"):
+            sink.publish(small_snapshot(T0))
+            wait_for(lambda: sink.health().failed > 0)
+            health = sink.health()
+            assert not health.up and health.dropped == 0 and health.extra["requests_queued"] == 1
+            assert f"HTTP {status}" in health.detail
+            wait_for(lambda: delivered(sink))  # after the two refusals, the receiver takes it
+        assert elsewhere.times == []  # nothing, credentials least of all, went to the other origin
+        assert receiver.times[1] - receiver.times[0] >= 0.1  # retried slowly (config_backoff_min 0.2)
+        assert receiver.samples() == 4 and sink.health().dropped == 0 and sink.health().up
+        lines = [r.getMessage() for r in caplog.records if f"HTTP {status}" in r.getMessage()]
+        assert len(lines) == 1 and "check the configuration" in lines[0]
+    finally:
+        elsewhere.close()
+
+
+def test_a_trickling_or_hung_redirect_target_is_cut_at_the_one_deadline(receiver, started):
+    receiver.answer(Reply(307, location="/api/v1/slow"), Reply(200, hang=True))
+    sink = started(receiver.url, timeout=0.5)
+    started_at = time.monotonic()
+    sink.publish(small_snapshot(T0))
+    wait_for(lambda: sink.health().failed > 0, timeout=5)
+    assert time.monotonic() - started_at < 1.2
+    assert "no answer within 0.5 s" in sink.health().detail
+
+
+def test_a_1xx_final_answer_is_retried_not_dropped(receiver, started):
+    receiver.answer(Reply(199), Reply(102))
+    sink = started(receiver.url)
+    sink.publish(small_snapshot(T0))
+    wait_for(lambda: delivered(sink) and receiver.samples() == 4)
+    health = sink.health()
+    assert health.dropped == 0 and health.failed == 2 * 4 and health.up
+
+
+def test_the_sink_is_down_while_every_request_is_refused_and_up_again_after(receiver, started):
+    """A clock step: every request answered 400 out of order. Each is dropped (the same request would
+    fail again) but the sink says it is down, not up with everything lost."""
+    receiver.default = Reply(400, body="out of order sample")
+    sink = started(receiver.url)
+    for i in range(3):
+        sink.publish(small_snapshot(T0 + i))
+    wait_for(lambda: sink.health().dropped == 12)
+    health = sink.health()
+    assert not health.up and "out of order" in health.detail
+    receiver.default = Reply(204)
+    sink.publish(small_snapshot(T0 + 3))
+    wait_for(lambda: delivered(sink))
+    assert sink.health().up
+
+
+# ----------------------------------------------------------------------- dropped samples, exactly
+
+
+def test_samples_the_full_spool_drops_are_counted_exactly_and_never_go_down(receiver, started):
+    """The spool drops whole requests of different sizes: the count is what they held, taken when each
+    is dropped (an estimate from a mean request size went down as the mean did)."""
+    receiver.default = Reply(503)
+    sink = started(receiver.url, spool_max_bytes=65536, backoff_initial=0.2, backoff_max=0.5)
+    published, seen = 0, [0]
+    for i in range(400):
+        sink.publish(small_snapshot(T0 + i, gpus=200 if i < 60 else 1))
+        published += sink._encoded_samples
+        seen.append(sink.health().dropped)
+    assert seen == sorted(seen) and seen[-1] > 0  # monotonic, and the spool did drop
+    receiver.default = Reply(204)
+    wait_for(lambda: sink.health().extra["requests_queued"] == 0, timeout=15)
+    health = sink.health()
+    assert health.dropped >= seen[-1]
+    assert health.exported + health.dropped == published  # every sample delivered or counted once
+
+
+def test_a_request_in_flight_when_the_spool_drops_it_is_counted_once(tmp_path):
+    """The full spool drops the segment of the request being sent: delivered, it is exported and not
+    also dropped; not delivered, it is dropped once, when the uploader reads on."""
+    from gpumon.sinks.remote_write.sink import _record_samples
+    from gpumon.sinks.spool import Spool
+
+    spool = Spool(str(tmp_path / "spool"), 65536, weigh=_record_samples)
+    record = struct.pack(">I", 7) + b"x" * 2000  # a request of 7 samples
+    spool.append([record])
+    for delivered_it in (True, False):
+        before = spool.stats()
+        batch = spool.read(max_records=1)
+        assert batch is not None
+        while any(seg.number == batch.segment for seg in spool._segments):
+            spool.append([record])  # past the cap: the oldest segment, the batch's, is dropped
+        after = spool.stats()
+        lost = after.dropped - before.dropped  # records, the one in flight included
+        assert lost > 1 and after.dropped_weight - before.dropped_weight == 7 * (lost - 1)
+        if delivered_it:
+            spool.ack(batch)  # stale (its segment is gone), but it was delivered: not dropped
+        assert spool.read(max_records=1) is not None
+        assert spool.stats().dropped_weight == after.dropped_weight + (0 if delivered_it else 7)
+    spool.close()

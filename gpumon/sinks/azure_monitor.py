@@ -28,7 +28,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.backoff import Backoff
@@ -65,7 +65,7 @@ class AzureMonitorSettings:
     credential: str
     client_id: str
     tenant_id: str
-    client_secret: str
+    client_secret: str = field(repr=False)  # a secret: never in a repr
     audience: str
     upload_interval: float
     spool_dir: str

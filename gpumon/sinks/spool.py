@@ -45,7 +45,7 @@ import re
 import struct
 import threading
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpumon.log_once import LogOnce
@@ -73,6 +73,8 @@ class _Segment:
     size: int = 0
     pending: int = 0
     """Records in this segment not yet acknowledged."""
+    weight: int = 0
+    """What the pending records hold, as the spool's ``weigh`` counts it (samples, rows)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class SpoolStats:
     corrupt: int
     error: str = ""
     """Why the spool cannot write right now (disk full with nothing left to drop); empty when it can."""
+    dropped_weight: int = 0
+    """What the dropped records held, as ``weigh`` counts it: exact, counted when each is dropped."""
 
 
 def _scan(data: bytes, offset: int = 0) -> tuple[list[tuple[int, int]], int, bool]:
@@ -143,12 +147,16 @@ class Spool:
     fsync never runs under that lock (except when a segment rolls over), so ``stats()`` and
     ``append()``, which the daemon's loop thread calls, do not wait on a slow disk."""
 
-    def __init__(self, directory: str, max_bytes: int, segment_bytes: int | None = None) -> None:
+    def __init__(self, directory: str, max_bytes: int, segment_bytes: int | None = None,
+                 weigh: Callable[[bytes], int] | None = None) -> None:
         if max_bytes < 4096:
             raise ValueError("spool max_bytes must be at least 4096")
         self.directory = directory
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes or max(MIN_SEGMENT_BYTES, max_bytes // 8)
+        self._weigh = weigh or (lambda _payload: 1)
+        """What a record holds (a remote-write request's samples): kept per segment, so that a drop
+        counts exactly what it lost, not an estimate from an average."""
         self._segment_limit = self.segment_bytes
         """Roll-over size; lowered after a full disk so that one drop gives back an eighth of it."""
         self._lock = threading.Lock()
@@ -158,6 +166,11 @@ class Spool:
         self._fd: int | None = None
         self._dirty = False
         self._dropped = 0
+        self._dropped_weight = 0
+        self._reading: tuple[Batch, int] | None = None
+        """The latest batch read and not yet acknowledged, with its weight. A drop of its segment leaves
+        its weight to the consumer's outcome: delivered (acknowledged), or counted at the next read."""
+        self._reading_dropped = False
         self._corrupt = 0
         self._error = ""
         self._cursor_error = ""
@@ -199,7 +212,8 @@ class Spool:
                 with open(path, "r+b") as fh:
                     fh.truncate(good_end)
                     os.fsync(fh.fileno())
-            self._segments.append(_Segment(number, path, good_end, len(spans)))
+            weight = sum(self._weigh(data[a + _HEADER.size:b]) for a, b in spans)
+            self._segments.append(_Segment(number, path, good_end, len(spans), weight))
         self._cursor = cursor if self._segments else (0, 0)
         if not self._segments:
             self._new_segment(1)
@@ -257,14 +271,16 @@ class Spool:
 
     def append(self, payloads: Iterable[bytes]) -> int:
         """Write records; return how many. Survives the process dying once this returns."""
+        payloads = list(payloads)
         blob, count = _encode(payloads)
         if not count:
             return 0
+        weight = sum(self._weigh(payload) for payload in payloads)
         with self._lock:
             active = self._segments[-1]
             if active.size and active.size + len(blob) > self._segment_limit:
                 self._new_segment(active.number + 1)
-            made_room = self._ensure_room(blob, count)
+            made_room = self._ensure_room(blob, count, weight)
             gone = self._pop_consumed() + self._enforce_cap()
             written = count if not self._error else 0
         for path in gone:
@@ -280,7 +296,7 @@ class Spool:
         """The spool's one write to a segment (a seam: tests give it a disk that fills up)."""
         return os.write(fd, data)
 
-    def _write_active(self, blob: bytes, count: int) -> None:
+    def _write_active(self, blob: bytes, count: int, weight: int) -> None:
         """Append ``blob`` to the active segment (lock held); a failed write leaves no torn bytes."""
         active = self._segments[-1]
         assert self._fd is not None
@@ -294,9 +310,10 @@ class Spool:
             raise
         active.size += len(blob)
         active.pending += count
+        active.weight += weight
         self._dirty = True
 
-    def _ensure_room(self, blob: bytes, count: int) -> bool:
+    def _ensure_room(self, blob: bytes, count: int, weight: int) -> bool:
         """Write the records, giving back the oldest of the spool while the disk is full (lock held).
 
         Returns whether segments were deleted (the cursor moved). When nothing is left to give back,
@@ -304,7 +321,7 @@ class Spool:
         made_room = False
         while True:
             try:
-                self._write_active(blob, count)
+                self._write_active(blob, count, weight)
             except OSError as exc:
                 if exc.errno not in _DISK_FULL:
                     raise
@@ -312,6 +329,7 @@ class Spool:
                     made_room = True
                     continue
                 self._dropped += count
+                self._dropped_weight += weight
                 self._error = f"cannot write to {self.directory}: {exc.strerror}; new rows are dropped"
                 self._full_log.warning("drop", "spool: %s (%d so far)", self._error, self._dropped)
                 return made_room
@@ -347,6 +365,10 @@ class Spool:
         """Give up on the oldest segment (lock held, a newer one exists); returns its path to unlink."""
         oldest = self._segments.pop(0)
         self._dropped += oldest.pending
+        self._dropped_weight += oldest.weight
+        if self._reading is not None and self._reading[0].segment == oldest.number and not self._reading_dropped:
+            self._dropped_weight -= self._reading[1]  # in flight: its sending decides (see ``_reading``)
+            self._reading_dropped = True
         self._cursor = (self._segments[0].number, 0)
         return oldest.path
 
@@ -420,6 +442,7 @@ class Spool:
     def read(self, max_records: int = 5000, max_bytes: int = 4 << 20) -> Batch | None:
         """The next unacknowledged records (from one segment), or None when there are none."""
         with self._lock:
+            self._forget_reading()
             consumed = self._pop_consumed()
         self._retire(consumed)
         with self._lock:
@@ -457,11 +480,27 @@ class Spool:
             pos = stop
         if not records:
             return None
-        return Batch(number, offset, offset + pos, tuple(records))
+        batch = Batch(number, offset, offset + pos, tuple(records))
+        weight = sum(self._weigh(record) for record in records)
+        with self._lock:
+            self._reading, self._reading_dropped = (batch, weight), False
+            if all(seg.number != number for seg in self._segments):  # dropped while being read
+                self._dropped_weight -= weight
+                self._reading_dropped = True
+        return batch
+
+    def _forget_reading(self) -> None:
+        """The batch in flight is read no more (lock held): dropped meanwhile and never acknowledged,
+        it was lost, and is counted now."""
+        if self._reading is not None and self._reading_dropped:
+            self._dropped_weight += self._reading[1]
+        self._reading, self._reading_dropped = None, False
 
     def ack(self, batch: Batch) -> None:
         """Mark a batch delivered (or given up on). Stale batches (already dropped) are ignored."""
         with self._lock:
+            if self._reading is not None and self._reading[0] is batch:
+                self._reading, self._reading_dropped = None, False  # delivered or given up by the caller
             if not self._segments or self._segments[0].number != batch.segment:
                 return
             seg = self._segments[0]
@@ -469,6 +508,7 @@ class Spool:
             if current != batch.start:
                 return
             seg.pending -= len(batch.records)
+            seg.weight -= sum(self._weigh(record) for record in batch.records)
             self._cursor = (seg.number, batch.end)
             finished = self._pop_consumed()
             if not any(s.pending for s in self._segments):
@@ -531,7 +571,8 @@ class Spool:
     def stats(self) -> SpoolStats:
         with self._lock:
             return SpoolStats(self._pending_bytes(), sum(s.pending for s in self._segments),
-                              self._dropped, self._corrupt, self._error or self._cursor_error)
+                              self._dropped, self._corrupt, self._error or self._cursor_error,
+                              self._dropped_weight)
 
     def close(self) -> None:
         with self._lock:

@@ -8,11 +8,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpumon.config import Option, SectionSchema, readable_file_check
 from gpumon.imds import IMDS_URL
+from gpumon.sinks.common import header_list_check, header_problem
 
 if TYPE_CHECKING:
     pass
@@ -43,7 +44,7 @@ class OtelSettings:
 
     endpoint: str
     protocol: str
-    headers: tuple[str, ...]
+    headers: tuple[str, ...] = field(repr=False)  # a secret: never in a repr
     compression: str
     timeout: float
     insecure: bool
@@ -73,7 +74,8 @@ OPTIONS = SectionSchema(
         Option("protocol", str, "", "`http/protobuf` or `grpc`; empty: OTEL_EXPORTER_OTLP_PROTOCOL, "
                "else http/protobuf.", choices=("", HTTP_PROTOBUF, GRPC)),
         Option("headers", list, [], "Extra request headers (gRPC metadata) as KEY=VALUE; merged over "
-               "OTEL_EXPORTER_OTLP_HEADERS, this list winning per key.", check=_kv_list_check, secret=True),
+               "OTEL_EXPORTER_OTLP_HEADERS, this list winning per key. Values are never logged or printed.",
+               check=header_list_check, secret=True),
         Option("compression", str, "", "`gzip` or `none`; empty: OTEL_EXPORTER_OTLP_COMPRESSION, else none.",
                choices=("", "gzip", "none")),
         Option("timeout", float, 0.0, "Seconds one export may take; 0: OTEL_EXPORTER_OTLP_TIMEOUT "
@@ -130,19 +132,27 @@ class SignalSettings:
     client_key: str = ""
 
 
-def parse_kv(items: Sequence[str] | str, unquote: bool = False) -> dict[str, str]:
-    """``["a=b", ...]`` or ``"a=b,c=d"`` (W3C baggage style, URL-encoded in the OTEL_* variables)."""
+def parse_kv(items: Sequence[str] | str, unquote: bool = False, headers: bool = False) -> dict[str, str]:
+    """``["a=b", ...]`` or ``"a=b,c=d"`` (W3C baggage style, URL-encoded in the OTEL_* variables).
+
+    With ``headers``, an item that is not a header gpumon can send is ignored with a warning that
+    never shows its value (the OpenTelemetry SDKs ignore a malformed header the same way)."""
     if isinstance(items, str):
         items = [part for part in items.split(",") if part.strip()]
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep:
+        if unquote and sep:
+            key, value = urllib.parse.unquote(key), urllib.parse.unquote(value)
+        if headers:
+            problem = header_problem(f"{key}{sep}{value}")
+            if problem:
+                log.warning("otel: ignoring a header of OTEL_EXPORTER_OTLP_HEADERS: %s", problem)
+                continue
+        elif not sep:
             log.warning("otel: ignoring malformed KEY=VALUE item %r", item)
             continue
         key, value = key.strip(), value.strip()
-        if unquote:
-            key, value = urllib.parse.unquote(key), urllib.parse.unquote(value)
         if key:
             out[key] = value
     return out
@@ -192,8 +202,8 @@ def resolve_settings(cfg: OtelSettings | Mapping[str, Any], signal: str, environ
         host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
         endpoint = f"{host}:{parts.port or 4317}"
 
-    headers = parse_kv(_env(environ, signal, "HEADERS"), unquote=True)
-    headers.update(parse_kv(cfg.headers or ()))
+    headers = parse_kv(_env(environ, signal, "HEADERS"), unquote=True, headers=True)
+    headers.update(parse_kv(cfg.headers or (), headers=True))
 
     timeout = float(cfg.timeout or 0.0)
     if not timeout:

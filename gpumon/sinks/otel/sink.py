@@ -22,6 +22,7 @@ from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.common import (
     DeliveryCounters,
     has_new_results,
+    redact_url,
 )
 from gpumon.sinks.otel.encoding import MetricEncoder, encode_logs, pb_modules
 from gpumon.sinks.otel.resource import azure_attributes, resource_attributes
@@ -52,6 +53,8 @@ class OtelSink(Sink):
     settings: OtelSettings
     requires = ("google.protobuf", "opentelemetry.proto")
     extra = "otel"
+    config_backoff_min = 30.0
+    """Seconds at least before retrying after a configuration fault (a redirect not followed)."""
 
     def __init__(self, ctx: SinkContext, cfg: Section | None = None, environ: Mapping[str, str] | None = None
                  ) -> None:
@@ -113,7 +116,7 @@ class OtelSink(Sink):
         self._started = True
         for thread in self._threads:
             thread.start()
-        where = ", ".join(f"{s.signal} -> {s.endpoint}" for s in self._settings.values())
+        where = ", ".join(f"{s.signal} -> {redact_url(s.endpoint)}" for s in self._settings.values())
         log.info("otel: exporting over %s (%s)", self._settings["metrics"].protocol, where)
 
     def _make_transports(self) -> dict[str, Any]:
@@ -133,7 +136,7 @@ class OtelSink(Sink):
                     built[signal] = make_transport(settings, self.ctx.version)
                 except Exception as exc:
                     named = ", ".join(f"{key} {path}" for key, path in files)
-                    raise RuntimeError(f"otel {signal} export to {settings.endpoint}: cannot set up the "
+                    raise RuntimeError(f"otel {signal} export to {redact_url(settings.endpoint)}: cannot set up the "
                                        f"transport{f' ({named})' if named else ''}: {exc}") from exc
         except BaseException:
             for transport in built.values():
@@ -338,7 +341,7 @@ class OtelSink(Sink):
         change together."""
         if result.ok:
             if counters.consecutive_failures:
-                log.info("otel: %s export to %s recovered", signal, settings.endpoint)
+                log.info("otel: %s export to %s recovered", signal, redact_url(settings.endpoint))
             self._log_once.clear(f"failed-{signal}")
             counters.succeeded(items - result.rejected)
             counters.dropped += result.rejected
@@ -348,9 +351,10 @@ class OtelSink(Sink):
                                        result.rejected, signal)
             return
         counters.failed_attempt(1, result.detail)  # gpumon_sink_failed_total counts requests
-        delay = backoff.failed(time.monotonic(), result.retry_after)
+        delay = backoff.failed(time.monotonic(), result.retry_after,
+                               self.config_backoff_min if result.config else None)
         self._log_once.warning(f"failed-{signal}", "otel: %s export to %s failed (%s); retrying with backoff, "
-                               "next in %.2f s", signal, settings.endpoint, result.detail, delay)
+                               "next in %.2f s", signal, redact_url(settings.endpoint), result.detail, delay)
 
     # -- reporting
 
@@ -390,7 +394,7 @@ class OtelSink(Sink):
             try:
                 transport = make_transport(s, self.ctx.version)
             except Exception as exc:  # noqa: BLE001 - bad certificate path, grpc missing
-                results.append(CheckResult(item, False, f"{s.endpoint}: {exc}"))
+                results.append(CheckResult(item, False, f"{redact_url(s.endpoint)}: {exc}"))
                 continue
             empty = (pb.metrics_service.ExportMetricsServiceRequest() if signal == "metrics"
                      else pb.logs_service.ExportLogsServiceRequest())
@@ -401,8 +405,8 @@ class OtelSink(Sink):
                 transport.close()
             took = (time.monotonic() - started) * 1000
             if result.ok:
-                results.append(CheckResult(item, True, f"{s.protocol} {s.endpoint} accepted an empty "
+                results.append(CheckResult(item, True, f"{s.protocol} {redact_url(s.endpoint)} accepted an empty "
                                                        f"export in {took:.0f} ms"))
             else:
-                results.append(CheckResult(item, False, f"{s.protocol} {s.endpoint}: {result.detail}"))
+                results.append(CheckResult(item, False, f"{s.protocol} {redact_url(s.endpoint)}: {result.detail}"))
         return results

@@ -17,9 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpumon.sinks.common import (
+    MAX_REDIRECTS,
     parse_retry_after,
     read_regular_file,
+    receiver_text,
+    redirect_target,
     retry_after_from_headers,
+    secrets_of,
 )
 from gpumon.sinks.otel.encoding import pb_modules
 from gpumon.sinks.otel.settings import GRPC, SignalSettings
@@ -42,6 +46,8 @@ class SendResult:
     throttled: bool = False
     """gRPC RESOURCE_EXHAUSTED without RetryInfo: not retryable by the OTLP specification (see
     ``THROTTLED_LOG_ATTEMPTS`` for what the logs queue does with it)."""
+    config: bool = False
+    """A configuration fault (a redirect that is not followed): retried slowly, as a person has to act."""
 
 
 RETRYABLE_HTTP = (429, 502, 503, 504)
@@ -141,9 +147,19 @@ class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
                             context=self._tls)
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """urllib's own handler re-sends a 301/302/303 as a GET without the body but with every header,
+    Authorization included, to any host the ``Location`` names, and the new request carries no
+    deadline: here every redirect surfaces as an HTTPError, and :meth:`HttpTransport.send` decides."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> None:
+        return None
+
+
 class HttpTransport:
     """OTLP/HTTP with binary protobuf bodies (stdlib only, one request per export, each bounded as a
-    whole by the export timeout)."""
+    whole by the export timeout, redirects included)."""
 
     def __init__(self, settings: SignalSettings, version: str) -> None:
         self.settings = settings
@@ -154,7 +170,8 @@ class HttpTransport:
         }
         if settings.compression == "gzip":
             self._headers["Content-Encoding"] = "gzip"
-        handlers: list[Any] = [_DeadlineHTTPHandler()]
+        self._secrets = secrets_of(settings.headers)  # the configured ones: the protocol's are no secret
+        handlers: list[Any] = [_DeadlineHTTPHandler(), _NoRedirect()]
         if settings.tls:
             context = ssl.create_default_context(cafile=settings.certificate or None)
             if settings.client_certificate:
@@ -165,25 +182,51 @@ class HttpTransport:
     def send(self, body: bytes, timeout: float | None = None) -> SendResult:
         if self.settings.compression == "gzip":
             body = gzip.compress(body, 6)
-        request = urllib.request.Request(self.settings.endpoint, data=body, headers=self._headers, method="POST")
         seconds = timeout or self.settings.timeout
-        deadline = request.deadline = _Deadline(seconds)  # type: ignore[attr-defined]
+        deadline = _Deadline(seconds)  # one deadline for the request and every redirect it meets
+        url = self.settings.endpoint
+        try:
+            for hop in range(MAX_REDIRECTS + 1):
+                result, url = self._exchange(url, body, seconds, deadline, last=hop == MAX_REDIRECTS)
+                if result is not None:
+                    return result
+            raise AssertionError("unreachable: the last hop always answers")  # pragma: no cover
+        finally:
+            deadline.finish()
+
+    def _exchange(self, url: str, body: bytes, seconds: float, deadline: _Deadline, last: bool
+                  ) -> tuple[SendResult | None, str]:
+        """One request: its result, or (None, the URL of a same-origin 307/308 to send it to next)."""
+        request = urllib.request.Request(url, data=body, headers=self._headers, method="POST")
+        request.deadline = deadline  # type: ignore[attr-defined]
         try:
             with self._opener.open(request, timeout=seconds) as response:
                 reply = response.read(1 << 20)
             if deadline.expired:  # shut down mid-body: a truncated reply is no answer
                 raise TimeoutError
-            return SendResult(True, rejected=_rejected(self.settings.signal, reply))
+            return SendResult(True, rejected=_rejected(self.settings.signal, reply)), url
         except urllib.error.HTTPError as exc:
-            retry_after = retry_after_from_headers(exc.headers)
-            return SendResult(False, exc.code in RETRYABLE_HTTP, f"HTTP {exc.code} {exc.reason}", retry_after)
+            with exc:  # release the connection; the body is not read
+                if 300 <= exc.code < 400:
+                    target, why = redirect_target(url, exc.code, exc.headers.get("Location"))
+                    if target is not None and not last:
+                        return None, target
+                    why = why or f"more than {MAX_REDIRECTS} redirects"
+                    return SendResult(False, True, f"{why}: check the endpoint", config=True), url
+                retry_after = retry_after_from_headers(exc.headers)
+                phrase = receiver_text(str(exc.reason), self._secrets, 80)
+                return SendResult(False, exc.code in RETRYABLE_HTTP, f"HTTP {exc.code} {phrase}".rstrip(),
+                                  retry_after), url
         except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timeout, TLS, bad URL
             if deadline.expired:
-                return SendResult(False, True, f"timed out: no complete answer within the {seconds:g} s deadline")
-            reason = getattr(exc, "reason", exc)
-            return SendResult(False, True, f"{type(reason).__name__}: {reason}")
-        finally:
-            deadline.finish()
+                return SendResult(False, True, f"timed out: no complete answer within the {seconds:g} s "
+                                               "deadline"), url
+            reason: object = getattr(exc, "reason", None) or exc
+            if isinstance(reason, ValueError) and not isinstance(reason, OSError) and "header" in str(reason).lower():
+                # http.client's message quotes the header: it may be a credential
+                return SendResult(False, True, "a request header is not valid HTTP (not shown)", config=True), url
+            return SendResult(False, True, f"{type(reason).__name__}: "
+                                           f"{receiver_text(str(reason), self._secrets)}"), url
 
     def close(self) -> None:
         pass
@@ -235,6 +278,7 @@ class GrpcTransport:
 
             self._call = logs_service_pb2_grpc.LogsServiceStub(self._channel).Export
         self._metadata = tuple((k.lower(), v) for k, v in settings.headers)
+        self._secrets = secrets_of(settings.headers)
 
     def send_message(self, message: Any, timeout: float | None = None) -> SendResult:
         try:
@@ -242,7 +286,7 @@ class GrpcTransport:
         except self._grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             name = getattr(code, "name", str(code))
-            details = exc.details() if hasattr(exc, "details") else ""
+            details = receiver_text(str(exc.details() or ""), self._secrets) if hasattr(exc, "details") else ""
             trailing = (exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else ()
             retry_after = _grpc_retry_delay(trailing)
             if name == "RESOURCE_EXHAUSTED":

@@ -6,14 +6,19 @@
 each only once the receiver took it, so an outage or a restart re-sends rather than loses, within the
 spool's bound. Faults, each counted and logged once per kind:
 
-- no connection, a timeout (whole-request deadline), 5xx, 408, 429: the record stays, retried with
-  backoff and jitter, Retry-After honoured;
-- 413: the request is split in halves until each part goes or is a single series (then dropped);
-  when some parts went and another met a retryable fault, the parts that did not go are spooled as
-  new records and the original acknowledged, so nothing is sent twice;
-- 401, 403, 404, 407 and token failures are configuration faults: the record stays and is retried
-  slowly (a role assignment can take 30 minutes to reach an Azure Monitor workspace);
-- any other 4xx (400 for out-of-order or duplicate samples): dropped and counted, never retried.
+- no connection, a timeout (whole-request deadline), 5xx, 408, 429, a 1xx as the final answer: the
+  record stays, retried with backoff and jitter, Retry-After honoured;
+- 413: the smallest body refused is remembered (:mod:`.limits`) and every request at least that
+  large is split in halves before it is sent; the first 413 after a success splits at once, each
+  further one backs off first, so a receiver that answers 413 to everything gets a bounded rate of
+  requests. A single series larger than a refused body is dropped and counted. When some parts went
+  and another did not, the parts that did not go are spooled as new records and the original
+  acknowledged, so nothing is sent twice;
+- 401, 403, 404, 407, token failures, an invalid header and a redirect not followed (only 307/308 to
+  the same origin are) are configuration faults: the record stays and is retried slowly (a role
+  assignment can take 30 minutes to reach an Azure Monitor workspace);
+- any other 4xx (400 for out-of-order or duplicate samples): dropped and counted, never retried; the
+  sink is down until a request goes through.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon import __version__
@@ -35,9 +40,22 @@ from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
 from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
-from gpumon.sinks.common import DeliveryCounters, has_new_results, read_regular_file
+from gpumon.sinks.common import (
+    DeliveryCounters,
+    has_new_results,
+    header_list_check,
+    read_regular_file,
+    redact_url,
+)
 from gpumon.sinks.remote_write import encoding
-from gpumon.sinks.remote_write.transport import Response, Transport, basic_authorization, tls_context
+from gpumon.sinks.remote_write.limits import BodyLimit
+from gpumon.sinks.remote_write.transport import (
+    HeaderError,
+    Response,
+    Transport,
+    basic_authorization,
+    tls_context,
+)
 from gpumon.sinks.spool import Batch, Spool, SpoolError
 
 log = logging.getLogger("gpumon.sinks.remote_write")
@@ -73,11 +91,11 @@ class RemoteWriteSettings:
     job: str
     instance: str
     external_labels: tuple[str, ...]
-    headers: tuple[str, ...]
+    headers: tuple[str, ...] = field(repr=False)  # a secret: never in a repr
     timeout: float
     auth: str
     username: str
-    password: str
+    password: str = field(repr=False)  # a secret: never in a repr
     password_file: str
     bearer_token_file: str
     ca_file: str
@@ -86,7 +104,7 @@ class RemoteWriteSettings:
     credential: str
     client_id: str
     tenant_id: str
-    client_secret: str
+    client_secret: str = field(repr=False)  # a secret: never in a repr
     audience: str
     spool_dir: str
     spool_max_bytes: int
@@ -108,8 +126,8 @@ OPTIONS = SectionSchema(
         Option("instance", str, "", "The `instance` label every series gets; empty means the host name."),
         Option("external_labels", list, [], "More labels for every series as NAME=VALUE (cluster=..., "
                "region=...); a series' own label of the same name wins.", check=_pairs_check),
-        Option("headers", list, [], "Extra request headers as NAME=VALUE (X-Scope-OrgID=tenant for Mimir).",
-               secret=True),
+        Option("headers", list, [], "Extra request headers as NAME=VALUE (X-Scope-OrgID=tenant for Mimir). "
+               "Values are never logged or printed.", check=header_list_check, secret=True),
         Option("timeout", float, 10.0, "Seconds one request may take in all: connect, send and answer.",
                min=0.1, max=600.0),
         Option("auth", str, "none", "`none`, `basic` (username, password or password_file), `bearer` "
@@ -145,6 +163,11 @@ OPTIONS = SectionSchema(
 )
 
 
+def _record_samples(record: bytes) -> int:
+    """The samples a spool record holds (its head), so that a record the spool drops is counted exactly."""
+    return _RECORD_HEAD.unpack_from(record)[0] if len(record) >= _RECORD_HEAD.size else 0
+
+
 @dataclass(frozen=True)
 class _Verdict:
     """What became of one record: delivered or given up on (``done``), or kept to retry after ``delay``."""
@@ -155,6 +178,10 @@ class _Verdict:
     """With ``done``: the parts of a split request that did not go (compressed body, samples), to be
     spooled as new records while the original is acknowledged, so that the parts that went are not
     sent (and counted) again."""
+
+
+_SPLIT_NOW = _Verdict(False)
+"""``_post``'s answer to a first 413 about size: split the part and send the halves now."""
 
 
 class RemoteWriteSink(Sink):
@@ -180,8 +207,10 @@ class RemoteWriteSink(Sink):
         self._token: Any = None
         self._last_sent: float | None = None
         self._last_snapshot: Snapshot | None = None
-        self._samples_per_request = 0.0
         self._counters = DeliveryCounters()
+        self._limit = BodyLimit()
+        self._refusals_413 = 0
+        """413 answers since the latest success: the first splits at once, each further one backs off."""
         self._log_once = LogOnce(log)
         self._backoff = Backoff(self.settings.backoff_initial, self.settings.backoff_max)
         self._wake = threading.Event()
@@ -232,10 +261,10 @@ class RemoteWriteSink(Sink):
         if opt.auth == "basic":
             password = opt.password
             if opt.password_file:  # non-blocking, regular files only: a FIFO must not hang the uploader
-                password = read_regular_file(opt.password_file, _SECRET_MAX).decode("utf-8").strip()
+                password = _secret_file(opt.password_file)
             return basic_authorization(opt.username, password)
         if opt.auth == "bearer":
-            return "Bearer " + read_regular_file(opt.bearer_token_file, _SECRET_MAX).decode("utf-8").strip()
+            return "Bearer " + _secret_file(opt.bearer_token_file)
         if opt.auth == "azure":
             if self._token is None or self._token.expires_on - time.time() < _TOKEN_MARGIN:
                 self._token = self._credential.get_token(opt.audience.rstrip("/") + "/.default")
@@ -248,14 +277,14 @@ class RemoteWriteSink(Sink):
         if self.settings.auth == "azure":
             import azure.identity  # noqa: F401 - fail start-up now, not on the first upload
         try:
-            self._spool = Spool(self.spool_dir, self.settings.spool_max_bytes)
+            self._spool = Spool(self.spool_dir, self.settings.spool_max_bytes, weigh=_record_samples)
         except SpoolError as exc:
             raise ConfigError("[remote_write]", "spool_dir", str(exc)) from None
         self._transport = self._make_transport()
         self._thread = threading.Thread(target=self._run, name="remote-write-upload", daemon=True)
         self._thread.start()
         log.info("remote_write: sending to %s, %d requests spooled from before",
-                 _redact(self.settings.url), self._spool.stats().records)
+                 redact_url(self.settings.url), self._spool.stats().records)
 
     # -- the loop's side ------------------------------------------------------------------------
 
@@ -289,8 +318,6 @@ class RemoteWriteSink(Sink):
     def _record(self, snapshot: Snapshot) -> bytes:
         body, samples = self._encoder.encode(snapshot.families, int(round(snapshot.time * 1000)))
         self._encoded_samples = samples
-        self._samples_per_request = samples if not self._samples_per_request else (
-            0.9 * self._samples_per_request + 0.1 * samples)
         return _RECORD_HEAD.pack(samples) + encoding.compress(body)
 
     _encoded_samples = 0
@@ -335,59 +362,96 @@ class RemoteWriteSink(Sink):
         return self._send(record[_RECORD_HEAD.size:], samples)
 
     def _send(self, body: bytes, samples: int) -> _Verdict:
+        """Send one record, split first into parts under the smallest body the receiver refused."""
+        parts, went = self._fit([(body, samples)])
+        # ``went``: some part was delivered or given up on, so the original cannot be kept as it is
+        while parts:
+            part, count = parts[0]
+            verdict = self._post(part, count)
+            if verdict is _SPLIT_NOW:  # a 413 about size: the limit is lower now, split again
+                parts, dropped = self._fit(parts)
+                went = went or dropped
+                continue
+            if not verdict.done:
+                if not went:
+                    return verdict  # nothing went: the whole record stays as it is
+                return _Verdict(True, verdict.delay, tuple(parts))  # what did not go is kept apart
+            parts.pop(0)
+            went = True
+        return _Verdict(True)
+
+    def _fit(self, parts: Sequence[tuple[bytes, int]]) -> tuple[list[tuple[bytes, int]], bool]:
+        """``parts`` with each one the receiver refused a body as large as split in halves (before any
+        request), and whether a single series still too large was dropped (counted)."""
+        now = self._clock()
+        out: list[tuple[bytes, int]] = []
+        dropped = False
+        stack = list(reversed(parts))
+        while stack:
+            body, samples = stack.pop()
+            if self._limit.fits(len(body), now):
+                out.append((body, samples))
+                continue
+            try:
+                first, second = encoding.split_request(encoding.decompress(body))
+            except ValueError:  # one series (its samples, staleness markers) larger than a refused body
+                reason = (f"a single series of {len(body)} bytes is as large as a request {redact_url(self.settings.url)}"
+                          f" refused with 413 ({self._limit.refused} bytes)")
+                self._counters.refused(samples, reason)
+                self._log_once.warning("413-series", "remote_write: %s, dropped (counted)", reason)
+                dropped = True
+                continue
+            half = samples // 2  # one sample per series: the first half holds exactly half of them
+            stack.append((encoding.compress(second), samples - half))
+            stack.append((encoding.compress(first), half))
+        return out, dropped
+
+    def _post(self, body: bytes, samples: int) -> _Verdict:
+        """One request and what its answer means for the record."""
         assert self._transport is not None
         try:
             response = self._transport.post(body)
         except OSError as exc:
             return self._retry(samples, "unreachable", f"{type(exc).__name__}: {exc}")
+        except HeaderError as exc:
+            return self._retry(samples, "header", str(exc), config=True)
         except Exception as exc:  # the credential: azure-identity's ClientAuthenticationError and kin
             return self._retry(samples, "token", f"no token ({self.settings.credential}): {exc}", config=True)
         status = response.status
         if 200 <= status < 300:
             self._counters.succeeded(samples, self._clock())
+            self._limit.was_accepted(len(body))
+            self._refusals_413 = 0
             self._backoff.succeeded()
             self._log_once.clear()
             return _Verdict(True)
         if status == 413:
-            return self._split(body, samples, response)
-        if status >= 500 or status in _RETRY_STATUS:
+            about_size = self._limit.was_refused(len(body), self._clock())
+            self._refusals_413 += 1
+            if about_size and self._refusals_413 == 1:
+                self._counters.failed_attempt(samples, _describe(response))
+                return _SPLIT_NOW
+            return self._retry(samples, "http 413", f"{_describe(response)} (splitting requests under "
+                               f"{self._limit.refused} bytes)", response.retry_after)
+        if 300 <= status < 400:
+            return self._retry(samples, f"http {status}", response.redirect or _describe(response),
+                               response.retry_after, config=True)
+        if status >= 500 or status in _RETRY_STATUS or status < 200:
             return self._retry(samples, f"http {status}", _describe(response), response.retry_after)
         if status in _CONFIG_STATUS:
             return self._retry(samples, f"http {status}", _describe(response), response.retry_after, config=True)
-        self._counters.dropped_items(samples, _describe(response))
+        self._counters.refused(samples, _describe(response))
         self._log_once.warning(f"refused {status}", "remote_write: %s refused %d samples, dropped "
-                               "(not retried): %s", _redact(self.settings.url), samples, _describe(response))
+                               "(not retried): %s", redact_url(self.settings.url), samples, _describe(response))
         return _Verdict(True)
 
     def _retry(self, samples: int, key: str, reason: str, retry_after: float | None = None,
                config: bool = False) -> _Verdict:
         self._counters.failed_attempt(samples, reason)
-        self._log_once.warning(key, "remote_write: %s: %s; %s", _redact(self.settings.url), reason,
+        self._log_once.warning(key, "remote_write: %s: %s; %s", redact_url(self.settings.url), reason,
                                "check the configuration; retrying slowly" if config else "retrying")
         floor = self.config_backoff_min if config else None
         return _Verdict(False, self._backoff.failed(self._clock(), retry_after, floor))
-
-    def _split(self, body: bytes, samples: int, response: Response) -> _Verdict:
-        """A 413: send the two halves apart (recursively); a single series too large is dropped."""
-        try:
-            halves = encoding.split_request(encoding.decompress(body))
-        except ValueError:
-            self._counters.dropped_items(samples, _describe(response))
-            self._log_once.warning("413", "remote_write: a single series is too large for %s, dropped: %s",
-                                   _redact(self.settings.url), _describe(response))
-            return _Verdict(True)
-        parts = [(encoding.compress(part), count)
-                 for part, count in zip(halves, (samples // 2, samples - samples // 2))]
-        for i, (part, count) in enumerate(parts):
-            verdict = self._send(part, count)
-            if verdict.done and not verdict.rest:
-                continue
-            if i == 0 and not verdict.done:
-                return verdict  # nothing went: the whole request stays as it is
-            # part of the request went: what did not is kept apart from it, to be retried alone
-            unsent = verdict.rest if verdict.done else ((part, count),)
-            return _Verdict(True, verdict.delay, (*unsent, *parts[i + 1:]))
-        return _Verdict(True)
 
     # -- shutdown and health --------------------------------------------------------------------
 
@@ -414,7 +478,7 @@ class RemoteWriteSink(Sink):
     def health(self) -> SinkHealth:
         stats = self._spool.stats() if self._spool is not None else None
         c = self._counters
-        lost = round((stats.dropped if stats else 0) * self._samples_per_request)
+        lost = stats.dropped_weight if stats else 0  # samples of the records the spool dropped, exact
         extra = {"spool_bytes": float(stats.bytes if stats else 0),
                  "requests_queued": float(stats.records if stats else 0)}
         up = self._thread is not None and self._thread.is_alive() and c.consecutive_failures == 0
@@ -431,25 +495,31 @@ class RemoteWriteSink(Sink):
             transport = self._make_transport()
         except Exception as exc:
             return [CheckResult(self.name, False, str(exc))]
-        url = _redact(self.settings.url)
+        url = redact_url(self.settings.url)
         try:
             response = transport.post(encoding.compress(b""))
         except OSError as exc:
             return [CheckResult(self.name, False, f"{url} unreachable: {type(exc).__name__}: {exc}")]
+        except HeaderError as exc:
+            return [CheckResult(self.name, False, f"{url}: {exc}")]
         except Exception as exc:
             return [CheckResult(self.name, False, f"no token ({self.settings.credential}): {exc}")]
         finally:
             transport.close()
         if 200 <= response.status < 300:
             return [CheckResult(self.name, True, f"{url} accepts remote write (HTTP {response.status})")]
-        return [CheckResult(self.name, False, f"{url}: {_describe(response)}")]
+        return [CheckResult(self.name, False, f"{url}: {response.redirect or _describe(response)}")]
+
+
+def _secret_file(path: str) -> str:
+    """A password or token file's text, stripped; a file that is not UTF-8 is refused without
+    quoting any of it (the codec's message would show a byte of the secret)."""
+    try:
+        return read_regular_file(path, _SECRET_MAX).decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise HeaderError(f"{path} is not UTF-8 text (its content is not shown)") from None
 
 
 def _describe(response: Response) -> str:
-    text = " ".join(response.text.split())[:300]
-    return f"HTTP {response.status}" + (f": {text}" if text else "")
-
-
-def _redact(url: str) -> str:
-    """The URL without a user:password part, for logs."""
-    return re.sub(r"//[^/@]*@", "//", url)
+    """The status and the start of the answer (the transport redacted it and made it one line)."""
+    return f"HTTP {response.status}" + (f": {response.text}" if response.text else "")
