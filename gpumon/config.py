@@ -190,6 +190,11 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, port_num
 
 
+def format_listen(host: str, port: int) -> str:
+    """The inverse of :func:`parse_listen`: ``HOST:PORT``, with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 @dataclass(frozen=True, init=False)
 class SectionSchema(Generic[S]):
     """One config section: its options and, for typed access, the frozen dataclass they are parsed
