@@ -51,13 +51,23 @@ def schemas() -> list[SectionSchema]:
 
 class _Parser(argparse.ArgumentParser):
     """An unknown flag is reported by the subcommand it was given to, with that subcommand's usage
-    and the closest flag it has: ``gpumon run --intreval 5`` -> "did you mean --interval?"."""
+    and the closest flag it has: ``gpumon run --intreval 5`` -> "did you mean --interval?". It is
+    looked for before parsing, so that its value is not first taken for a positional argument."""
 
     def parse_args(self, args=None, namespace=None):
-        parsed, extras = self.parse_known_args(args, namespace)
+        argv = list(sys.argv[1:] if args is None else args)
+        command = next((arg for arg in argv if not arg.startswith("-")), None)
+        sub = _SUBCOMMANDS.get(command or "")
+        if sub is not None:
+            rest = argv[argv.index(command) + 1:]
+            rest = rest[:rest.index("--")] if "--" in rest else rest
+            unknown = [arg for arg in rest if arg.startswith("--") and not _known_flag(sub, arg.split("=", 1)[0])]
+            if unknown:
+                sub.error(unrecognized(sub, unknown))
+        parsed, extras = self.parse_known_args(argv, namespace)
         if extras:
-            sub = _SUBCOMMANDS.get(getattr(parsed, "command", None) or "", self)
-            sub.error(unrecognized(sub, extras))
+            self_or_sub = _SUBCOMMANDS.get(getattr(parsed, "command", None) or "", self)
+            self_or_sub.error(unrecognized(self_or_sub, extras))
         return parsed
 
 
@@ -65,12 +75,21 @@ _SUBCOMMANDS: dict[str, argparse.ArgumentParser] = {}
 """The subcommands' parsers by name, as :func:`build_parser` made them last."""
 
 
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    return [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
+
+
+def _known_flag(parser: argparse.ArgumentParser, name: str) -> bool:
+    """``name`` is a flag of ``parser`` or a prefix of exactly one (argparse takes abbreviations)."""
+    flags = _flags(parser)
+    return name in flags or len([flag for flag in flags if flag.startswith(name)]) == 1
+
+
 def unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
-    """The error for arguments ``parser`` does not take, naming the closest flag of the first."""
+    """The error for arguments ``parser`` does not take, naming the closest flag to the first."""
     message = f"unrecognized arguments: {' '.join(extras)}"
-    flags = [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
     first = next((arg.split("=", 1)[0] for arg in extras if arg.startswith("-")), None)
-    close = difflib.get_close_matches(first, flags, n=1, cutoff=0.6) if first else []
+    close = difflib.get_close_matches(first, _flags(parser), n=1, cutoff=0.6) if first else []
     return message + (f" (did you mean {close[0]}?)" if close else "")
 
 
@@ -221,6 +240,7 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
         listen_files.update(runner.listening(), runner.config.daemon.state_dir)
     except OSError as exc:
         runner.stop(timeout=4.5)
+        listen_files.remove()
         raise daemon.StartupError(f"cannot write the listen address to {args.listen_file}: "
                                   f"{exc.strerror or exc}") from exc
     sdnotify.notify("READY=1")  # the port is bound: `systemctl start` may return
