@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpumon", description="GPU and InfiniBand telemetry exporter.")
     parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    run = sub.add_parser("run", help="run the daemon", description=(
+    run = sub.add_parser("run", help="the daemon: collectors on their own threads, sinks fed every snapshot",
+                         description=(
         "Run the daemon: every collector on its own interval, every sink fed (the Prometheus endpoint, "
         "OTLP, remote write, Azure Monitor). SIGHUP reloads the config, SIGTERM stops."))
     _common(run)
@@ -133,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--listen-file", metavar="PATH", help=(
         "write the address the endpoint got (HOST:PORT, one line) to PATH once it is bound, as "
         "<state_dir>/listen always is; removed on a clean stop"))
-    once = sub.add_parser("once", help="collect once and print", description=(
+    once = sub.add_parser("once", help="one collection, printed (table, json or prometheus)", description=(
         "Run every enabled collector once and print what it found; exit 1 when a requested collector "
         "failed. Nothing is sent to a sink."))
     _common(once)
@@ -145,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         "accepted, the listen address free) without sending data; exit 1 when one that is needed fails."))
     _common(check)
     _sink_flags(check)
-    health = sub.add_parser("health", help="the node's health verdict (exit 0 healthy, 1 degraded or "
-                            "unhealthy); 'health clear RULE|--all' clears sticky verdicts", description=(
+    health = sub.add_parser("health", help="the node's health verdict; 'health clear' clears sticky verdicts",
+                            description=(
         "Print the verdict a running daemon would give now: the saved sticky verdicts plus this "
         "moment's signals; exit 0 healthy, 1 degraded or unhealthy. 'health clear RULE' or "
         "'health clear --all' clears sticky verdicts (after a repair)."))

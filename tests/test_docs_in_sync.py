@@ -36,3 +36,32 @@ def test_example_shows_every_default_and_loads():
         for option in schema.options:
             assert document[schema.name][option.key] == option.default
             assert config[schema.name][option.key] == option.default
+
+
+def test_cli_reference_readme_commands_and_alert_table_are_generated():
+    """docs/cli.md, the README's command table and docs/dashboards.md's alert table are made from the
+    argument parser and the rule file: a new flag, subcommand or alert cannot go undocumented."""
+    from gpumon.confdoc import outputs
+
+    stale = [os.path.relpath(path, REPO) for path, text in outputs(REPO).items()
+             if read(os.path.relpath(path, REPO)) != text]
+    assert not stale, f"{', '.join(stale)} stale: run python -m gpumon.confdoc"
+
+
+def test_every_alert_and_subcommand_is_in_the_docs():
+    import yaml
+
+    from gpumon import cli
+
+    rules = yaml.safe_load(read("deploy", "prometheus", "alerting-rules.yaml"))
+    alerts = [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert "GpumonGpuFabricUnhealthy" in alerts
+    dashboards = read("docs", "dashboards.md")
+    assert all(f"| {alert} |" in dashboards for alert in alerts)
+    cli.build_parser()
+    readme, reference = read("README.md"), read("docs", "cli.md")
+    for name, parser in cli._SUBCOMMANDS.items():
+        assert f"| `gpumon {name}` |" in readme and f"## `gpumon {name}`" in reference
+        for action in parser._actions:
+            for flag in action.option_strings:
+                assert flag in ("-h", "--help") or f"`{flag}" in reference, f"gpumon {name} {flag} missing from docs/cli.md"
