@@ -65,3 +65,35 @@ def test_every_alert_and_subcommand_is_in_the_docs():
         for action in parser._actions:
             for flag in action.option_strings:
                 assert flag in ("-h", "--help") or f"`{flag}" in reference, f"gpumon {name} {flag} missing from docs/cli.md"
+
+
+def _sections(text: str) -> tuple[list[str], list[str]]:
+    """The table titles of a ``gpumon once`` table and the collectors its last table lists."""
+    blocks = [b.splitlines() for b in text.strip().split("\n\n")]
+    titles = [b[0] for b in blocks[1:] if b]
+    collectors = [line.split()[0] for line in blocks[-1][2:]]
+    return titles, collectors
+
+
+def test_readme_once_sample_shows_what_a_simulated_host_prints(capsys):
+    """The README's simulated ``gpumon once`` sample has the tables and the collectors a run has now
+    (the values differ run to run; the shape must not drift as collectors are added)."""
+    from gpumon import cli
+
+    assert cli.main(["once", "--simulate", "nd-h100-v5"]) == 0
+    live = _sections(capsys.readouterr().out)
+    readme = read("README.md")
+    start = readme.index("$ gpumon once --simulate nd-h100-v5\n")
+    sample = readme[start:readme.index("```", start)].split("\n", 1)[1]
+    assert _sections(sample) == live, "README's gpumon once sample is stale: paste a fresh run"
+    assert "Azure host" in live[0]
+
+
+def test_readme_once_sample_off_gpu_lists_every_built_in_collector():
+    from gpumon.registry import BUILTIN_COLLECTORS
+
+    readme = read("README.md")
+    start = readme.index("$ gpumon once\n")
+    sample = readme[start:readme.index("```", start)]
+    sample = sample[sample.index("gpumon on "):]
+    assert _sections(sample)[1] == sorted(BUILTIN_COLLECTORS)
