@@ -97,3 +97,29 @@ def test_readme_once_sample_off_gpu_lists_every_built_in_collector():
     sample = readme[start:readme.index("```", start)]
     sample = sample[sample.index("gpumon on "):]
     assert _sections(sample)[1] == sorted(BUILTIN_COLLECTORS)
+
+
+NOT_PATHS = {
+    "tests/kql/node_modules": "installed by scripts/test.sh, not committed",
+    "gpumon/gpumon": "the job name the Prometheus Operator would give, not a path",
+}
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """A file named in backquotes (`tests/...`, `gpumon/...`, `deploy/...`) that was renamed or never
+    existed sends the reader nowhere."""
+    import glob
+    import re
+
+    pages = ["README.md", *glob.glob("docs/**/*.md", root_dir=REPO, recursive=True)]
+    pattern = re.compile(r"`((?:tests|gpumon|deploy|dashboards|bench|scripts|docs|examples|systemd)/[\w./-]+)`")
+    missing = [(page, m.group(1)) for page in pages for m in pattern.finditer(read(page))
+               if m.group(1) not in NOT_PATHS and not os.path.exists(os.path.join(REPO, m.group(1).rstrip(".")))]
+    assert not missing, missing
+
+
+def test_azure_managed_prometheus_imports_every_dashboard():
+    page = read("docs", "azure-managed-prometheus.md")
+    for name in sorted(os.listdir(os.path.join(REPO, "dashboards", "grafana"))):
+        if name.endswith(".json"):
+            assert f"`{name}`" in page or f"dashboards/grafana/{name}" in page, name
