@@ -164,8 +164,9 @@ class Daemon:
     def listening(self) -> str | None:
         """``HOST:PORT`` the running sinks accept connections on (the Prometheus endpoint), as bound."""
         for sink in self.loop.sinks if self.loop is not None else ():
-            address = sink.listening()
-            if address is not None:
+            listening = getattr(sink, "listening", None)  # a plugin's sink need not derive from Sink
+            address = listening() if callable(listening) else None
+            if isinstance(address, str):
                 return address
         return None
 
