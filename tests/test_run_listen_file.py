@@ -63,3 +63,20 @@ def test_a_listen_file_that_cannot_be_written_fails_the_start(tmp_path):
     assert result.returncode == 1, result.stderr
     assert f"cannot write the listen address to {missing}: No such file or directory" in result.stderr
     assert not os.path.exists(tmp_path / "state" / "listen")  # stopped: nothing claims to listen
+
+
+def test_the_state_dir_file_is_best_effort_and_the_asked_for_one_is_kept_current(tmp_path, caplog):
+    from gpumon.daemon.listen_file import ListenFiles
+
+    explicit = tmp_path / "addr"
+    files = ListenFiles(str(explicit))
+    nowhere = str(tmp_path / "not-a-dir")
+    (tmp_path / "not-a-dir").write_text("")  # a state "directory" that is a file: nothing can go under it
+    with caplog.at_level("INFO", logger="gpumon.listen"):
+        files.update("127.0.0.1:41000", nowhere)
+        files.update("[::1]:41001", nowhere)  # the endpoint moved (a reload)
+    assert explicit.read_text() == "[::1]:41001\n"
+    assert sum("cannot write the listen address" in r.getMessage() for r in caplog.records) == 1  # logged once
+    files.update(None, nowhere)  # nothing listens any more
+    assert not explicit.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-dir"]  # no temporary file left behind
