@@ -58,6 +58,10 @@ class _Parser(argparse.ArgumentParser):
         argv = list(sys.argv[1:] if args is None else args)
         command = next((arg for arg in argv if not arg.startswith("-")), None)
         sub = _SUBCOMMANDS.get(command or "")
+        if command is not None and sub is None and _SUBCOMMANDS:
+            close = difflib.get_close_matches(command, list(_SUBCOMMANDS), n=1, cutoff=0.6)
+            self.error(f"unknown command {command!r} (choose from {', '.join(_SUBCOMMANDS)})"
+                       + (f"; did you mean {close[0]}?" if close else ""))
         if sub is not None:
             rest = argv[argv.index(command) + 1:]
             rest = rest[:rest.index("--")] if "--" in rest else rest

@@ -74,3 +74,11 @@ def test_help_names_every_built_in_sink_and_simulated_profile():
     text = " ".join(cli._SUBCOMMANDS["run"].format_help().split())
     assert all(name in text for name in BUILTIN_SINKS) and "remote_write" in text
     assert all(profile in text for profile in HOSTS)
+
+
+def test_a_typo_d_command_names_the_closest_one(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args(["helth"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("usage: gpumon ")
+    assert "unknown command 'helth' (choose from run, once, check, health); did you mean health?" in err
