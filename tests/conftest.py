@@ -1,4 +1,13 @@
-"""Shared test plumbing: ports, polling with a deadline, and a real `gpumon run` process."""
+"""Shared test plumbing: ports, polling with a deadline, and a real `gpumon run` process.
+
+Ports: nothing in the suite picks a port and binds it later, which loses the port whenever another
+program on the machine (or another copy of the suite) binds in between. Every server binds port 0
+and says which port it got: `gpumon run --listen 127.0.0.1:0 --listen-file F` (:class:`GpumonProcess`),
+the in-process stand-ins (IMDS, kubelet, kube API, OTLP, remote write and Logs Ingestion receivers)
+from their socket. Prometheus cannot say which port it got, so :class:`PrometheusServer` starts it
+on a port free a moment before and again on another when it exits with "address already in use".
+:func:`closed_port` is only for an endpoint that must refuse connections ("unreachable").
+"""
 
 from __future__ import annotations
 
