@@ -84,9 +84,9 @@ def _flags(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def _known_flag(parser: argparse.ArgumentParser, name: str) -> bool:
-    """``name`` is a flag of ``parser`` or a prefix of exactly one (argparse takes abbreviations)."""
-    flags = _flags(parser)
-    return name in flags or len([flag for flag in flags if flag.startswith(name)]) == 1
+    """``name`` is a flag of ``parser`` or a prefix of one (argparse takes an abbreviation, and
+    names the candidates of an ambiguous one itself)."""
+    return any(flag.startswith(name) for flag in _flags(parser))
 
 
 def unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
