@@ -54,13 +54,18 @@ class _Parser(argparse.ArgumentParser):
     and the closest flag it has: ``gpumon run --intreval 5`` -> "did you mean --interval?". It is
     looked for before parsing, so that its value is not first taken for a positional argument."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.subcommands: dict[str, argparse.ArgumentParser] = {}
+        """The subcommands' parsers by name (set by :func:`build_parser` on the top-level one)."""
+
     def parse_args(self, args=None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)
         command = next((arg for arg in argv if not arg.startswith("-")), None)
-        sub = _SUBCOMMANDS.get(command or "")
-        if command is not None and sub is None and _SUBCOMMANDS:
-            close = difflib.get_close_matches(command, list(_SUBCOMMANDS), n=1, cutoff=0.6)
-            self.error(f"unknown command {command!r} (choose from {', '.join(_SUBCOMMANDS)})"
+        sub = self.subcommands.get(command or "")
+        if command is not None and sub is None and self.subcommands:
+            close = difflib.get_close_matches(command, list(self.subcommands), n=1, cutoff=0.6)
+            self.error(f"unknown command {command!r} (choose from {', '.join(self.subcommands)})"
                        + (f"; did you mean {close[0]}?" if close else ""))
         if sub is not None:
             rest = argv[argv.index(command) + 1:]
@@ -70,13 +75,9 @@ class _Parser(argparse.ArgumentParser):
                 sub.error(unrecognized(sub, unknown))
         parsed, extras = self.parse_known_args(argv, namespace)
         if extras:
-            self_or_sub = _SUBCOMMANDS.get(getattr(parsed, "command", None) or "", self)
+            self_or_sub = self.subcommands.get(getattr(parsed, "command", None) or "", self)
             self_or_sub.error(unrecognized(self_or_sub, extras))
         return parsed
-
-
-_SUBCOMMANDS: dict[str, argparse.ArgumentParser] = {}
-"""The subcommands' parsers by name, as :func:`build_parser` made them last."""
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:
@@ -125,7 +126,7 @@ def simulated_profiles() -> list[str]:
     return list(HOSTS)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(prog="gpumon", description="GPU and InfiniBand telemetry exporter.")
     parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -161,8 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("action", nargs="?", choices=("clear",), help="clear sticky verdicts")
     health.add_argument("rule", nargs="?", help="the rule id (or rule|subject key) to clear")
     health.add_argument("--all", action="store_true", help="with clear: every sticky verdict")
-    _SUBCOMMANDS.clear()
-    _SUBCOMMANDS.update(sub.choices)
+    parser.subcommands = dict(sub.choices)
     return parser
 
 

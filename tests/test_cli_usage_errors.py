@@ -59,8 +59,7 @@ def test_run_and_check_take_the_sink_flags(command):
 
 
 def test_every_subcommand_has_a_description_and_every_flag_help():
-    cli.build_parser()
-    for name, parser in cli._SUBCOMMANDS.items():
+    for name, parser in cli.build_parser().subcommands.items():
         assert parser.description, f"gpumon {name} has no description"
         for action in parser._actions:
             assert action.help, f"gpumon {name} {'/'.join(action.option_strings) or action.dest} has no help"
@@ -70,8 +69,7 @@ def test_help_names_every_built_in_sink_and_simulated_profile():
     from gpumon.registry import BUILTIN_SINKS
     from gpumon.simulate import HOSTS
 
-    cli.build_parser()
-    text = " ".join(cli._SUBCOMMANDS["run"].format_help().split())
+    text = " ".join(cli.build_parser().subcommands["run"].format_help().split())
     assert all(name in text for name in BUILTIN_SINKS) and "remote_write" in text
     assert all(profile in text for profile in HOSTS)
 

@@ -58,9 +58,8 @@ def test_every_alert_and_subcommand_is_in_the_docs():
     assert "GpumonGpuFabricUnhealthy" in alerts
     dashboards = read("docs", "dashboards.md")
     assert all(f"| {alert} |" in dashboards for alert in alerts)
-    cli.build_parser()
     readme, reference = read("README.md"), read("docs", "cli.md")
-    for name, parser in cli._SUBCOMMANDS.items():
+    for name, parser in cli.build_parser().subcommands.items():
         assert f"| `gpumon {name}` |" in readme and f"## `gpumon {name}`" in reference
         for action in parser._actions:
             for flag in action.option_strings:
