@@ -21,6 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,10 +51,55 @@ class Options:
 # ----------------------------------------------------------------------------------- processes
 
 
-def free_port() -> int:
+def picked_port() -> int:
+    """A port free a moment ago, for a peer that cannot say which port it bound (node_exporter):
+    another program may take it before the peer binds it. gpumon never needs one (:func:`gpumon_serving`)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@dataclass
+class Endpoint:
+    """Where a server a benchmark starts answers: a fixed ``fixed_port`` (node_exporter), or for gpumon
+    the port it wrote to ``listen_file`` once bound (``--listen 127.0.0.1:0 --listen-file``), so no
+    other program can take the port between choosing and binding it."""
+
+    fixed_port: int = 0
+    listen_file: str = ""
+
+    def port(self, proc: subprocess.Popen | None = None, timeout: float = 30.0) -> int:
+        """The port; for gpumon, waited for until written (raises when ``proc`` exits first)."""
+        if not self.listen_file:
+            return self.fixed_port
+
+        def written() -> int | None:
+            with open(self.listen_file, encoding="utf-8") as fh:
+                address = fh.read().strip()
+            return int(address.rpartition(":")[2]) if address else None
+
+        return int(wait_until(written, timeout, interval=0.002, alive=proc))
+
+
+def gpumon_serving(directory: str, *args: str) -> tuple[list[str], Endpoint]:
+    """``gpumon run ARGS`` on a port the kernel picks, and where to read which (under ``directory``)."""
+    path = os.path.join(directory, f"listen-{uuid.uuid4().hex}")
+    return (gpumon_command("run", "--listen", "127.0.0.1:0", "--listen-file", path, *args),
+            Endpoint(listen_file=path))
+
+
+def shown(cmd: Sequence[str]) -> str:
+    """A gpumon command line for the results: ``run ...`` without the interpreter and the listen file."""
+    args = list(cmd[2:])
+    if "--listen-file" in args:
+        at = args.index("--listen-file")
+        del args[at:at + 2]
+    return " ".join(args)
+
+
+def node_exporter_serving(binary: str, sysfs: str) -> tuple[list[str], Endpoint]:
+    port = picked_port()
+    return node_exporter_command(binary, sysfs, port), Endpoint(fixed_port=port)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

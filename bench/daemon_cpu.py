@@ -22,15 +22,15 @@ from bench.common import (
     clean_env,
     collector_runs,
     cpu_seconds,
-    free_port,
-    gpumon_command,
+    gpumon_serving,
     http_get,
     median,
     node_exporter_binary,
-    node_exporter_command,
+    node_exporter_serving,
     rnd,
     running,
     say,
+    shown,
     wait_metrics,
     wait_until,
 )
@@ -85,14 +85,14 @@ def per_run(opts: Options, tmp: str, sysfs: str) -> dict[str, Any]:
     rounds = 3 if opts.smoke else 11
     seconds = 1.0 if opts.smoke else 6.0
     ne_batch = 3 if opts.smoke else 60
-    port = free_port()
-    cmd = gpumon_command("run", "--collectors", "infiniband", "--interval", "0.05", "--sysfs-root", sysfs,
-                         "--listen", f"127.0.0.1:{port}", "--log-level", "warning")
+    cmd, endpoint = gpumon_serving(tmp, "--collectors", "infiniband", "--interval", "0.05", "--sysfs-root", sysfs,
+                                   "--log-level", "warning")
     env = clean_env(GPUMON_DAEMON_STATE_DIR=os.path.join(tmp, "state-run"), GPUMON_INFINIBAND_READ_MODE="pread")
-    result: dict[str, Any] = {"command": " ".join(cmd[2:]), "read_mode": "pread", "rounds": rounds,
+    result: dict[str, Any] = {"command": shown(cmd), "read_mode": "pread", "rounds": rounds,
                               "seconds_per_round": seconds, "target_ratio": TARGET_RATIO}
     binary = node_exporter_binary()
     with running(cmd, env) as proc:
+        port = endpoint.port(proc)
         wait_metrics(port, proc=proc)
         wait_until(lambda: ib_runs(port) >= 20, 20.0)
         gpumon_round(proc.pid, port, 1.0)  # warm
@@ -101,8 +101,9 @@ def per_run(opts: Options, tmp: str, sysfs: str) -> dict[str, Any]:
             result["gpumon_cpu_ms_per_run"] = rnd(cpu / max(runs, 1) * 1e3)
             result["error"] = "node_exporter is not installed (Debian: prometheus-node-exporter)"
             return result
-        ne_port = free_port()
-        with running(node_exporter_command(binary, sysfs, ne_port)) as ne:
+        ne_cmd, ne_endpoint = node_exporter_serving(binary, sysfs)
+        with running(ne_cmd) as ne:
+            ne_port = ne_endpoint.port(ne)
             url = f"http://127.0.0.1:{ne_port}/metrics"
             wait_metrics(ne_port, proc=ne)
             ne_round(ne.pid, url, ne_batch)  # warm
@@ -131,20 +132,18 @@ def per_run(opts: Options, tmp: str, sysfs: str) -> dict[str, Any]:
 def idle_share(opts: Options, tmp: str, name: str, sysfs: str, *extra: str) -> dict[str, Any]:
     """Share of one core of ``gpumon run`` at defaults (plus ``extra``) over a quiet period."""
     seconds = 3.0 if opts.smoke else 60.0  # /proc counts 10 ms ticks: 0.017 % of a core a tick
-    port = free_port()
-    cmd = gpumon_command("run", "--sysfs-root", sysfs, "--listen", f"127.0.0.1:{port}",
-                         "--log-level", "warning", *extra)
+    cmd, endpoint = gpumon_serving(tmp, "--sysfs-root", sysfs, "--log-level", "warning", *extra)
     # a tree other than /sys is read by opening each file (it may be replaced); on /sys, as on a real
     # host, the default keeps the files open and preads them: the tree cases read as /sys is read
     env = clean_env(GPUMON_DAEMON_STATE_DIR=os.path.join(tmp, f"state-{name}"), GPUMON_INFINIBAND_READ_MODE="pread",
                     GPUMON_AZURE_IMDS_URL="http://127.0.0.1:1")
     with running(cmd, env) as proc:
-        wait_metrics(port, proc=proc)
+        wait_metrics(endpoint.port(proc), proc=proc)
         time.sleep(1.0 if opts.smoke else 15.0)  # first runs, imports, first page
         c0, t0 = cpu_seconds(proc.pid), time.monotonic()
         time.sleep(seconds)
         c1, t1 = cpu_seconds(proc.pid), time.monotonic()
-    return {"command": " ".join(cmd[2:]), "seconds": rnd(t1 - t0, 1),
+    return {"command": shown(cmd), "seconds": rnd(t1 - t0, 1),
             "cpu_seconds": rnd(c1 - c0, 4), "share_of_one_core": rnd((c1 - c0) / (t1 - t0), 6)}
 
 

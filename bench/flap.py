@@ -24,8 +24,7 @@ import time
 from bench.common import (
     Options,
     clean_env,
-    free_port,
-    gpumon_command,
+    gpumon_serving,
     http_get,
     median,
     percentile,
@@ -87,10 +86,9 @@ def run(opts: Options) -> dict:
     with tempfile.TemporaryDirectory(prefix="gpumon-bench-flap-") as tmp:
         sysfs = os.path.join(tmp, "sys")
         fabric = build_tree("nd-h100-v5", sysfs)
-        port = free_port()
-        cmd = gpumon_command("run", "--collectors", "infiniband", "--sysfs-root", sysfs,
-                             "--listen", f"127.0.0.1:{port}")
+        cmd, endpoint = gpumon_serving(tmp, "--collectors", "infiniband", "--sysfs-root", sysfs)
         with running(cmd, clean_env(GPUMON_DAEMON_STATE_DIR=os.path.join(tmp, "state"))) as proc:
+            port = endpoint.port(proc)
             wait_metrics(port, timeout=30, proc=proc, needle=b"gpumon_ib_link_flaps_total{")
             latencies = time_flips(port, proc, fabric.flap, devices, opts.flips)
         result["tree"] = summary(latencies)
@@ -99,9 +97,9 @@ def run(opts: Options) -> dict:
 
         state = os.path.join(tmp, "sim-state")
         workdir = os.path.join(state, "simulate", "nd-h100-v5")
-        port = free_port()
-        cmd = gpumon_command("run", "--simulate", "nd-h100-v5", "--listen", f"127.0.0.1:{port}")
+        cmd, endpoint = gpumon_serving(tmp, "--simulate", "nd-h100-v5")
         with running(cmd, clean_env(GPUMON_DAEMON_STATE_DIR=state)) as proc:
+            port = endpoint.port(proc)
             wait_metrics(port, timeout=30, proc=proc, needle=b"gpumon_ib_link_flaps_total{")
             sim = time_flips(port, proc, lambda d: control(workdir, {"action": "flap", "device": d, "port": 1}),
                              devices, max(1, min(10, opts.flips // 5)))

@@ -19,8 +19,7 @@ import time
 from bench.common import (
     Options,
     clean_env,
-    free_port,
-    gpumon_command,
+    gpumon_serving,
     http_get,
     median,
     rnd,
@@ -76,11 +75,11 @@ def xid_to_health(opts: Options) -> dict:
     raw, less_pickup = [], []
     for _ in range(tries):
         with tempfile.TemporaryDirectory(prefix="gpumon-bench-xid-") as tmp:
-            port = free_port()
             log = os.path.join(tmp, "gpumon.log")
             env = clean_env(GPUMON_DAEMON_STATE_DIR=tmp, GPUMON_LOG_LEVEL="info")
-            with running(gpumon_command("run", "--simulate", "nd-h100-v5", "--listen", f"127.0.0.1:{port}"),
-                         env=env, log=log):
+            cmd, endpoint = gpumon_serving(tmp, "--simulate", "nd-h100-v5")
+            with running(cmd, env=env, log=log) as proc:
+                port = endpoint.port(proc)
                 wait_until(lambda p=port: _verdict(p).get("status") == "healthy", timeout=60)
                 t0 = time.time()
                 control(os.path.join(tmp, "simulate", "nd-h100-v5"), {"action": "xid", "gpu": 3, "xid": 79})

@@ -15,11 +15,10 @@ import tempfile
 from bench.common import (
     Options,
     cpu_seconds,
-    free_port,
     http_get,
     median,
     node_exporter_binary,
-    node_exporter_command,
+    node_exporter_serving,
     rnd,
     running,
     say,
@@ -65,8 +64,9 @@ def run(opts: Options) -> dict:
                 cpu, own, _ = ib.run(g_batch)
                 result["gpumon_cpu_ms_per_run"] = rnd(own / g_batch * 1e3)
                 return result
-            port = free_port()
-            with running(node_exporter_command(binary, sysfs, port)) as ne:
+            ne_cmd, endpoint = node_exporter_serving(binary, sysfs)
+            with running(ne_cmd) as ne:
+                port = endpoint.port(ne)
                 url = f"http://127.0.0.1:{port}/metrics"
                 body = wait_metrics(port, proc=ne)
                 result["node_exporter"] = tool_version(binary)

@@ -26,14 +26,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from bench.common import (
     MIB,
+    Endpoint,
     Options,
     clean_env,
-    free_port,
     gpumon_command,
+    gpumon_serving,
     http_get,
     memory,
     node_exporter_binary,
-    node_exporter_command,
+    node_exporter_serving,
     rnd,
     say,
     slope,
@@ -90,19 +91,17 @@ def run(opts: Options) -> dict:
                                     "growth": TARGET_GROWTH_MIB}, "processes": {}}
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpumon-bench-memory-"))
-        cases: dict[str, tuple[list[str], dict[str, str] | None, int | None, tuple[bytes, ...]]] = {}
+        cases: dict[str, tuple[list[str], dict[str, str] | None, Endpoint | None, tuple[bytes, ...]]] = {}
         full = (b"gpumon_gpu_info{", b"gpumon_ib_port_info{")
 
         def state(name: str) -> str:
             return os.path.join(tmp, name.replace(" ", "_"))
 
-        port = free_port()
-        cases["gpumon run (prometheus)"] = (gpumon_command("run", "--listen", f"127.0.0.1:{port}"),
-                                           clean_env(GPUMON_DAEMON_STATE_DIR=state("plain")), port, ())
-        port = free_port()
-        cases["simulated nd-h100-v5, prometheus"] = (
-            gpumon_command("run", "--simulate", "nd-h100-v5", "--listen", f"127.0.0.1:{port}"),
-            clean_env(GPUMON_DAEMON_STATE_DIR=state("prom")), port, full)
+        cmd, endpoint = gpumon_serving(tmp)
+        cases["gpumon run (prometheus)"] = (cmd, clean_env(GPUMON_DAEMON_STATE_DIR=state("plain")), endpoint, ())
+        cmd, endpoint = gpumon_serving(tmp, "--simulate", "nd-h100-v5")
+        cases["simulated nd-h100-v5, prometheus"] = (cmd, clean_env(GPUMON_DAEMON_STATE_DIR=state("prom")),
+                                                     endpoint, full)
         skipped: dict[str, str] = {}
         try:
             otlp = OtlpSink()
@@ -133,20 +132,19 @@ def run(opts: Options) -> dict:
         if binary is not None:
             sysfs = os.path.join(tmp, "sys")
             build_tree("nd-h100-v5", sysfs)
-            port = free_port()
-            cases["node_exporter --collector.infiniband"] = (node_exporter_command(binary, sysfs, port), None,
-                                                             port, (b"node_infiniband_",))
+            cmd, endpoint = node_exporter_serving(binary, sysfs)
+            cases["node_exporter --collector.infiniband"] = (cmd, None, endpoint, (b"node_infiniband_",))
         procs = {}
         for name, (cmd, env, _port, _needle) in cases.items():
             procs[name] = spawn(cmd, env, log=os.path.join(tmp, f"{len(procs)}.log"))
             stack.callback(stop, procs[name])
-        for name, (_cmd, _env, port, needle) in cases.items():
-            if port is not None:
-                wait_metrics(port, timeout=30, proc=procs[name], needle=needle)
+        ports = {name: c[2].port(procs[name]) for name, c in cases.items() if c[2] is not None}
+        for name, port in ports.items():
+            wait_metrics(port, timeout=30, proc=procs[name], needle=cases[name][3])
         done = threading.Event()
 
         def scraper() -> None:
-            urls = [f"http://127.0.0.1:{c[2]}/metrics" for c in cases.values() if c[2] is not None]
+            urls = [f"http://127.0.0.1:{port}/metrics" for port in ports.values()]
             while not done.wait(1.0):
                 for url in urls:
                     with contextlib.suppress(OSError):

@@ -25,8 +25,7 @@ from bench.common import (
     clean_env,
     collector_runs,
     cpu_seconds,
-    free_port,
-    gpumon_command,
+    gpumon_serving,
     http_get,
     rnd,
     running,
@@ -85,15 +84,14 @@ def run(opts: Options) -> dict[str, Any]:
     warm = 5.0 if opts.smoke else WARM_S
     cases = {"defaults": (), "interval_1s": ("--interval", "1")}
     with tempfile.TemporaryDirectory(prefix="gpumon-real-gpu-") as tmp, contextlib.ExitStack() as stack:
-        procs, ports = {}, {}
+        procs, ports, endpoints = {}, {}, {}
         for name, extra in cases.items():
-            ports[name] = free_port()
             env = clean_env(GPUMON_AZURE_IMDS_URL="http://127.0.0.1:1",
                             GPUMON_DAEMON_STATE_DIR=os.path.join(tmp, name))
-            procs[name] = stack.enter_context(running(
-                gpumon_command("run", "--listen", f"127.0.0.1:{ports[name]}", *extra), env,
-                log=os.path.join(tmp, f"{name}.log")))
+            cmd, endpoints[name] = gpumon_serving(tmp, *extra)
+            procs[name] = stack.enter_context(running(cmd, env, log=os.path.join(tmp, f"{name}.log")))
         for name, proc in procs.items():
+            ports[name] = endpoints[name].port(proc)
             wait_metrics(ports[name], proc=proc)
         time.sleep(warm)
         t0 = time.monotonic()

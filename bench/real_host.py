@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from bench.common import Options, free_port, rnd, say
+from bench.common import Options, rnd, say
 
 TARGET_DEFAULT = 0.002
 TARGET_1S = 0.01
@@ -91,7 +91,7 @@ def share(opts: Options, interval: float | None, static_tree: bool = True) -> di
     with tempfile.TemporaryDirectory(prefix="gpumon-bench-host-") as tmp:
         empty = os.path.join(tmp, "gpumon.toml")  # defaults, whatever /etc/gpumon holds
         open(empty, "w").close()
-        flags: dict[str, Any] = {"simulate": "nd-h100-v5", "listen": f"127.0.0.1:{free_port()}"}
+        flags: dict[str, Any] = {"simulate": "nd-h100-v5", "listen": "127.0.0.1:0"}
         if interval is not None:
             flags["interval"] = interval
         environ = {"GPUMON_DAEMON_STATE_DIR": os.path.join(tmp, "state")}

@@ -16,13 +16,13 @@ import tempfile
 
 from bench.common import (
     REPO,
+    Endpoint,
     Options,
     clean_env,
-    free_port,
-    gpumon_command,
+    gpumon_serving,
     http_get,
     node_exporter_binary,
-    node_exporter_command,
+    node_exporter_serving,
     say,
     series_count,
     stop,
@@ -53,22 +53,22 @@ def run(opts: Options) -> dict:
     result: dict = {"load_generator": "ab (ApacheBench), new connection per request, Accept-Encoding: gzip",
                     "requests": requests, "time_limit_seconds": limit, "servers": {}}
     with tempfile.TemporaryDirectory(prefix="gpumon-bench-scrape-") as tmp:
-        servers: dict[str, tuple[list[str], dict[str, str] | None, int, bytes | tuple[bytes, ...]]] = {}
-        port = free_port()
-        servers["gpumon"] = (gpumon_command("run", "--simulate", "nd-h100-v5", "--listen", f"127.0.0.1:{port}"),
-                             clean_env(GPUMON_DAEMON_STATE_DIR=os.path.join(tmp, "state")), port,
+        servers: dict[str, tuple[list[str], dict[str, str] | None, Endpoint, bytes | tuple[bytes, ...]]] = {}
+        cmd, endpoint = gpumon_serving(tmp, "--simulate", "nd-h100-v5")
+        servers["gpumon"] = (cmd, clean_env(GPUMON_DAEMON_STATE_DIR=os.path.join(tmp, "state")), endpoint,
                              (b"gpumon_ib_port_info{", b"gpumon_gpu_info{"))
         binary = node_exporter_binary()
         if binary is not None:
             sysfs = os.path.join(tmp, "sys")
             build_tree("nd-h100-v5", sysfs)
-            port = free_port()
-            servers["node_exporter"] = (node_exporter_command(binary, sysfs, port), None, port, b"node_infiniband_")
-        procs = {}
+            cmd, endpoint = node_exporter_serving(binary, sysfs)
+            servers["node_exporter"] = (cmd, None, endpoint, b"node_infiniband_")
+        procs, ports = {}, {}
         try:
-            for name, (cmd, env, port, needle) in servers.items():
+            for name, (cmd, env, endpoint, needle) in servers.items():
                 procs[name] = proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                                                       stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+                ports[name] = port = endpoint.port(proc)
                 body = wait_metrics(port, timeout=30, proc=proc, needle=needle)
                 gz = http_get(f"http://127.0.0.1:{port}/metrics", {"Accept-Encoding": "gzip"})[1]
                 result["servers"][name] = {"series": series_count(body), "page_bytes": len(body),
@@ -76,7 +76,7 @@ def run(opts: Options) -> dict:
             for i, c in enumerate(CONCURRENCY):
                 order = list(servers) if i % 2 == 0 else list(reversed(servers))
                 for name in order:
-                    port = servers[name][2]
+                    port = ports[name]
                     figures = scrape(f"http://127.0.0.1:{port}/metrics", c, requests[c], limit)
                     result["servers"][name]["runs"][str(c)] = figures
                     say(opts, f"scrape: {name:13} c={c:<3} p50 {figures['p50_ms']} ms  p99 {figures['p99_ms']} ms  "

@@ -15,14 +15,14 @@ import tempfile
 import time
 
 from bench.common import (
+    Endpoint,
     Options,
     clean_env,
-    free_port,
-    gpumon_command,
+    gpumon_serving,
     http_get,
     median,
     node_exporter_binary,
-    node_exporter_command,
+    node_exporter_serving,
     rnd,
     say,
     spawn,
@@ -35,11 +35,13 @@ TARGET_SECONDS = 1.0
 FULL = (b"gpumon_gpu_info{", b"gpumon_ib_port_info{")
 
 
-def time_to_page(cmd: list[str], env: dict[str, str], port: int, full: tuple[bytes, ...] = ()) -> dict:
-    url = f"http://127.0.0.1:{port}/metrics"
+def time_to_page(cmd: list[str], env: dict[str, str] | None, endpoint: Endpoint,
+                 full: tuple[bytes, ...] = ()) -> dict:
     t0 = time.perf_counter()
     proc = spawn(cmd, env)
     try:
+        url = f"http://127.0.0.1:{endpoint.port(proc)}/metrics"
+
         def first() -> bytes | None:
             status, body = http_get(url, timeout=2.0)
             return body if status == 200 else None
@@ -79,22 +81,19 @@ def run(opts: Options) -> dict:
     repeats = 1 if opts.smoke else 7
     result: dict = {"repeats": repeats, "target_seconds": TARGET_SECONDS}
     with tempfile.TemporaryDirectory(prefix="gpumon-bench-startup-") as tmp:
-        cases: list[tuple[str, list[str], dict[str, str], int, tuple[bytes, ...]]] = []
-        port = free_port()
+        cases: list[tuple[str, list[str], dict[str, str] | None, Endpoint, tuple[bytes, ...]]] = []
         state = os.path.join(tmp, "state")
         env = clean_env(GPUMON_DAEMON_STATE_DIR=state)
-        cases.append(("gpumon run", gpumon_command("run", "--listen", f"127.0.0.1:{port}"), env, port, ()))
-        port = free_port()
-        cases.append(("gpumon run --simulate nd-h100-v5",
-                      gpumon_command("run", "--simulate", "nd-h100-v5", "--listen", f"127.0.0.1:{port}"),
-                      env, port, FULL))
+        cmd, endpoint = gpumon_serving(tmp)
+        cases.append(("gpumon run", cmd, env, endpoint, ()))
+        cmd, endpoint = gpumon_serving(tmp, "--simulate", "nd-h100-v5")
+        cases.append(("gpumon run --simulate nd-h100-v5", cmd, env, endpoint, FULL))
         binary = node_exporter_binary()
         if binary is not None:
             sysfs = os.path.join(tmp, "sys")
             build_tree("nd-h100-v5", sysfs)
-            port = free_port()
-            cases.append(("node_exporter --collector.infiniband", node_exporter_command(binary, sysfs, port),
-                          None, port, ()))
+            cmd, endpoint = node_exporter_serving(binary, sysfs)
+            cases.append(("node_exporter --collector.infiniband", cmd, None, endpoint, ()))
         samples: dict[str, list[dict]] = {name: [] for name, *_ in cases}
         for _ in range(repeats):  # interleaved, so a slow moment hits every case alike
             for name, cmd, cenv, cport, full in cases:

@@ -854,6 +854,7 @@ def render(dashboard: dict[str, Any], prom: Prometheus, tr: TimeRange, out: str,
 
 
 def free_port() -> int:
+    """A port free now, for Prometheus, which cannot say which port it got for :0 (gpumon can)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -939,14 +940,18 @@ def simulate(minutes: float, out_dir: str, keep: bool) -> int:
     state = os.path.join(tmp, "state")
     exporter = prometheus = None
     try:
-        port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMON_")}
         env["GPUMON_DAEMON_STATE_DIR"] = state
         exporter_log = os.path.join(tmp, "gpumon.log")
+        listen_file = os.path.join(tmp, "gpumon.listen")  # the port gpumon got for 127.0.0.1:0
         with open(exporter_log, "wb") as log:
             exporter = subprocess.Popen(
-                [sys.executable, "-m", "gpumon", "run", "--simulate", "nd-h100-v5", "--listen", f"127.0.0.1:{port}",
-                 "--interval", str(interval)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+                [sys.executable, "-m", "gpumon", "run", "--simulate", "nd-h100-v5", "--listen", "127.0.0.1:0",
+                 "--listen-file", listen_file, "--interval", str(interval)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        wait_until(lambda: os.path.exists(listen_file), 60, "gpumon", exporter, exporter_log)
+        with open(listen_file, encoding="utf-8") as fh:
+            port = int(fh.read().strip().rpartition(":")[2])
         wait_until(lambda: answers(f"http://127.0.0.1:{port}/healthz"), 60, "gpumon", exporter, exporter_log)
 
         rules = os.path.join(tmp, "recording-rules.yaml")

@@ -7,6 +7,7 @@ bad config, with a message naming the key and the file.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import shutil
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpumon import __version__, daemon, imds, logs, registry, report, sdnotify
 from gpumon.config import DAEMON, Config, ConfigError, SectionSchema, load
+from gpumon.daemon.listen_file import ListenFiles
 from gpumon.health.settings import HEALTH
 
 if TYPE_CHECKING:
@@ -47,42 +49,125 @@ def schemas() -> list[SectionSchema]:
     return found
 
 
+class _Parser(argparse.ArgumentParser):
+    """An unknown flag is reported by the subcommand it was given to, with that subcommand's usage
+    and the closest flag it has: ``gpumon run --intreval 5`` -> "did you mean --interval?". It is
+    looked for before parsing, so that its value is not first taken for a positional argument."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.subcommands: dict[str, argparse.ArgumentParser] = {}
+        """The subcommands' parsers by name (set by :func:`build_parser` on the top-level one)."""
+
+    def parse_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        command = next((arg for arg in argv if not arg.startswith("-")), None)
+        sub = self.subcommands.get(command or "")
+        if command is not None and sub is None and self.subcommands:
+            close = difflib.get_close_matches(command, list(self.subcommands), n=1, cutoff=0.6)
+            self.error(f"unknown command {command!r} (choose from {', '.join(self.subcommands)})"
+                       + (f"; did you mean {close[0]}?" if close else ""))
+        if sub is not None:
+            rest = argv[argv.index(command) + 1:]
+            rest = rest[:rest.index("--")] if "--" in rest else rest
+            unknown = [arg for arg in rest if arg.startswith("--") and not _known_flag(sub, arg.split("=", 1)[0])]
+            if unknown:
+                sub.error(unrecognized(sub, unknown))
+        parsed, extras = self.parse_known_args(argv, namespace)
+        if extras:
+            self_or_sub = self.subcommands.get(getattr(parsed, "command", None) or "", self)
+            self_or_sub.error(unrecognized(self_or_sub, extras))
+        return parsed
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    return [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
+
+
+def _known_flag(parser: argparse.ArgumentParser, name: str) -> bool:
+    """``name`` is a flag of ``parser`` or a prefix of one (argparse takes an abbreviation, and
+    names the candidates of an ambiguous one itself)."""
+    return any(flag.startswith(name) for flag in _flags(parser))
+
+
+def unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """The error for arguments ``parser`` does not take, naming the closest flag to the first."""
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    first = next((arg.split("=", 1)[0] for arg in extras if arg.startswith("-")), None)
+    close = difflib.get_close_matches(first, _flags(parser), n=1, cutoff=0.6) if first else []
+    return message + (f" (did you mean {close[0]}?)" if close else "")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
+    """The flags every subcommand takes: where the config is, what to collect and from where, logging."""
     parser.add_argument("--config", metavar="FILE",
                         help="TOML config file (default /etc/gpumon/gpumon.toml when present)")
-    parser.add_argument("--collectors", metavar="LIST", help="comma-separated collectors, or 'auto'")
-    parser.add_argument("--sinks", metavar="LIST", help="comma-separated sinks (prometheus,otel,azure_monitor)")
-    parser.add_argument("--listen", metavar="HOST:PORT", help="Prometheus endpoint address (default 0.0.0.0:9470)")
+    parser.add_argument("--collectors", metavar="LIST",
+                        help=f"comma-separated collectors, or 'auto' (built in: {', '.join(registry.BUILTIN_COLLECTORS)})")
     parser.add_argument("--interval", metavar="SECONDS", help="default collection interval")
     parser.add_argument("--sysfs-root", metavar="DIR", help="directory holding class/infiniband (default /sys)")
-    parser.add_argument("--simulate", metavar="PROFILE", help="serve a simulated host, e.g. nd-h100-v5")
+    parser.add_argument("--simulate", metavar="PROFILE",
+                        help=f"serve a simulated host: {', '.join(simulated_profiles())}")
     parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
     parser.add_argument("--log-format", metavar="FORMAT", help="text or json")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpumon", description="GPU and InfiniBand telemetry exporter.")
+def _sink_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the subcommands that start or probe sinks (``run``, ``check``)."""
+    parser.add_argument("--sinks", metavar="LIST",
+                        help=f"comma-separated sinks (built in: {', '.join(registry.BUILTIN_SINKS)})")
+    parser.add_argument("--listen", metavar="HOST:PORT",
+                        help="Prometheus endpoint address (default 0.0.0.0:9470); port 0: one the kernel picks")
+
+
+def simulated_profiles() -> list[str]:
+    from gpumon.simulate import HOSTS
+
+    return list(HOSTS)
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(prog="gpumon", description="GPU and InfiniBand telemetry exporter.")
     parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    run = sub.add_parser("run", help="run the daemon")
+    run = sub.add_parser("run", help="the daemon: collectors on their own threads, sinks fed every snapshot",
+                         description=(
+        "Run the daemon: every collector on its own interval, every sink fed (the Prometheus endpoint, "
+        "OTLP, remote write, Azure Monitor). SIGHUP reloads the config, SIGTERM stops."))
     _common(run)
-    once = sub.add_parser("once", help="collect once and print")
+    _sink_flags(run)
+    run.add_argument("--listen-file", metavar="PATH", help=(
+        "write the address the endpoint got (HOST:PORT, one line) to PATH once it is bound, as "
+        "<state_dir>/listen always is; removed on a clean stop"))
+    once = sub.add_parser("once", help="one collection, printed (table, json or prometheus)", description=(
+        "Run every enabled collector once and print what it found; exit 1 when a requested collector "
+        "failed. Nothing is sent to a sink."))
     _common(once)
-    once.add_argument("--format", choices=("table", "json", "prometheus"), default="table")
-    check = sub.add_parser("check", help="probe every enabled collector and sink and print a verdict")
+    once.add_argument("--format", choices=("table", "json", "prometheus"), default="table",
+                      help="table for people (default), json (the schema in docs/architecture.md), "
+                           "prometheus (the /metrics text)")
+    check = sub.add_parser("check", help="probe every enabled collector and sink and print a verdict", description=(
+        "Probe every enabled collector and sink (sources found, endpoints reachable, credentials "
+        "accepted, the listen address free) without sending data; exit 1 when one that is needed fails."))
     _common(check)
-    health = sub.add_parser("health", help="the node's health verdict (exit 0 healthy, 1 degraded or "
-                            "unhealthy); 'health clear RULE|--all' clears sticky verdicts")
+    _sink_flags(check)
+    health = sub.add_parser("health", help="the node's health verdict; 'health clear' clears sticky verdicts",
+                            description=(
+        "Print the verdict a running daemon would give now: the saved sticky verdicts plus this "
+        "moment's signals; exit 0 healthy, 1 degraded or unhealthy. 'health clear RULE' or "
+        "'health clear --all' clears sticky verdicts (after a repair)."))
     _common(health)
-    health.add_argument("--format", choices=("table", "json"), default="table")
+    health.add_argument("--format", choices=("table", "json"), default="table",
+                        help="table for people (default) or json")
     health.add_argument("action", nargs="?", choices=("clear",), help="clear sticky verdicts")
     health.add_argument("rule", nargs="?", help="the rule id (or rule|subject key) to clear")
     health.add_argument("--all", action="store_true", help="with clear: every sticky verdict")
+    parser.subcommands = dict(sub.choices)
     return parser
 
 
 def load_config(args: argparse.Namespace) -> Config:
-    flags = {key: getattr(args, key) for key in
+    flags = {key: getattr(args, key, None) for key in
              ("collectors", "sinks", "interval", "sysfs_root", "simulate", "log_level", "log_format", "listen")}
     config = load(schemas(), args.config, os.environ, flags)
     _check_names(config, "collectors", registry.available_collectors() + ["auto"])
@@ -155,6 +240,14 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     signal.signal(signal.SIGHUP, on_reload)
     runner = daemon.Daemon(config)
     runner.start()
+    listen_files = ListenFiles(args.listen_file)
+    try:
+        listen_files.update(runner.listening(), runner.config.daemon.state_dir)
+    except OSError as exc:
+        runner.stop(timeout=4.5)
+        listen_files.remove()
+        raise daemon.StartupError(f"cannot write the listen address to {args.listen_file}: "
+                                  f"{exc.strerror or exc}") from exc
     sdnotify.notify("READY=1")  # the port is bound: `systemctl start` may return
     watchdog = sdnotify.Watchdog.from_environ()
     while not stop.is_set():
@@ -169,10 +262,20 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
             reload.clear()
             sdnotify.reloading()
             _reload(args, runner)
+            _report_listen(listen_files, runner)
             sdnotify.notify("READY=1")
     sdnotify.notify("STOPPING=1")
     runner.stop(timeout=4.5)
+    listen_files.remove()
     return EXIT_OK
+
+
+def _report_listen(listen_files: ListenFiles, runner: daemon.Daemon) -> None:
+    """After a reload: the endpoint may have moved (a new ``listen``, a new port for ``:0``)."""
+    try:
+        listen_files.update(runner.listening(), runner.config.daemon.state_dir)
+    except OSError as exc:
+        log.error("cannot write the listen address to %s: %s", listen_files.explicit, exc.strerror or exc)
 
 
 def _reload(args: argparse.Namespace, runner: daemon.Daemon) -> None:

@@ -202,6 +202,11 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, port_num
 
 
+def format_listen(host: str, port: int) -> str:
+    """The inverse of :func:`parse_listen`: ``HOST:PORT``, with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 @dataclass(frozen=True, init=False)
 class SectionSchema(Generic[S]):
     """One config section: its options and, for typed access, the frozen dataclass they are parsed
@@ -371,7 +376,8 @@ DAEMON = SectionSchema(
                "/host/sys) stops gpumon with exit 2 rather than looking like a host without InfiniBand."),
         Option("state_dir", str, "/var/lib/gpumon",
                "Where state that must survive a restart is kept (flap window, spools). One `gpumon run` "
-               "per directory: it holds `gpumon.lock` there while it runs.", check=_not_empty),
+               "per directory: it holds `gpumon.lock` there while it runs, and writes the address it "
+               "serves on to `listen`.", check=_not_empty),
         Option("hostname", str, "", "Host name reported to sinks; empty means the system's host name."),
         Option("simulate", str, "",
                "Serve a simulated host instead of the real one (for demos, dashboards and tests): "

@@ -28,3 +28,14 @@ def sync(outputs: Mapping[str, str], check: bool, command: str) -> int:
         print(f"stale: {', '.join(stale)}; run {command}", file=sys.stderr)
         return 1
     return 0
+
+
+def splice(text: str, name: str, block: str) -> str:
+    """``text`` with the lines between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``
+    replaced by ``block``: a generated part of a page that is otherwise written by hand."""
+    begin, end = f"<!-- generated: {name} -->", f"<!-- end: {name} -->"
+    head, found, rest = text.partition(begin)
+    _, found_end, tail = rest.partition(end)
+    if not found or not found_end:
+        raise ValueError(f"no {begin} ... {end} block")
+    return f"{head}{begin}\n{block.rstrip()}\n{end}{tail}"

@@ -1,12 +1,24 @@
-"""Shared test plumbing: free ports, polling with a deadline, and a real `gpumon run` process."""
+"""Shared test plumbing: ports, polling with a deadline, and a real `gpumon run` process.
+
+Ports: nothing in the suite picks a port and binds it later, which loses the port whenever another
+program on the machine (or another copy of the suite) binds in between. Every server binds port 0
+and says which port it got: `gpumon run --listen 127.0.0.1:0 --listen-file F` (:class:`GpumonProcess`),
+the in-process stand-ins (IMDS, kubelet, kube API, OTLP, remote write and Logs Ingestion receivers)
+from their socket. Prometheus cannot say which port it got, so :class:`PrometheusServer` starts it
+on a port free a moment before and again on another when it exits with "address already in use".
+:func:`closed_port` is only for an endpoint that must refuse connections ("unreachable").
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.error
@@ -23,7 +35,10 @@ if TYPE_CHECKING:
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def free_port() -> int:
+def closed_port() -> int:
+    """A loopback port nothing listens on now, for an "unreachable" endpoint: connecting to it is
+    refused. Never for a server to bind later (another program can take it in between): a server
+    binds port 0 and reports the port it got (gpumon: ``--listen 127.0.0.1:0`` + ``--listen-file``)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -93,21 +108,45 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 class GpumonProcess:
-    """A real `gpumon run` child process listening on a loopback port."""
+    """A real `gpumon run` child process on a loopback port the kernel picks (``--listen 127.0.0.1:0``):
+    it writes the address it bound to ``--listen-file`` and :attr:`port` reads it there, so no other
+    program on the machine can take the port between choosing and binding it."""
 
-    def __init__(self, args: list[str], env: dict[str, str], port: int, command: list[str] | None = None,
+    def __init__(self, args: list[str], env: dict[str, str], command: list[str] | None = None,
                  cwd: str | None = None) -> None:
         """``command`` runs another gpumon than this checkout's (a venv's ``bin/gpumon``)."""
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self._dir = tempfile.mkdtemp(prefix="gpumon-listen-")
+        self.listen_file = os.path.join(self._dir, "listen")
+        self._port: int | None = None
         self.proc = subprocess.Popen([*(command or [sys.executable, "-m", "gpumon"]), "run",
-                                      "--listen", f"127.0.0.1:{port}", *args],
+                                      "--listen", "127.0.0.1:0", "--listen-file", self.listen_file, *args],
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+
+    @property
+    def port(self) -> int:
+        """The port gpumon serves on now, from its listen file: waited for (it is written once bound)
+        and read again each time, since a reload that restarts the endpoint binds a new port 0."""
+        address = read_listen_file(self.listen_file) if self.proc.poll() is None else None
+        if address is None and self._port is None:
+            address = str(wait_for(self._listening, timeout=15))
+        if address is not None:
+            self._port = int(address.rpartition(":")[2])
+        assert self._port is not None
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _listening(self) -> str | None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"gpumon exited {self.proc.returncode}: {self.proc.stdout.read()}")
+        return read_listen_file(self.listen_file)
 
     def wait_ready(self, timeout: float = 15.0) -> None:
         def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"gpumon exited {self.proc.returncode}: {self.proc.stdout.read()}")
+            if self._port is None and self._listening() is None:  # not bound yet (or exited: raises)
+                return False
             try:  # serving (/healthz) and past the first snapshot (/metrics is 503 only before it)
                 return (http_get(self.url + "/healthz", timeout=1)[0] == 200
                         and http_get(self.url + "/metrics", timeout=2)[0] != 503)
@@ -130,7 +169,26 @@ class GpumonProcess:
             self.proc.kill()
             out, _ = self.proc.communicate()
             raise AssertionError(f"gpumon did not stop within {timeout} s: {out}") from None
+        with contextlib.suppress(OSError):  # empty once a clean stop removed the listen file
+            os.rmdir(self._dir)
         return self.proc.returncode, out
+
+    def cleanup(self) -> None:
+        """Kill a process still running and drop its listen-file directory."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def read_listen_file(path: str) -> str | None:
+    """``HOST:PORT`` from a listen file, or None before it is written (it is replaced by rename,
+    so a line that is there is whole)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 @pytest.fixture
@@ -143,7 +201,7 @@ def gpumon_run(tmp_path):
         if "--simulate" in args:  # a simulated host answers from its own loopback IMDS
             environment.pop("GPUMON_AZURE_IMDS_URL", None)
         environment.update(env or {})
-        process = GpumonProcess(list(args), environment, free_port())
+        process = GpumonProcess(list(args), environment)
         started.append(process)
         if ready:
             process.wait_ready()
@@ -151,9 +209,7 @@ def gpumon_run(tmp_path):
 
     yield start
     for process in started:
-        if process.proc.poll() is None:
-            process.proc.kill()
-            process.proc.communicate()
+        process.cleanup()
 
 
 class PrometheusServer:
@@ -162,28 +218,60 @@ class PrometheusServer:
     ``config`` is the prometheus.yml as a dict; ``args`` extra flags such as
     ``--web.enable-remote-write-receiver``. ``stop()`` and ``start()`` again keep the port and the data,
     as a restarted receiver would.
+
+    Ports: Prometheus does not report the port it got for ``--web.listen-address=127.0.0.1:0``, so
+    the first start takes a port that is free now (:func:`closed_port`) and, when another program
+    took it before Prometheus bound it (Prometheus exits with "bind: address already in use"), starts
+    again on another, up to :data:`BIND_ATTEMPTS` times. A restart keeps its port, as a real one does.
     """
+
+    BIND_ATTEMPTS = 5
 
     def __init__(self, directory: str, config: dict | None = None, args: tuple[str, ...] = ()) -> None:
         import yaml
 
         self.directory = directory
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = closed_port()
         self.args = args
         self.proc: subprocess.Popen | None = None
+        self._started = False
         with open(os.path.join(directory, "prometheus.yml"), "w", encoding="utf-8") as fh:
             yaml.safe_dump(config or {"global": {"scrape_interval": "1m"}}, fh)
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.directory, "prometheus.log")
+
     def start(self, wait: bool = True) -> PrometheusServer:
-        with open(os.path.join(self.directory, "prometheus.log"), "ab") as log:
+        attempts = 1 if self._started else self.BIND_ATTEMPTS
+        for attempt in range(attempts):
+            offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+            self._spawn()
+            if not wait:
+                break
+            try:
+                wait_for(self.ready, timeout=15, interval=0.05)
+                break
+            except AssertionError:
+                with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+                    fh.seek(offset)
+                    taken = "address already in use" in fh.read()
+                if not taken or attempt == attempts - 1:
+                    raise
+                self.port = closed_port()  # another program took it first: another port
+        self._started = True
+        return self
+
+    def _spawn(self) -> None:
+        with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 ["prometheus", f"--config.file={self.directory}/prometheus.yml",
                  f"--storage.tsdb.path={self.directory}/data", f"--web.listen-address=127.0.0.1:{self.port}",
                  *self.args], stdout=subprocess.DEVNULL, stderr=log)
-        if wait:
-            wait_for(self.ready, timeout=15, interval=0.05)
-        return self
 
     def ready(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:

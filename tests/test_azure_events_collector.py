@@ -14,7 +14,7 @@ from gpumon.collectors.base import Context
 from gpumon.config import DAEMON, load
 from gpumon.model import Collection, Severity
 from gpumon.simulate.imds import EVENTS_PATH, ImdsServer, rfc1123, scheduled_event
-from tests.conftest import free_port
+from tests.conftest import closed_port
 
 
 @pytest.fixture
@@ -154,7 +154,7 @@ def test_a_failed_acknowledgement_is_counted_and_tried_again(server):
 
 
 def test_off_azure_unavailable_after_one_short_cached_probe():
-    url = f"http://127.0.0.1:{free_port()}"
+    url = f"http://127.0.0.1:{closed_port()}"
     started = time.monotonic()
     first = collector(url).probe()
     again = collector(url).probe()  # a second collector on the same IMDS asks nothing

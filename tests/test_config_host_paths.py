@@ -21,7 +21,7 @@ def gpumon(*args: str, **env: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("command", ["run", "once", "check"])
 def test_missing_sysfs_root_flag_is_exit_2(tmp_path, command):
     missing = tmp_path / "host" / "sys"
-    extra = ["--listen", "127.0.0.1:0"]
+    extra = [] if command == "once" else ["--listen", "127.0.0.1:0"]  # once serves nothing: no --listen
     result = gpumon(command, "--sysfs-root", str(missing), *extra, GPUMON_DAEMON_STATE_DIR=str(tmp_path))
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip() == f"gpumon: error: flag --sysfs-root: [daemon] sysfs_root: {missing}: no such directory"

@@ -109,7 +109,8 @@ def test_missing_file():
     (["--sinks", "prometheus,prometheus"], {}, "[daemon] sinks: names a plugin twice"),
 ])
 def test_cli_exits_2_with_one_line(args, env, fragment):
-    result = subprocess.run([sys.executable, "-m", "gpumon", "once", *args], env=clean_env(**env),
+    # check: the command that takes every flag, --sinks included (once starts no sink)
+    result = subprocess.run([sys.executable, "-m", "gpumon", "check", *args], env=clean_env(**env),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

@@ -22,7 +22,6 @@ import os
 import pathlib
 import re
 import shutil
-import subprocess
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import yaml
 
 from gpumon.simulate import control
 from gpumon.sources import kvp
-from tests.conftest import REPO, GpumonProcess, clean_env, free_port, http_get, wait_for
+from tests.conftest import REPO, GpumonProcess, PrometheusServer, clean_env, http_get, wait_for
 from tests.test_aer_collector import build as build_pci_tree
 
 try:  # the IMDS stand-in moves into the simulation package
@@ -197,14 +196,14 @@ def live(tmp_path_factory) -> Iterator[Live]:
             GPUMON_DAEMON_STATE_DIR=states["a"], GPUMON_AZURE_IMDS_URL=imds_a.url,
             GPUMON_AZURE_IMDS_TIMEOUT="5",  # the stand-in answers from this busy test process
             GPUMON_HOST_INFO_KVP_POOL=kvp_pool(os.path.join(tmp, "kvp-a"), "SIM-RACK1-N01"),
-            GPUMON_HOST_INFO_INTERVAL="1", GPUMON_AZURE_EVENTS_INTERVAL="1"), free_port()),
+            GPUMON_HOST_INFO_INTERVAL="1", GPUMON_AZURE_EVENTS_INTERVAL="1")),
         "b": GpumonProcess(["--simulate", "nd-gb200-v6", "--interval", "1"], clean_env(
             GPUMON_DAEMON_STATE_DIR=states["b"], GPUMON_AZURE_IMDS_URL=imds_b.url,
             GPUMON_AZURE_IMDS_TIMEOUT="5",  # the stand-in answers from this busy test process
             GPUMON_HOST_INFO_KVP_POOL=kvp_pool(os.path.join(tmp, "kvp-b"), "SIM-RACK1-N02"),
-            GPUMON_HOST_INFO_INTERVAL="1", GPUMON_AZURE_EVENTS_INTERVAL="1"), free_port()),
+            GPUMON_HOST_INFO_INTERVAL="1", GPUMON_AZURE_EVENTS_INTERVAL="1")),
         "c": GpumonProcess(["--collectors", "aer,kmsg" if KMSG else "aer", "--sysfs-root", str(pci),
-                            "--interval", "1"], clean_env(GPUMON_DAEMON_STATE_DIR=states["c"]), free_port()),
+                            "--interval", "1"], clean_env(GPUMON_DAEMON_STATE_DIR=states["c"])),
     }
     prometheus = None
     try:
@@ -217,14 +216,8 @@ def live(tmp_path_factory) -> Iterator[Live]:
             "scrape_configs": [{"job_name": "gpumon", "static_configs": [
                 {"targets": [f"127.0.0.1:{e.port}" for e in exporters.values()], "labels": {"cluster": "sim"}}]}],
         }
-        with open(os.path.join(tmp, "prometheus.yml"), "w", encoding="utf-8") as fh:
-            yaml.safe_dump(config, fh)
-        port = free_port()
-        with open(os.path.join(tmp, "prometheus.log"), "wb") as log:
-            prometheus = subprocess.Popen(
-                ["prometheus", f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/data",
-                 f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=log)
-        lv = Live(f"http://127.0.0.1:{port}", {}, {f"127.0.0.1:{e.port}": h for h, e in exporters.items()})
+        prometheus = PrometheusServer(tmp, config).start()
+        lv = Live(prometheus.url, {}, {f"127.0.0.1:{e.port}": h for h, e in exporters.items()})
 
         def query_quietly(expr: str) -> list[dict[str, Any]]:
             try:
@@ -273,8 +266,7 @@ def live(tmp_path_factory) -> Iterator[Live]:
         yield lv
     finally:
         if prometheus is not None:
-            prometheus.terminate()
-            prometheus.wait(10)
+            prometheus.stop()
         for exporter in exporters.values():
             exporter.stop()
         imds_a.close()

@@ -8,7 +8,7 @@ from gpumon.collectors.base import Context
 from gpumon.config import load
 from gpumon.daemon.health import _VmSize
 from gpumon.simulate.imds import COMPUTE_PATH, ImdsServer
-from tests.conftest import free_port, wait_for
+from tests.conftest import closed_port, wait_for
 
 
 def size_of(url: str) -> _VmSize:
@@ -32,6 +32,6 @@ def test_a_5xx_at_boot_is_asked_again_and_the_size_is_learned() -> None:
 
 
 def test_off_azure_answers_no_size() -> None:
-    vm = size_of(f"http://127.0.0.1:{free_port()}")  # nothing listens: unreachable, as off Azure
+    vm = size_of(f"http://127.0.0.1:{closed_port()}")  # nothing listens: unreachable, as off Azure
     wait_for(lambda: vm() == "", timeout=10)
     assert all(vm() == "" for _ in range(5))

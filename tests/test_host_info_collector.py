@@ -14,7 +14,7 @@ from gpumon.config import DAEMON, load
 from gpumon.model import Collection, Snapshot
 from gpumon.report.tables import host_info_table
 from gpumon.simulate.imds import COMPUTE, COMPUTE_PATH, ImdsServer
-from tests.conftest import free_port
+from tests.conftest import closed_port
 from tests.test_host_info_kvp import record, writer_holding_the_lock
 
 
@@ -89,13 +89,13 @@ def test_a_locked_pool_is_counted_and_imds_alone_still_gives_the_series(server, 
 
 def test_off_azure_without_kvp_is_unavailable_quickly(tmp_path):
     started = time.monotonic()
-    availability = collector(f"http://127.0.0.1:{free_port()}", str(tmp_path / "none")).probe()
+    availability = collector(f"http://127.0.0.1:{closed_port()}", str(tmp_path / "none")).probe()
     assert time.monotonic() - started < 1.0
     assert not availability.available and "not on Azure" in availability.reason
 
 
 def test_off_azure_with_a_kvp_pool_reports_the_host_alone(pool):
-    c = collector(f"http://127.0.0.1:{free_port()}", pool)
+    c = collector(f"http://127.0.0.1:{closed_port()}", pool)
     assert c.probe().available
     coll = c.collect()
     assert coll.errors == {"imds_unreachable": 1}

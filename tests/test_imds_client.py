@@ -11,7 +11,7 @@ import pytest
 from gpumon import imds
 from gpumon.config import ConfigError, load
 from gpumon.simulate.imds import COMPUTE, COMPUTE_PATH, EVENTS_PATH, ImdsServer, scheduled_event
-from tests.conftest import free_port
+from tests.conftest import closed_port
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_compute_is_asked_again_after_refresh_and_a_failed_refresh_keeps_the_old
 
 
 def test_no_imds_listening_is_not_azure_quickly_and_is_remembered():
-    client = imds.ImdsClient(f"http://127.0.0.1:{free_port()}", timeout=0.5)
+    client = imds.ImdsClient(f"http://127.0.0.1:{closed_port()}", timeout=0.5)
     started = time.monotonic()
     on, why = client.on_azure()
     assert not on and "not on Azure" in why
@@ -132,7 +132,7 @@ def test_each_fault_is_logged_once_until_imds_answers_again(server, caplog):
 
 
 def test_requests_bypass_any_configured_proxy(server, monkeypatch):
-    dead_proxy = f"http://127.0.0.1:{free_port()}"
+    dead_proxy = f"http://127.0.0.1:{closed_port()}"
     for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.setenv(name, dead_proxy)
     monkeypatch.delenv("no_proxy", raising=False)
@@ -169,7 +169,7 @@ def test_the_shared_client_is_one_per_imds_and_takes_the_latest_settings(server)
     assert imds.client(full).instance().vm_id == COMPUTE["vmId"]
     assert shared.timeout == 1.5  # asked again without settings, the client keeps its configuration
     with pytest.raises(imds.ImdsError) as err:  # no IMDS there: an error callers count, not a hang
-        imds.client(f"http://127.0.0.1:{free_port()}/metadata", timeout=0.2).instance()
+        imds.client(f"http://127.0.0.1:{closed_port()}/metadata", timeout=0.2).instance()
     assert err.value.reason in ("unreachable", "timeout")
 
 

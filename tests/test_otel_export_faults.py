@@ -12,7 +12,7 @@ import pytest
 from gpumon.model import Event, Severity
 from gpumon.sinks import otel
 from tests import test_otel_receiver as receivers
-from tests.conftest import free_port, wait_for
+from tests.conftest import closed_port, wait_for
 from tests.test_otel_export_wire import POINTS, snapshot
 from tests.test_otel_receiver import make_sink
 
@@ -37,7 +37,7 @@ def publish_many(sink, n: int, with_events: bool = False) -> float:
 
 
 def test_endpoint_down_is_counted_and_never_blocks_publish(tmp_path):
-    sink = make_sink(f"http://127.0.0.1:{free_port()}", tmp_path, max_queued_records=5)
+    sink = make_sink(f"http://127.0.0.1:{closed_port()}", tmp_path, max_queued_records=5)
     sink.start()
     try:
         worst = publish_many(sink, 50, with_events=True)

@@ -259,9 +259,9 @@ def test_check_reports_ok_over_grpc(grpc_receiver, tmp_path):
 
 
 def test_check_names_the_failure_when_nothing_listens(tmp_path):
-    from tests.conftest import free_port
+    from tests.conftest import closed_port
 
-    results = make_sink(f"http://127.0.0.1:{free_port()}", tmp_path, logs=False).check()
+    results = make_sink(f"http://127.0.0.1:{closed_port()}", tmp_path, logs=False).check()
     assert len(results) == 1 and not results[0].ok
     assert "refused" in results[0].message.lower() or "connection" in results[0].message.lower()
 

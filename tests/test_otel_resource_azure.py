@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.otel import resource_attributes
 from tests import test_otel_receiver as receivers
-from tests.conftest import free_port
+from tests.conftest import closed_port
 from tests.test_otel_export_wire import attrs, snapshot
 from tests.test_otel_receiver import make_sink
 
@@ -135,7 +135,7 @@ def test_off_azure_nothing_is_added_and_start_does_not_wait(http_receiver, tmp_p
 
 def test_imds_not_listening_adds_nothing(http_receiver, tmp_path):
     sink = make_sink(http_receiver.endpoint, tmp_path, logs=False, azure_detect=True,
-                     imds_url=f"http://127.0.0.1:{free_port()}/metadata")
+                     imds_url=f"http://127.0.0.1:{closed_port()}/metadata")
     try:
         sink.start()
         sink.publish(snapshot(time.time(), 1.0, 1.0))

@@ -24,7 +24,7 @@ import pytest
 
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
 from gpumon.sinks.azure_rows import METRICS, RowBuilder
-from tests.conftest import REPO, GpumonProcess, clean_env, free_port, http_get, wait_for, write_distribution
+from tests.conftest import REPO, GpumonProcess, clean_env, http_get, wait_for, write_distribution
 from tests.remote_write_helpers import Receiver
 from tests.test_otel_receiver import OtlpHttpReceiver
 
@@ -164,7 +164,7 @@ def test_run_publishes_the_plugins_metrics_through_every_sink(venv):
                    GPUMON_OTEL_AZURE_DETECT="false", GPUMON_REMOTE_WRITE_URL=remote.url,
                    GPUMON_ACME_JSONL_PATH=str(jsonl))
     process = GpumonProcess(["--collectors", "acme_rack", "--sinks", "prometheus,otel,remote_write,acme_jsonl",
-                             "--interval", "0.5"], env, free_port(), command=[venv.gpumon], cwd=str(venv.work))
+                             "--interval", "0.5"], env, command=[venv.gpumon], cwd=str(venv.work))
     try:
         process.wait_ready()
         page = wait_for(lambda: page_with(process, INLET))
@@ -274,7 +274,7 @@ def test_the_prometheus_page_of_a_running_daemon_serves_no_stolen_name(venv, tmp
     path = write_distribution(tmp_path / "thief", "acme-thief", "[gpumon.collectors]\nacme_thief = acme_thief:Thief\n",
                               {"acme_thief.py": THIEF})
     process = GpumonProcess(["--sysfs-root", str(tmp_path), "--interval", "0.5"],
-                            venv.env(**rack(venv), PYTHONPATH=str(path)), free_port(), command=[venv.gpumon],
+                            venv.env(**rack(venv), PYTHONPATH=str(path)), command=[venv.gpumon],
                             cwd=str(venv.work))
     try:
         process.wait_ready()

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from gpumon.model import CollectorStatus
-from tests.conftest import free_port, wait_for
+from tests.conftest import closed_port, wait_for
 from tests.remote_write_helpers import Receiver, Reply, delivered, make_sink, small_snapshot
 
 T0 = 1_760_000_000.123
@@ -209,7 +209,7 @@ def test_a_hung_receiver_hits_the_deadline_and_the_loop_never_waits(receiver, st
 
 
 def test_a_down_receiver_keeps_the_records_and_stop_is_bounded(tmp_path, started):
-    sink = started(f"http://127.0.0.1:{free_port()}/api/v1/write")
+    sink = started(f"http://127.0.0.1:{closed_port()}/api/v1/write")
     t = time.monotonic()
     for i in range(5):
         sink.publish(small_snapshot(T0 + i))
@@ -223,7 +223,7 @@ def test_a_down_receiver_keeps_the_records_and_stop_is_bounded(tmp_path, started
 
 
 def test_records_spooled_before_a_restart_of_gpumon_are_sent_after_it(tmp_path, receiver):
-    down = make_sink(tmp_path, f"http://127.0.0.1:{free_port()}/api/v1/write")
+    down = make_sink(tmp_path, f"http://127.0.0.1:{closed_port()}/api/v1/write")
     down.start()
     for i in range(3):
         down.publish(small_snapshot(T0 + i))
@@ -261,7 +261,7 @@ def test_check_posts_an_empty_request_and_says_what_is_wrong(receiver, tmp_path)
     receiver.answer(Reply(404, body="not found"))
     refused = make_sink(tmp_path, receiver.url).check()
     assert not refused[0].ok and "HTTP 404: not found" in refused[0].message
-    down = make_sink(tmp_path, f"http://127.0.0.1:{free_port()}/api/v1/write").check()
+    down = make_sink(tmp_path, f"http://127.0.0.1:{closed_port()}/api/v1/write").check()
     assert not down[0].ok and "unreachable" in down[0].message
     bad = make_sink(tmp_path, "ftp://127.0.0.1/x").check()
     assert not bad[0].ok and "url" in bad[0].message

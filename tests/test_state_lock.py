@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from gpumon.statelock import LOCK_FILE
-from tests.conftest import GpumonProcess, clean_env, free_port, wait_for
+from tests.conftest import GpumonProcess, clean_env, wait_for
 
 
 def gpumon(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -62,14 +62,12 @@ def test_reload_onto_a_busy_state_dir_is_rejected_and_the_old_lock_kept(tmp_path
     busy.mkdir()
     config = tmp_path / "gpumon.toml"
     config.write_text(f'[daemon]\nstate_dir = "{tmp_path}/state"\n')
-    process = GpumonProcess(["--config", str(config)], clean_env(), free_port())  # state_dir from the file
+    process = GpumonProcess(["--config", str(config)], clean_env())  # state_dir from the file
     try:
         process.wait_ready()
         _reload_between_directories(process, tmp_path, busy, config)
     finally:
-        if process.proc.poll() is None:
-            process.proc.kill()
-            process.proc.communicate()
+        process.cleanup()
 
 
 def _reload_between_directories(process: GpumonProcess, tmp_path, busy, config) -> None:

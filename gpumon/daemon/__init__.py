@@ -6,7 +6,8 @@
 - :mod:`~gpumon.daemon.loop`: every collector on its own thread, one composer of Snapshots;
 - :mod:`~gpumon.daemon.once`: every collector run once, for ``gpumon once`` and ``gpumon check``;
 - :mod:`~gpumon.daemon.health`: the health stage and what it learns from the host;
-- :mod:`~gpumon.daemon.reload`: the Daemon, which builds, launches and reloads a set-up.
+- :mod:`~gpumon.daemon.reload`: the Daemon, which builds, launches and reloads a set-up;
+- :mod:`~gpumon.daemon.listen_file`: where ``gpumon run`` says which address it got (``--listen :0``).
 
 The names below are the package's public face: the face, the tests and the benchmarks import them
 from ``gpumon.daemon``.

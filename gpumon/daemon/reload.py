@@ -161,6 +161,15 @@ class Daemon:
             raise
         return build.plan
 
+    def listening(self) -> str | None:
+        """``HOST:PORT`` the running sinks accept connections on (the Prometheus endpoint), as bound."""
+        for sink in self.loop.sinks if self.loop is not None else ():
+            listening = getattr(sink, "listening", None)  # a plugin's sink need not derive from Sink
+            address = listening() if callable(listening) else None
+            if isinstance(address, str):
+                return address
+        return None
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop everything and give the state directory up for the next instance."""
         health = self.loop.health if self.loop is not None else None

@@ -104,6 +104,11 @@ class Sink:
     def publish(self, snapshot: Snapshot) -> None:
         raise NotImplementedError
 
+    def listening(self) -> str | None:
+        """``HOST:PORT`` this sink accepts connections on once started (the port the kernel chose
+        for ``:0``); None for a sink that only sends."""
+        return None
+
     def stop(self, timeout: float = 5.0) -> None:
         """Flush and release within ``timeout`` seconds."""
 

@@ -26,7 +26,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import BufferedIOBase
 from typing import cast
 
-from gpumon.config import ConfigError, Option, SectionSchema, listen_check, parse_listen, readable_file_check
+from gpumon.config import (
+    ConfigError,
+    Option,
+    SectionSchema,
+    format_listen,
+    listen_check,
+    parse_listen,
+    readable_file_check,
+)
 from gpumon.log_once import LogOnce
 from gpumon.model import MetricFamily, Snapshot
 from gpumon.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
@@ -652,6 +660,9 @@ class PrometheusSink(Sink):
             self._watcher.start()
         scheme = "https" if self.web.ssl_context else "http"
         log.info("serving %s://%s:%d/metrics", scheme, self.host, self.port)
+
+    def listening(self) -> str | None:
+        return format_listen(self.host, self.port) if self._server is not None else None
 
     def refresh(self) -> bool:
         """Load the web config again when it or a file it names changed (a certificate renewed in
