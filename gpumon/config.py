@@ -380,6 +380,7 @@ FLAG_KEYS: dict[str, tuple[str, str]] = {
     "log_level": ("daemon", "log_level"),
     "log_format": ("daemon", "log_format"),
     "listen": ("prometheus", "listen"),
+    "state_dir": ("daemon", "state_dir"),
 }
 
 
