@@ -135,8 +135,8 @@ class Simulation:
         from gpumon.sources.kmsg import boot_id
 
         current = boot_id(self.boot_id_path)
-        if not current:
-            current = str(uuid.uuid4())
+        if not current:  # a host simulated for the first time: it booted with the machine it runs on
+            current = boot_id() or str(uuid.uuid4())
             self._write(BOOT_ID_FILE, current + "\n")
         return current
 
