@@ -188,6 +188,7 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     signal.signal(signal.SIGINT, on_stop)
     signal.signal(signal.SIGHUP, on_reload)
     runner = daemon.Daemon(config)
+    runner.on_simulated_reboot = lambda: on_reload(signal.SIGHUP, None)  # a simulated reboot starts over
     runner.start()
     sdnotify.notify("READY=1")  # the port is bound: `systemctl start` may return
     watchdog = sdnotify.Watchdog.from_environ()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpumon import __version__, statelock
@@ -67,6 +68,9 @@ class Daemon:
         self._fingerprints: dict[str, dict | None] = {}
         self._state_lock: statelock.StateLock | None = None
         self._health_key: tuple | None = None
+        #: what ``gpumon run`` does when its simulated host reboots: reload, so the collectors start
+        #: over on the rebooted host as a restarted daemon would on a real one (None: nothing)
+        self.on_simulated_reboot: Callable[[], None] | None = None
 
     def _build(self, config: Config, kept: dict[str, Sink], running_health: HealthStage | None = None) -> _Build:
         """``running_health``: the health stage to keep when ``[health]`` did not change (the running
@@ -126,6 +130,7 @@ class Daemon:
             loop.carry_over(previous)
         build.holder.loop = loop
         if build.ctx.simulation is not None:
+            build.ctx.simulation.on_reboot = self._simulated_reboot
             build.ctx.simulation.start()
         loop.start()
         self.config, self.loop, self.ctx = build.config, loop, build.ctx
@@ -223,6 +228,11 @@ class Daemon:
             self._state_lock.release()  # the state directory moved: the old one is free now
             self._state_lock = new_lock
         self.reloads.succeeded()
+
+    def _simulated_reboot(self) -> None:
+        if self.on_simulated_reboot is not None:
+            log.info("simulate: the host rebooted; the collectors start over on it (a reload)")
+            self.on_simulated_reboot()
 
     def _lock_for(self, config: Config) -> statelock.StateLock | None:
         """A lock on the new state directory when a reload moves it; None when it stays (or when

@@ -124,6 +124,9 @@ class Simulation:
         self.kept: list[dict[str, Any]] = []
         #: True while ``hardware.json`` is applied again at start: no new events (XIDs) are posted
         self.replaying = False
+        #: called after a ``reboot`` (the daemon starts its view of the host over, as a real reboot
+        #: restarts it); from the simulation's thread, so it must only signal
+        self.on_reboot: Callable[[], None] | None = None
         self.boot_id = self._boot()
         self._restore_hardware()
         if consume and not read_only:
@@ -201,6 +204,8 @@ class Simulation:
             for device, port in self.fabric.port_keys:
                 self.fabric.set_up(device, port)
         log.info("simulate: the host rebooted (boot id %s); its hardware faults are repaired", self.boot_id)
+        if self.on_reboot is not None:
+            self.on_reboot()
 
     def allocation(self, command: dict[str, Any]) -> None:
         """Called under ``_lock`` (from ``step``); the list is replaced whole, so readers on other
