@@ -166,7 +166,7 @@ def test_clear_forgets_the_flap_window_so_the_finding_needs_new_flaps(tmp_path) 
 
 def test_a_simulated_reboot_clears_sticky_verdicts_under_a_running_daemon(tmp_path) -> None:
     host, clock = SimulatedHost(str(tmp_path / "host")), Clock()
-    s = stage(tmp_path, clock, boot_path=host.sim.boot_id_path)
+    s = stage(tmp_path, clock, boot=host.sim.boot_id)
     s.update(host.snapshot())
     host.sim.apply({"action": "xid", "gpu": 2, "xid": 79})
     assert until(s, host, lambda r: r.verdict.level is Level.UNHEALTHY).verdict.action == "reboot"
@@ -174,10 +174,11 @@ def test_a_simulated_reboot_clears_sticky_verdicts_under_a_running_daemon(tmp_pa
     host.sim.on_reboot = reloaded.set  # `gpumon run` reloads: the collectors start over on the host
     host.sim.apply({"action": "reboot"})
     assert reloaded.is_set()
+    assert s.update(host.snapshot()).verdict.level is Level.UNHEALTHY  # the old loop, once more
     host.close()
     host.sim.stop()
-    rebooted = SimulatedHost(str(tmp_path / "host"))  # the reload's view of the host; the stage is kept
-    result = s.update(rebooted.snapshot())
+    rebooted = SimulatedHost(str(tmp_path / "host"))  # the reload's view of the host, and a new stage
+    result = stage(tmp_path, clock, boot=rebooted.sim.boot_id).update(rebooted.snapshot())
     assert result.verdict.level is Level.OK and result.verdict.findings == ()
     saved = json.loads((tmp_path / "state" / "health.json").read_text())
     assert saved["boot_id"] == rebooted.sim.boot_id == host.sim.boot_id and saved["active"] == []

@@ -75,9 +75,8 @@ class HealthStage:
 
     def __init__(self, state_dir: str, settings: HealthSettings,
                  vm_size: Callable[[], str | None] = lambda: "", clock: Callable[[], float] = time.time,
-                 boot: str | None = None, persist: bool = True, boot_path: str | None = None) -> None:
-        """``boot``: this boot's id (default: the kernel's); ``boot_path``: a file to read it from
-        before every evaluation instead (a simulated host, which reboots while the daemon runs)."""
+                 boot: str | None = None, persist: bool = True) -> None:
+        """``boot``: this boot's id (default: the kernel's; a simulated host's own)."""
         self.settings = settings
         self.persist = persist  # ``gpumon once`` and ``gpumon health`` read the state, never write it
         self._vm_size = vm_size
@@ -85,8 +84,7 @@ class HealthStage:
         self._store = StateStore(state_dir, read_only=not persist)
         self._lock = threading.Lock()
         self._state = self._store.load()
-        self._boot_path = boot_path
-        current_boot = boot_id(boot_path) if boot_path else boot_id() if boot is None else boot
+        current_boot = boot_id() if boot is None else boot
         if self._state.boot_id and self._state.boot_id != current_boot:
             log.info("health: the host rebooted since the last verdict; sticky verdicts cleared")
             self._state.active.clear()
@@ -126,17 +124,6 @@ class HealthStage:
                                   f"first seen {age_text(now - a.since)} ago"
                                   for a in sorted(self._state.active.values(), key=lambda a: a.key)))
 
-    def _check_boot(self) -> bool:
-        """A simulated host that rebooted under a running daemon: its verdicts go, as at a start."""
-        if not self._boot_path:
-            return False
-        current = boot_id(self._boot_path)
-        if not current or current == self._state.boot_id:
-            return False
-        log.info("health: the host rebooted (boot id %s); sticky verdicts cleared", current)
-        self._state.boot_id = current
-        self._state.active.clear()
-        return True
 
     # -- the inventory to compare with ------------------------------------------------------------
     def _expected(self, snapshot: Snapshot, findings_unhealthy: bool) -> tuple[Expected | None, str]:
@@ -166,7 +153,6 @@ class HealthStage:
             now = self._clock()
             if self._store.changed_elsewhere():
                 self._reload_active()
-            rebooted = self._check_boot()
             self._clear_reset_gpus(snapshot)
             # the baseline is taken from a run with nothing unhealthy (judged by the rules that need
             # no inventory), so a node that starts broken is not taken as the norm
@@ -174,7 +160,7 @@ class HealthStage:
                                                            or self._unhealthy_without_inventory(snapshot, now))
             findings = self._evaluator.evaluate(snapshot, now)
             gpus = _gpus_present(snapshot)
-            changed = self._apply(findings, now, gpus or {}) or rebooted
+            changed = self._apply(findings, now, gpus or {})
             self._mark_stale(gpus)
             verdict = self._make_verdict(sku, now)
             events = self._transition(verdict)
