@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.simulate.actions import ACTIONS
+
 log = logging.getLogger("gpumon.simulate")
 _sequence = itertools.count()
 
@@ -155,8 +157,6 @@ class Simulation:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("simulate: ignoring %s: %s", path, exc)
             return
-        from gpumon.simulate.actions import ACTIONS
-
         self.replaying = True
         try:
             for command in kept:
@@ -206,16 +206,6 @@ class Simulation:
         log.info("simulate: the host rebooted (boot id %s); its hardware faults are repaired", self.boot_id)
         if self.on_reboot is not None:
             self.on_reboot()
-
-    def allocation(self, command: dict[str, Any]) -> None:
-        """Called under ``_lock`` (from ``step``); the list is replaced whole, so readers on other
-        threads see the old one or the new one, never half."""
-        if command["action"] == "allocate":
-            self.allocations = [*self.allocations, _allocation_of(command)]
-        elif "gpu" in command:
-            self.allocations = [a for a in self.allocations if a["gpu"] != int(command["gpu"])]
-        else:
-            self.allocations = []
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="simulate", daemon=True)
@@ -273,8 +263,6 @@ class Simulation:
     def apply(self, command: dict[str, Any]) -> None:
         """Apply one control command (the actions and their keys: :data:`gpumon.simulate.actions.ACTIONS`);
         a bad one raises ValueError, KeyError or TypeError and changes nothing kept."""
-        from gpumon.simulate.actions import ACTIONS
-
         if not isinstance(command, dict):
             raise TypeError("a control command is a JSON object")
         action = ACTIONS.get(str(command.get("action")))
@@ -284,39 +272,6 @@ class Simulation:
             self.kept.append(command)
             self._save_hardware()
         log.info("simulate: applied %s", command)
-
-
-def _allocation_of(command: dict[str, Any]) -> dict[str, Any]:
-    keys = ("namespace", "pod", "container", "job_id")
-    out = {k: str(command.get(k, "")) for k in keys}
-    if not (out["pod"] or out["job_id"]):
-        raise ValueError("allocate needs a pod or a job_id")
-    return {"gpu": int(command["gpu"]), **out}
-
-
-def fabric_change(command: dict[str, Any]) -> dict[str, Any]:
-    """The raw NVML values a ``fabric`` control command names (KeyError/AttributeError when it names
-    no NVML constant, so a typo is logged and ignored like any bad control file)."""
-    import pynvml
-
-    def const(name: str) -> int:
-        value = getattr(pynvml, name.upper(), None)
-        if not isinstance(value, int):
-            raise KeyError(f"no NVML constant {name.upper()}")
-        return value
-
-    change: dict[str, Any] = {}
-    if "state" in command:
-        change["state"] = const(f"NVML_GPU_FABRIC_STATE_{command['state']}")
-    if "status" in command:
-        status = str(command["status"])
-        change["status"] = const("NVML_SUCCESS" if status == "success" else f"NVML_ERROR_{status}")
-    if "summary" in command:
-        change["summary"] = const(f"NVML_GPU_FABRIC_HEALTH_SUMMARY_{command['summary']}")
-    if "health" in command:
-        change["health"] = {field.upper(): const(f"NVML_GPU_FABRIC_HEALTH_MASK_{field}_{value}")
-                            for field, value in dict(command["health"]).items()}
-    return change
 
 
 def control(workdir: str, command: dict[str, Any]) -> str:

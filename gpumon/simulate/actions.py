@@ -92,8 +92,6 @@ def _gpu_lost(sim: Simulation, command: dict[str, Any]) -> bool:
 
 
 def _fabric(sim: Simulation, command: dict[str, Any]) -> bool:
-    from gpumon.simulate import fabric_change
-
     nvml, gpu = _gpus(sim), int(command["gpu"])
     _check_gpu(nvml, gpu)
     nvml.set_fabric(gpu, **fabric_change(command))
@@ -106,7 +104,14 @@ def _scheduled_event(sim: Simulation, command: dict[str, Any]) -> bool:
 
 
 def _allocation(sim: Simulation, command: dict[str, Any]) -> bool:
-    sim.allocation(command)
+    """Runs under the simulation's lock (from ``step``); the list is replaced whole, so readers on
+    other threads see the old one or the new one, never half."""
+    if command["action"] == "allocate":
+        sim.allocations = [*sim.allocations, _allocation_of(command)]
+    elif "gpu" in command:
+        sim.allocations = [a for a in sim.allocations if a["gpu"] != int(command["gpu"])]
+    else:
+        sim.allocations = []
     return False
 
 
@@ -119,6 +124,40 @@ def _check_gpu(nvml: Any, gpu: int) -> None:
     count = int(nvml.gpu_count)
     if not 0 <= gpu < count:
         raise ValueError(f"no GPU {gpu} (this host has {count})")
+
+
+def _allocation_of(command: dict[str, Any]) -> dict[str, Any]:
+    keys = ("namespace", "pod", "container", "job_id")
+    out = {k: str(command.get(k, "")) for k in keys}
+    if not (out["pod"] or out["job_id"]):
+        raise ValueError("allocate needs a pod or a job_id")
+    return {"gpu": int(command["gpu"]), **out}
+
+
+def fabric_change(command: dict[str, Any]) -> dict[str, Any]:
+    """The raw NVML values a ``fabric`` control command names (KeyError/AttributeError when it names
+    no NVML constant, so a typo is logged and ignored like any bad control file)."""
+    import pynvml
+
+    def const(name: str) -> int:
+        value = getattr(pynvml, name.upper(), None)
+        if not isinstance(value, int):
+            raise KeyError(f"no NVML constant {name.upper()}")
+        return value
+
+    change: dict[str, Any] = {}
+    if "state" in command:
+        change["state"] = const(f"NVML_GPU_FABRIC_STATE_{command['state']}")
+    if "status" in command:
+        status = str(command["status"])
+        change["status"] = const("NVML_SUCCESS" if status == "success" else f"NVML_ERROR_{status}")
+    if "summary" in command:
+        change["summary"] = const(f"NVML_GPU_FABRIC_HEALTH_SUMMARY_{command['summary']}")
+    if "health" in command:
+        change["health"] = {field.upper(): const(f"NVML_GPU_FABRIC_HEALTH_MASK_{field}_{value}")
+                            for field, value in dict(command["health"]).items()}
+    return change
+
 
 
 ACTIONS: dict[str, Action] = {a.name: a for a in (
