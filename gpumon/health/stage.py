@@ -46,8 +46,8 @@ class Verdict:
     findings: tuple[dict[str, Any], ...]
     sku: str
     time: float
-    #: sticky findings about a GPU this host no longer has (another UUID at that index, or none):
-    #: kept for the operator to read and clear, counted in neither the level nor the action
+    #: findings (sticky ones, mostly) about a GPU this host no longer has (another UUID at that index,
+    #: or none): listed for the operator to read and clear, counted in neither the level nor the action
     stale: tuple[dict[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
@@ -123,7 +123,6 @@ class HealthStage:
                         "; ".join(f"{a.rule}{_subject_text(a.subject)} {Level(a.level).label} ({a.reason}), "
                                   f"first seen {age_text(now - a.since)} ago"
                                   for a in sorted(self._state.active.values(), key=lambda a: a.key)))
-
 
     # -- the inventory to compare with ------------------------------------------------------------
     def _expected(self, snapshot: Snapshot, findings_unhealthy: bool) -> tuple[Expected | None, str]:

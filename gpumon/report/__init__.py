@@ -104,7 +104,8 @@ def health_table(verdict: Verdict, width: int = WIDTH) -> str:
     def row(f: dict) -> tuple[str, ...]:
         age = age_text(f.get("age_seconds", 0.0)) + (" restored" if f.get("restored") else "")
         return (f["rule"], " ".join(f"{k}={v}" for k, v in f["subject"].items()) or "node", f["severity"],
-                f["action"], "yes" if f["sticky"] else "no", age, f.get("stale") or f["reason"])
+                f["action"], "yes" if f["sticky"] else "no", age,
+                f"{f['stale']} (was: {f['reason']})" if f.get("stale") else f["reason"])
 
     out = head + "\n\n" + format_table(Table("Findings", columns, tuple(row(f) for f in doc["findings"])), width)
     if doc["stale"]:

@@ -152,6 +152,8 @@ class Simulation:
             with open(path, encoding="utf-8") as fh:
                 doc = json.load(fh)
             kept = doc["kept"] if doc.get("boot_id") == self.boot_id else []
+            if not isinstance(kept, list):
+                raise ValueError("'kept' is not a list")
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
