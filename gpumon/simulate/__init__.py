@@ -97,7 +97,12 @@ class Simulation:
         self.boot_id_path = os.path.join(self.home, BOOT_ID_FILE)
         self.read_only = read_only
         if not read_only:
-            os.makedirs(self.control_dir, exist_ok=True)
+            try:
+                os.makedirs(self.control_dir, exist_ok=True)
+            except OSError as exc:  # a state directory given to ``gpumon once`` that it may not write
+                log.warning("simulate: cannot write %s (%s); the host's faults are read, not changed",
+                            self.control_dir, exc)
+                self.read_only = True
         self.fabric: Any = None
         self.nvml: Any = None
         if self.host.ib_profile:
