@@ -110,6 +110,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help=f"serve a simulated host: {', '.join(simulated_profiles())}")
     parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
     parser.add_argument("--log-format", metavar="FORMAT", help="text or json")
+    _state_dir(parser)
+
+
+def _state_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", metavar="DIR",
+                        help="state directory (default /var/lib/gpumon); with --simulate, the simulated host "
+                        "lives in DIR/simulate/PROFILE (once and check use a temporary one unless it is given)")
 
 
 def _sink_flags(parser: argparse.ArgumentParser) -> None:
@@ -162,13 +169,39 @@ def build_parser() -> _Parser:
     health.add_argument("action", nargs="?", choices=("clear",), help="clear sticky verdicts")
     health.add_argument("rule", nargs="?", help="the rule id (or rule|subject key) to clear")
     health.add_argument("--all", action="store_true", help="with clear: every sticky verdict")
+    _simulate_parser(sub)
     parser.subcommands = dict(sub.choices)
     return parser
 
 
+def _simulate_parser(sub: Any) -> None:
+    from gpumon.simulate.actions import ACTIONS, example_args
+
+    examples = "\n".join(f"  gpumon simulate {example_args(a)}" for a in ACTIONS.values())
+    simulate = sub.add_parser(
+        "simulate", help="inject a fault into a simulated host (writes a control file; docs/simulate.md)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Drop a control file into the simulated host's control directory "
+        "(STATE_DIR/simulate/PROFILE/control/): a running 'gpumon run --simulate PROFILE' applies it within "
+        "a second, 'gpumon once --simulate PROFILE --state-dir STATE_DIR' at its start. STATE_DIR and "
+        "PROFILE come from the flags, the environment or the config, as for the daemon; without a profile, "
+        "the one simulated host under STATE_DIR is meant.",
+        epilog=f"actions (docs/simulate.md says what each does):\n{examples}")
+    simulate.add_argument("sim_action", metavar="ACTION", help=f"one of: {', '.join(ACTIONS)}")
+    simulate.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
+                          help="the action's keys; a dotted key nests (health.route_unhealthy=true)")
+    simulate.add_argument("--config", metavar="FILE",
+                          help="TOML config file (default /etc/gpumon/gpumon.toml when present)")
+    simulate.add_argument("--simulate", metavar="PROFILE", help="the simulated host's profile, e.g. nd-h100-v5")
+    _state_dir(simulate)
+    simulate.add_argument("--wait", metavar="SECONDS", type=float, default=0.0,
+                          help="wait until a daemon takes the file (exit 1 if none does in time)")
+
+
 def load_config(args: argparse.Namespace) -> Config:
     flags = {key: getattr(args, key, None) for key in
-             ("collectors", "sinks", "interval", "sysfs_root", "simulate", "log_level", "log_format", "listen")}
+             ("collectors", "sinks", "interval", "sysfs_root", "simulate", "log_level", "log_format", "listen",
+              "state_dir")}
     config = load(schemas(), args.config, os.environ, flags)
     _check_names(config, "collectors", registry.available_collectors() + ["auto"])
     _check_names(config, "sinks", registry.available_sinks())
@@ -193,7 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpumon: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     logs.setup(_log_level(args, config), config.daemon.log_format)
-    command = {"run": cmd_run, "once": cmd_once, "check": cmd_check, "health": cmd_health}[args.command]
+    command = {"run": cmd_run, "once": cmd_once, "check": cmd_check, "health": cmd_health,
+               "simulate": cmd_simulate}[args.command]
     try:
         return command(args, config)
     except daemon.StartupError as exc:
@@ -239,6 +273,7 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     signal.signal(signal.SIGINT, on_stop)
     signal.signal(signal.SIGHUP, on_reload)
     runner = daemon.Daemon(config)
+    runner.on_simulated_reboot = lambda: on_reload(signal.SIGHUP, None)  # a simulated reboot starts over
     runner.start()
     listen_files = ListenFiles(args.listen_file)
     try:
@@ -295,22 +330,26 @@ def _reload(args: argparse.Namespace, runner: daemon.Daemon) -> None:
     logs.setup(runner.config.daemon.log_level, runner.config.daemon.log_format)
 
 
-def _once_context(config: Config):
-    """``once`` never leaves a simulated tree behind: it simulates in a temporary directory."""
+def _once_context(config: Config, consume: bool = False, host: bool = False):
+    """``once`` never leaves a simulated tree behind: it simulates in a temporary directory. With a
+    state directory given (``host``, or always for ``health``), the simulated host there lends its
+    faults, boot id and saved state; ``consume`` (``once``) applies the control files waiting there."""
     if not config.daemon.simulate:
         ctx = daemon.make_context(config)
         ctx.persist_state = False  # a one-shot run leaves the daemon's saved state (read positions) alone
         return ctx, None
+    home = daemon.simulation_dir(config) if host or "daemon.state_dir" in config.origins else None
     tmp = tempfile.mkdtemp(prefix="gpumon-once-")
     try:
-        return daemon.make_context(config.replace("daemon", state_dir=tmp)), tmp
+        return daemon.make_context(config.replace("daemon", state_dir=tmp), simulation_home=home,
+                                   consume=consume and home is not None), tmp
     except BaseException:  # an unknown profile: nothing of it may stay behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
 def cmd_once(args: argparse.Namespace, config: Config) -> int:
-    ctx, tmp = _once_context(config)
+    ctx, tmp = _once_context(config, consume=True)
     try:
         plan = daemon.plan_collectors(config, ctx)
         snapshot = daemon.collect_once(config, plan, ctx, health=daemon.health_stage(config, ctx, persist=False))
@@ -335,7 +374,7 @@ def cmd_health(args: argparse.Namespace, config: Config) -> int:
     if args.rule or args.all:
         print("gpumon: error: a rule or --all goes with 'health clear'", file=sys.stderr)
         return EXIT_USAGE
-    ctx, tmp = _once_context(config)
+    ctx, tmp = _once_context(config, host=True)
     try:
         stage = daemon.health_stage(config, ctx, persist=False, state_dir=daemon.host_state_dir(config))
         if stage is None:
@@ -363,7 +402,65 @@ def _health_clear(args: argparse.Namespace, config: Config) -> int:
               file=sys.stderr)
         return EXIT_FAILED
     print(f"cleared {len(gone)} verdict(s){': ' if gone else ''}{', '.join(gone)}")
+    if gone:
+        print("the flaps or errors counted towards them are forgotten (only new ones count); a condition "
+              "still present (a lost GPU, a port down) is found again at the next evaluation")
     return EXIT_OK
+
+
+def cmd_simulate(args: argparse.Namespace, config: Config) -> int:
+    """Write one control file for the simulated host a daemon with this config runs."""
+    import time
+
+    from gpumon.simulate import HOSTS, control
+    from gpumon.simulate.actions import check, parse_assignments
+
+    profile = config.daemon.simulate or _the_simulated_host(config.daemon.state_dir)
+    if not profile:
+        return EXIT_USAGE
+    if profile not in HOSTS:
+        print(f"gpumon: error: unknown simulation profile {profile!r} (known: {', '.join(sorted(HOSTS))})",
+              file=sys.stderr)
+        return EXIT_USAGE
+    host = HOSTS[profile]
+    try:
+        command = parse_assignments(args.sim_action, args.assignments)
+        check(command, gpu=host.gpu_count > 0, ib=host.ib_profile is not None)
+    except ValueError as exc:
+        print(f"gpumon: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    home = daemon.simulation_dir(config.replace("daemon", simulate=profile))
+    try:
+        path = control(home, command)
+    except OSError as exc:
+        print(f"gpumon: error: cannot write a control file in {home}/control: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"wrote {path}")
+    deadline = time.monotonic() + args.wait
+    while args.wait > 0 and os.path.exists(path):
+        if time.monotonic() >= deadline:
+            print(f"gpumon: nothing took it in {args.wait:g} s: is 'gpumon run --simulate {profile} --state-dir "
+                  f"{config.daemon.state_dir}' running? (the file waits for it)", file=sys.stderr)
+            return EXIT_FAILED
+        time.sleep(0.05)
+    if args.wait > 0:
+        print("taken by the simulated host (its log says whether it applied)")
+    return EXIT_OK
+
+
+def _the_simulated_host(state_dir: str) -> str:
+    """The one profile simulated under ``state_dir`` when none is named ("" and a message otherwise)."""
+    try:
+        found = sorted(name for name in os.listdir(os.path.join(state_dir, "simulate"))
+                       if os.path.isdir(os.path.join(state_dir, "simulate", name, "control")))
+    except OSError:
+        found = []
+    if len(found) == 1:
+        return found[0]
+    which = f"one of {', '.join(found)}" if found else "no simulated host is there yet"
+    print(f"gpumon: error: which simulated host? give --simulate PROFILE (state directory {state_dir}: {which})",
+          file=sys.stderr)
+    return ""
 
 
 def _check_health_actions(config: Config) -> bool:

@@ -375,9 +375,10 @@ DAEMON = SectionSchema(
                "given explicitly (file, environment or flag) must exist: a missing one (an unmounted "
                "/host/sys) stops gpumon with exit 2 rather than looking like a host without InfiniBand."),
         Option("state_dir", str, "/var/lib/gpumon",
-               "Where state that must survive a restart is kept (flap window, spools). One `gpumon run` "
-               "per directory: it holds `gpumon.lock` there while it runs, and writes the address it "
-               "serves on to `listen`.", check=_not_empty),
+               "Where state that must survive a restart is kept (flap window, spools, health verdicts; a "
+               "simulated host in simulate/<profile>/). One `gpumon run` per directory: it holds "
+               "`gpumon.lock` there while it runs, and writes the address it serves on to `listen`.",
+               check=_not_empty),
         Option("hostname", str, "", "Host name reported to sinks; empty means the system's host name."),
         Option("simulate", str, "",
                "Serve a simulated host instead of the real one (for demos, dashboards and tests): "
@@ -398,6 +399,7 @@ FLAG_KEYS: dict[str, tuple[str, str]] = {
     "log_level": ("daemon", "log_level"),
     "log_format": ("daemon", "log_format"),
     "listen": ("prometheus", "listen"),
+    "state_dir": ("daemon", "state_dir"),
 }
 
 

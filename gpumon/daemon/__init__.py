@@ -15,7 +15,7 @@ from ``gpumon.daemon``.
 
 from __future__ import annotations
 
-from gpumon.daemon.context import host_state_dir, hostname, make_context, sink_context
+from gpumon.daemon.context import host_state_dir, hostname, make_context, simulation_dir, sink_context
 from gpumon.daemon.health import health_stage
 from gpumon.daemon.loop import CollectorRunner, Loop, log_event, run_collect
 from gpumon.daemon.once import collect_once
@@ -47,5 +47,6 @@ __all__ = [
     "make_sinks",
     "plan_collectors",
     "run_collect",
+    "simulation_dir",
     "sink_context",
 ]

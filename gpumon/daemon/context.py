@@ -19,9 +19,13 @@ def hostname(config: Config) -> str:
     return config.daemon.hostname or socket.gethostname()
 
 
-def make_context(config: Config) -> Context:
+def make_context(config: Config, simulation_home: str | None = None, consume: bool = True) -> Context:
     """The collectors' view of the host; with ``simulate`` set, a simulated host under state_dir.
-    Raises ConfigError for a sysfs root that was given and does not exist, or an unknown profile."""
+    Raises ConfigError for a sysfs root that was given and does not exist, or an unknown profile.
+
+    ``simulation_home``: a one-shot command's simulated host takes its faults, boot id and saved
+    state from there (a daemon's :func:`simulation_dir`) while its tree lives under state_dir;
+    ``consume`` (``gpumon once``) applies the control files waiting there, otherwise it only looks."""
     d = config.daemon
     ctx = Context(hostname=hostname(config), sysfs_root=d.sysfs_root, state_dir=d.state_dir, config=config)
     if d.simulate:
@@ -34,11 +38,15 @@ def make_context(config: Config) -> Context:
         base = d.state_dir
         if not _writable(base):
             base = tempfile.mkdtemp(prefix="gpumon-simulate-")
-        simulation = Simulation(d.simulate, os.path.join(base, "simulate", d.simulate), hostname=ctx.hostname)
+        simulation = Simulation(d.simulate, os.path.join(base, "simulate", d.simulate), hostname=ctx.hostname,
+                                home=simulation_home, consume=consume, read_only=not consume)
         ctx.simulation = simulation
         ctx.config = _simulated_azure(config, simulation)
         ctx.sysfs_root = simulation.sysfs_root
         ctx.state_dir = os.path.join(simulation.workdir, "state")
+        if simulation_home is not None:  # the host's saved state is read, never written
+            ctx.state_dir = os.path.join(simulation_home, "state")
+            ctx.persist_state = False
         ctx.nvml = simulation.nvml
         os.makedirs(ctx.state_dir, exist_ok=True)
     else:
@@ -56,11 +64,18 @@ def _simulated_azure(config: Config, simulation) -> Config:
     return out
 
 
+def simulation_dir(config: Config) -> str:
+    """Where ``gpumon run --simulate PROFILE`` keeps its simulated host (tree, control directory,
+    boot id, kept hardware faults): ``<state_dir>/simulate/<profile>``."""
+    d = config.daemon
+    return os.path.join(d.state_dir, "simulate", d.simulate)
+
+
 def host_state_dir(config: Config) -> str:
     """Where ``gpumon run`` keeps this host's state: the state directory, or a simulated host's own
     under it (what ``gpumon health`` reads and ``gpumon health clear`` changes)."""
     d = config.daemon
-    return os.path.join(d.state_dir, "simulate", d.simulate, "state") if d.simulate else d.state_dir
+    return os.path.join(simulation_dir(config), "state") if d.simulate else d.state_dir
 
 
 def _check_sysfs_root(config: Config) -> None:

@@ -27,8 +27,10 @@ def health_stage(config: Config, ctx: Context, persist: bool = True, act: bool =
     section = config.sections.get("health")
     if section is None or not section["enabled"]:
         return None
+    # a simulated host has its own boot id, which its ``reboot`` control action changes (and the
+    # daemon then reloads, with a new stage: see Daemon._health_for)
     stage = HealthStage(state_dir or ctx.state_dir, health_settings(section), vm_size=_vm_size_of(ctx),
-                        persist=persist)
+                        persist=persist, boot=ctx.simulation.boot_id if ctx.simulation is not None else None)
     settings = action_settings(section)
     if act and actions_on(settings):
         from gpumon.health.actions import HealthActions

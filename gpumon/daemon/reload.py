@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpumon import __version__, statelock
@@ -67,6 +68,12 @@ class Daemon:
         self._fingerprints: dict[str, dict | None] = {}
         self._state_lock: statelock.StateLock | None = None
         self._health_key: tuple | None = None
+        #: what ``gpumon run`` does when its simulated host reboots: reload, so the collectors start
+        #: over on the rebooted host as a restarted daemon would on a real one (None: nothing)
+        self.on_simulated_reboot: Callable[[], None] | None = None
+        #: the next reload starts over (the simulated host rebooted): no series, totals or shared
+        #: collector state carried from the running loop, which knew the host before the reboot
+        self._start_over = False
 
     def _build(self, config: Config, kept: dict[str, Sink], running_health: HealthStage | None = None) -> _Build:
         """``running_health``: the health stage to keep when ``[health]`` did not change (the running
@@ -74,7 +81,8 @@ class Daemon:
         if running_health is None and self.loop is not None:
             running_health = self.loop.health
         ctx = make_context(config)
-        if self.ctx is not None and (self.ctx.sysfs_root, self.ctx.state_dir) == (ctx.sysfs_root, ctx.state_dir):
+        if self.ctx is not None and not self._start_over and (
+                (self.ctx.sysfs_root, self.ctx.state_dir) == (ctx.sysfs_root, ctx.state_dir)):
             for key in CARRIED_ACROSS_RELOAD:
                 ctx.adopt_shared(self.ctx, key)
         plan = plan_collectors(config, ctx)
@@ -126,6 +134,7 @@ class Daemon:
             loop.carry_over(previous)
         build.holder.loop = loop
         if build.ctx.simulation is not None:
+            build.ctx.simulation.on_reboot = self._simulated_reboot
             build.ctx.simulation.start()
         loop.start()
         self.config, self.loop, self.ctx = build.config, loop, build.ctx
@@ -140,11 +149,12 @@ class Daemon:
                     running: HealthStage | None) -> tuple[HealthStage | None, tuple | None]:
         """The health stage and its key; a reload that changes neither ``[health]`` nor the state
         directory keeps the running one (its memory of counters and of the last verdict). The key is
-        the daemon's only once the set-up launched (``_launch``)."""
+        the daemon's only once the set-up launched (``_launch``). A simulated host that rebooted gets
+        a new stage, which clears the verdicts of the boot before, as a real reboot's new daemon does."""
         section = config.sections.get("health")
         if section is None or not section["enabled"]:
             return None, None
-        key = (dict(section), ctx.state_dir)
+        key = (dict(section), ctx.state_dir, ctx.simulation.boot_id if ctx.simulation is not None else None)
         if running is not None and self._health_key == key:
             return running, key
         return health_stage(config, ctx, act=True), key
@@ -192,6 +202,7 @@ class Daemon:
         running, so the endpoint answers throughout. A config that cannot be built is rejected before
         anything stops; one whose new sink fails to start brings the previous config back."""
         old = self.config
+        start_over = self._start_over
         running = {sink.name: sink for sink in self.loop.sinks} if self.loop is not None else {}
         kept = {name: sink for name, sink in running.items()
                 if name in new_config.daemon.sinks and self._fingerprints.get(name) == _fingerprint(new_config, name)}
@@ -203,6 +214,7 @@ class Daemon:
         try:
             new_lock = self._lock_for(new_config)
             build = self._build(new_config, kept)
+            self._start_over = False
         except Exception as exc:
             log.error("new configuration rejected, keeping the running one: %s", exc)
             if new_lock is not None:
@@ -215,7 +227,7 @@ class Daemon:
             if name not in kept:
                 sink.stop(1.0)
         try:
-            self._launch(build, previous)
+            self._launch(build, None if start_over else previous)
         except StartupError as exc:
             log.error("reload failed (%s); going back to the previous configuration", exc)
             if new_lock is not None:
@@ -232,6 +244,12 @@ class Daemon:
             self._state_lock.release()  # the state directory moved: the old one is free now
             self._state_lock = new_lock
         self.reloads.succeeded()
+
+    def _simulated_reboot(self) -> None:
+        if self.on_simulated_reboot is not None:
+            self._start_over = True
+            log.info("simulate: the host rebooted; the collectors start over on it (a reload)")
+            self.on_simulated_reboot()
 
     def _lock_for(self, config: Config) -> statelock.StateLock | None:
         """A lock on the new state directory when a reload moves it; None when it stays (or when

@@ -62,6 +62,15 @@ class History:
     def as_dict(self) -> dict:
         return {"xid_totals": self.xid_totals, "flap_totals": self.flap_totals, "flap_times": self.flap_times}
 
+    def forget(self, rule: str, subject: Iterable[Iterable[str]]) -> None:
+        """A cleared finding starts its window afresh: the flaps or errors counted so far are forgotten
+        (the counter totals stay, so only new flaps or errors count from here on)."""
+        key = "|".join(v for _, v in subject)
+        if rule == "ib.port.flapping":
+            self.flap_times.pop(key, None)
+        elif rule == "ib.port.errors":
+            self.ib_errors.pop(key, None)
+
     @classmethod
     def from_dict(cls, doc: Mapping) -> History:
         def floats(value: object) -> dict[str, float]:

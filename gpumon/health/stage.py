@@ -46,10 +46,14 @@ class Verdict:
     findings: tuple[dict[str, Any], ...]
     sku: str
     time: float
+    #: findings (sticky ones, mostly) about a GPU this host no longer has (another UUID at that index,
+    #: or none): listed for the operator to read and clear, counted in neither the level nor the action
+    stale: tuple[dict[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": {Level.OK: "healthy"}.get(self.level, self.level.label), "level": int(self.level),
-                "action": self.action, "sku": self.sku, "time": self.time, "findings": list(self.findings)}
+                "action": self.action, "sku": self.sku, "time": self.time, "findings": list(self.findings),
+                "stale": list(self.stale)}
 
 
 @dataclass
@@ -72,6 +76,7 @@ class HealthStage:
     def __init__(self, state_dir: str, settings: HealthSettings,
                  vm_size: Callable[[], str | None] = lambda: "", clock: Callable[[], float] = time.time,
                  boot: str | None = None, persist: bool = True) -> None:
+        """``boot``: this boot's id (default: the kernel's; a simulated host's own)."""
         self.settings = settings
         self.persist = persist  # ``gpumon once`` and ``gpumon health`` read the state, never write it
         self._vm_size = vm_size
@@ -84,6 +89,8 @@ class HealthStage:
             log.info("health: the host rebooted since the last verdict; sticky verdicts cleared")
             self._state.active.clear()
         self._state.boot_id = current_boot
+        if persist:
+            self._restored(clock())
         self._evaluator = Evaluator(settings.thresholds, history=History.from_dict(self._state.history))
         self._energy: dict[str, float] = {}
         self._saved_at = 0.0
@@ -104,6 +111,18 @@ class HealthStage:
     def verdict(self) -> Verdict:
         with self._lock:
             return self._verdict
+
+    def _restored(self, now: float) -> None:
+        """The daemon starting: the verdicts it loads from the state directory say so (here, in
+        /health and in ``gpumon health``) until it sees their condition itself."""
+        for a in self._state.active.values():
+            a.restored = True
+        if self._state.active:
+            log.warning("health: %d verdict(s) restored from %s (same boot; not seen again yet): %s",
+                        len(self._state.active), self._store.path,
+                        "; ".join(f"{a.rule}{_subject_text(a.subject)} {Level(a.level).label} ({a.reason}), "
+                                  f"first seen {age_text(now - a.since)} ago"
+                                  for a in sorted(self._state.active.values(), key=lambda a: a.key)))
 
     # -- the inventory to compare with ------------------------------------------------------------
     def _expected(self, snapshot: Snapshot, findings_unhealthy: bool) -> tuple[Expected | None, str]:
@@ -139,7 +158,9 @@ class HealthStage:
             self._evaluator.expected, sku = self._expected(snapshot, self._verdict.level is Level.UNHEALTHY
                                                            or self._unhealthy_without_inventory(snapshot, now))
             findings = self._evaluator.evaluate(snapshot, now)
-            changed = self._apply(findings, now)
+            gpus = _gpus_present(snapshot)
+            changed = self._apply(findings, now, gpus or {})
+            self._mark_stale(gpus)
             verdict = self._make_verdict(sku, now)
             events = self._transition(verdict)
             self._verdict = verdict
@@ -166,7 +187,7 @@ class HealthStage:
         probe = Evaluator(self.settings.thresholds, history=History())
         return any(f.level is Level.UNHEALTHY for f in probe.evaluate(snapshot, now))
 
-    def _apply(self, findings: list[Finding], now: float) -> bool:
+    def _apply(self, findings: list[Finding], now: float, gpus: dict[str, str]) -> bool:
         active = self._state.active
         changed = False
         seen = set()
@@ -175,13 +196,15 @@ class HealthStage:
             current = active.get(f.key)
             if f.level > Level.OK:
                 if current is None:
+                    gpu = dict(f.subject).get("gpu")
                     active[f.key] = Active(f.rule, [list(p) for p in f.subject], int(f.level), f.action, f.reason,
-                                           f.sticky, now, now)
+                                           f.sticky, now, now, gpus.get(gpu, "") if gpu else "")
                     changed = True
                 else:
                     changed |= current.level != int(f.level)
                     current.level, current.action, current.reason, current.last_seen = (
                         int(f.level), f.action, f.reason, now)
+                    current.restored = False  # seen again: a live finding now
         for key, a in list(active.items()):
             if a.sticky or key in seen and a.last_seen == now:
                 continue
@@ -207,26 +230,56 @@ class HealthStage:
                 if gone:
                     log.info("health: GPU %s was reset; cleared %s", gpu, ", ".join(gone))
 
+    def _mark_stale(self, gpus: dict[str, str] | None) -> None:
+        """A finding about a GPU index this host no longer has, or that now holds a GPU with another
+        UUID, is stale: it says nothing about this hardware (a verdict restored on another machine's
+        disk image, a GPU replaced while the node was down). Unknown while the GPU collector is down."""
+        for a in self._state.active.values():
+            gpu = next((v for k, v in a.subject if k == "gpu"), None)
+            if gpus is None or gpu is None or not gpu.isdigit():
+                a.stale = ""
+            elif gpu not in gpus:
+                a.stale = f"this host has no GPU {gpu} now"
+            elif a.uuid and gpus[gpu] and gpus[gpu] != a.uuid:
+                a.stale = f"GPU {gpu} is {gpus[gpu]} now; the finding was about {a.uuid}"
+            else:
+                a.stale = ""
+
     def _reload_active(self) -> None:
         with self._store.locked():
             saved = self._store.load()
-        self._state.active = {k: a for k, a in self._state.active.items() if k in saved.active}
+        self._drop_cleared(saved, keep_unsaved=False)
+
+    def _drop_cleared(self, saved: HealthState, keep_unsaved: bool) -> None:
+        """Take ``gpumon health clear`` from the saved file: the verdicts it removed go, and their
+        windows start afresh (a cleared ib.port.flapping comes back only on new flaps)."""
+        kept = {}
+        for key, a in self._state.active.items():
+            if key in saved.active or (keep_unsaved and not a.sticky):
+                kept[key] = a
+            else:
+                self._evaluator.history.forget(a.rule, a.subject)
+        self._state.active = kept
 
     def _make_verdict(self, sku: str, now: float) -> Verdict:
-        active = sorted(self._state.active.values(), key=lambda a: (-a.level, a.key))
+        ordered = sorted(self._state.active.values(), key=lambda a: (-a.level, a.key))
+        active = [a for a in ordered if not a.stale]
         level = Level(max((a.level for a in active), default=0))
         action = worst_action([a.action for a in active if a.level == level]) if active else "none"
-        return Verdict(level, action, tuple(a.as_dict() for a in active), sku, now)
+        return Verdict(level, action, tuple(a.as_dict(now) for a in active), sku, now,
+                       tuple(a.as_dict(now) for a in ordered if a.stale))
 
     def _transition(self, verdict: Verdict) -> tuple[Event, ...]:
-        key = (int(verdict.level), tuple(sorted(self._state.active)))
+        key = (int(verdict.level), tuple(sorted(k for k, a in self._state.active.items() if not a.stale)))
         previous, self._node_key = self._node_key, key
         if previous is None and verdict.level is Level.OK:
             return ()  # a healthy start is not a change
         if previous == key:
             return ()
         was = Level(previous[0]) if previous else Level.OK
-        reasons = "; ".join(f["reason"] for f in verdict.findings) or "all rules ok"
+        reasons = "; ".join(f["reason"] + (f" (restored from the state directory, first seen "
+                                           f"{age_text(f['age_seconds'])} ago)" if f["restored"] else "")
+                            for f in verdict.findings) or "all rules ok"
         message = f"node health {was.label} -> {verdict.level.label} (action {verdict.action}): {reasons}"
         return (Event("health_changed", _SEVERITY[verdict.level], {}, message,
                       {"previous": was.label, "current": verdict.level.label, "action": verdict.action,
@@ -239,9 +292,7 @@ class HealthStage:
         try:
             with self._store.locked():
                 if self._store.changed_elsewhere():
-                    saved = self._store.load()
-                    self._state.active = {k: a for k, a in self._state.active.items()
-                                          if k in saved.active or not a.sticky}
+                    self._drop_cleared(self._store.load(), keep_unsaved=True)
                 self._store.save(self._state)
             self._saved_at = now
         except OSError as exc:
@@ -256,6 +307,8 @@ class HealthStage:
             subject = dict(f.subject)
             levels[(f.rule, subject.get("gpu", ""), subject.get("device", ""), subject.get("port", ""))] = 0.0
         for a in self._state.active.values():
+            if a.stale:  # about hardware this host no longer has: no series for it
+                continue
             subject = {k: v for k, v in a.subject}
             levels[(a.rule, subject.get("gpu", ""), subject.get("device", ""), subject.get("port", ""))] = a.level
         if self._last_levels is not None and self._last_levels[0] == levels:
@@ -264,6 +317,37 @@ class HealthStage:
         families = (MetricFamily(STATE, samples), MetricFamily(NODE, (Sample((), float(verdict.level)),)))
         self._last_levels = (levels, families)
         return families
+
+
+def _gpus_present(snapshot: Snapshot) -> dict[str, str] | None:
+    """GPU index -> UUID ("" when a lost GPU never told it) of the GPUs this host has now; None while
+    that is unknown (the GPU collector is down or not running)."""
+    status = next((s for s in snapshot.collectors if s.name == "nvml"), None)
+    if status is None or (status.available and not status.ok):
+        return None
+    gpus: dict[str, str] = {}
+    for name in ("gpumon_gpu_info", "gpumon_gpu_lost"):
+        fam = snapshot.family(name)
+        for s in fam.samples if fam else ():
+            gpu = s.label("gpu") or ""
+            gpus[gpu] = gpus.get(gpu) or s.label("uuid") or ""
+    return gpus
+
+
+def _subject_text(subject: list[list[str]]) -> str:
+    return "".join(f" {k}={v}" for k, v in subject)
+
+
+def age_text(seconds: float) -> str:
+    """``3d4h``, ``2h05m``, ``4m10s``, ``12s``: how long ago, for people."""
+    s = int(max(0.0, seconds))
+    if s >= 86400:
+        return f"{s // 86400}d{s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
 
 
 def _settled(snapshot: Snapshot) -> bool:
@@ -294,4 +378,4 @@ def _baseline(snapshot: Snapshot) -> dict[str, Any]:
             "pcie_gen": int(min(gens)) if gens else None, "pcie_width": int(min(widths)) if widths else None}
 
 
-__all__ = ["HealthResult", "HealthSettings", "HealthStage", "HealthState", "Verdict", "NODE", "STATE"]
+__all__ = ["age_text", "HealthResult", "HealthSettings", "HealthStage", "HealthState", "Verdict", "NODE", "STATE"]

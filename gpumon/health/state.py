@@ -40,15 +40,32 @@ class Active:
     sticky: bool
     since: float
     last_seen: float
+    #: the GPU's UUID when the finding is about one (a verdict about another GPU at that index is stale)
+    uuid: str = ""
+    #: carried over a restart of the daemon (loaded from the state directory) and not seen since
+    restored: bool = False
+    #: why the finding no longer describes this host ("" while it does); such a one counts nowhere
+    stale: str = ""
 
     @property
     def key(self) -> str:
         return self.rule + "".join(f"|{k}={v}" for k, v in self.subject)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "subject": {k: v for k, v in self.subject}, "severity": Level(self.level).label,
-                "action": self.action, "reason": self.reason, "sticky": self.sticky,
-                "since": self.since, "last_seen": self.last_seen}
+    def as_dict(self, now: float | None = None) -> dict[str, Any]:
+        out = {"rule": self.rule, "subject": {k: v for k, v in self.subject}, "severity": Level(self.level).label,
+               "action": self.action, "reason": self.reason, "sticky": self.sticky,
+               "since": self.since, "last_seen": self.last_seen, "restored": self.restored}
+        if now is not None:
+            out["age_seconds"] = round(max(0.0, now - self.since), 1)
+        if self.uuid:
+            out["uuid"] = self.uuid
+        if self.stale:
+            out["stale"] = self.stale
+        return out
+
+    def saved(self) -> dict[str, Any]:
+        """What ``health.json`` keeps (whether it is stale is judged again from the hardware)."""
+        return {k: v for k, v in vars(self).items() if k != "stale"}
 
 
 @dataclass
@@ -60,7 +77,7 @@ class HealthState:
 
     def to_json(self) -> str:
         return json.dumps({"version": 1, "boot_id": self.boot_id,
-                           "active": [vars(a) for a in self.active.values()],
+                           "active": [a.saved() for a in self.active.values()],
                            "history": self.history, "baseline": self.baseline}, sort_keys=True)
 
     @classmethod
@@ -72,7 +89,7 @@ class HealthState:
         for item in doc.get("active") or []:
             a = Active(str(item["rule"]), [[str(k), str(v)] for k, v in item["subject"]], int(item["level"]),
                        str(item["action"]), str(item["reason"]), bool(item["sticky"]), float(item["since"]),
-                       float(item["last_seen"]))
+                       float(item["last_seen"]), str(item.get("uuid", "")), bool(item.get("restored", False)))
             active[a.key] = a
         history = doc.get("history") if isinstance(doc.get("history"), dict) else {}
         baseline = doc.get("baseline") if isinstance(doc.get("baseline"), dict) else None
@@ -146,14 +163,21 @@ class StateStore:
 
 def clear(state_dir: str, rule_or_key: str | None) -> list[str]:
     """Clear verdicts, sticky or held: every one (``None``), those of a rule id, or one key; returns
-    the keys. A condition still present comes back at the daemon's next evaluation."""
+    the keys. A cleared finding's window (the flaps or IB errors counted towards it) starts afresh,
+    here and in a running daemon (which sees the file change), so only new flaps or errors bring it
+    back; a condition still present (a lost GPU, a port down) comes back at the next evaluation."""
+    from gpumon.health.rules import History
+
     store = StateStore(state_dir)
     with store.locked():
         state = store.load()
         gone = [k for k, a in state.active.items()
                 if rule_or_key is None or rule_or_key in (a.rule, k)]
+        history = History.from_dict(state.history)
         for key in gone:
+            history.forget(state.active[key].rule, state.active[key].subject)
             del state.active[key]
         if gone:
+            state.history = {**state.history, **history.as_dict()}
             store.save(state)
     return gone

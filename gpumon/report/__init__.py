@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Iterable
 
 from gpumon import registry
-from gpumon.health.stage import Verdict
+from gpumon.health.stage import Verdict, age_text
 from gpumon.model import Snapshot
 from gpumon.render import Renderer
 from gpumon.table import Table
@@ -99,7 +99,20 @@ def health_table(verdict: Verdict, width: int = WIDTH) -> str:
     """``gpumon health``: the verdict in one line, then each finding and what to do about it."""
     doc = verdict.as_dict()
     head = f"{doc['status'].upper()}  action: {doc['action']}" + (f"  (held to: {doc['sku']})" if doc["sku"] else "")
-    findings = Table("Findings", ("rule", "subject", "severity", "action", "sticky", "reason"), tuple(
-        (f["rule"], " ".join(f"{k}={v}" for k, v in f["subject"].items()) or "node", f["severity"], f["action"],
-         "yes" if f["sticky"] else "no", f["reason"]) for f in doc["findings"]))
-    return head + "\n\n" + format_table(findings, width) + "\n"
+    columns = ("rule", "subject", "severity", "action", "sticky", "age", "reason")
+
+    def row(f: dict) -> tuple[str, ...]:
+        age = age_text(f.get("age_seconds", 0.0)) + (" restored" if f.get("restored") else "")
+        return (f["rule"], " ".join(f"{k}={v}" for k, v in f["subject"].items()) or "node", f["severity"],
+                f["action"], "yes" if f["sticky"] else "no", age,
+                f"{f['stale']} (was: {f['reason']})" if f.get("stale") else f["reason"])
+
+    out = head + "\n\n" + format_table(Table("Findings", columns, tuple(row(f) for f in doc["findings"])), width)
+    if doc["stale"]:
+        out += ("\n\n" + format_table(Table("Stale (about hardware this host no longer has; not counted; "
+                                           "'gpumon health clear RULE' removes them)", columns,
+                                           tuple(row(f) for f in doc["stale"])), width))
+    if any(f.get("restored") for f in doc["findings"] + doc["stale"]):
+        out += ("\n\nrestored: carried over a restart of the daemon from its state directory and not seen "
+                "since (a sticky verdict stays until cleared or the host reboots)")
+    return out + "\n"

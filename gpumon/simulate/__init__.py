@@ -2,9 +2,12 @@
 
 A profile pairs a synthetic NVML (:mod:`gpumon.simulate.nvml`, a stand-in for the ``pynvml`` module)
 with a synthetic sysfs tree (:mod:`gpumon.simulate.sysfs`) written to disk under the state directory,
-whose counters grow while the daemon runs. Faults are injected at run time by dropping JSON files
-into ``<state_dir>/simulate/control/`` (see :meth:`Simulation.apply`), so an end-to-end test or a
-person at a shell can provoke a flap, a port-down period, an XID or a lost GPU in a running daemon.
+whose counters grow while the daemon runs. The simulated host lives in
+``<state_dir>/simulate/<profile>/``: ``sys/`` (the tree), ``state/`` (the daemon's state for that
+host), ``boot_id`` (the host's boot id, as /proc/sys/kernel/random/boot_id), ``hardware.json`` (the
+injected hardware faults a daemon restart keeps) and ``control/``, where JSON files dropped by a
+person, a test or ``gpumon simulate`` provoke a flap, a port-down period, an XID, a lost GPU or a
+reboot in a running daemon (the actions: :data:`gpumon.simulate.actions.ACTIONS`, docs/simulate.md).
 """
 
 from __future__ import annotations
@@ -16,8 +19,12 @@ import os
 import socket
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from gpumon.simulate.actions import ACTIONS
 
 log = logging.getLogger("gpumon.simulate")
 _sequence = itertools.count()
@@ -67,16 +74,35 @@ def host_profile(name: str) -> HostProfile:
     return HOSTS[name]
 
 
-class Simulation:
-    """The live state of one simulated host. ``start()`` begins growing counters every ``tick``."""
+HARDWARE_FILE = "hardware.json"
+BOOT_ID_FILE = "boot_id"
 
-    def __init__(self, profile: str, workdir: str, tick: float = 1.0, hostname: str = "") -> None:
+
+class Simulation:
+    """The live state of one simulated host. ``start()`` begins growing counters every ``tick``.
+
+    ``home`` (default ``workdir``) holds ``control/``, ``boot_id`` and ``hardware.json``; ``gpumon
+    once`` builds its tree in a temporary ``workdir`` but reads the faults of the host at ``home``.
+    ``consume``: apply (and remove) the control files waiting there now; ``read_only``: never write
+    ``home`` (``gpumon check`` and ``gpumon health`` look, they do not change the host)."""
+
+    def __init__(self, profile: str, workdir: str, tick: float = 1.0, hostname: str = "",
+                 home: str | None = None, consume: bool = True, read_only: bool = False) -> None:
         self.host = host_profile(profile)
         self.profile = profile
         self.workdir = workdir
+        self.home = home or workdir
         self.sysfs_root = os.path.join(workdir, "sys")
-        self.control_dir = os.path.join(workdir, "control")
-        os.makedirs(self.control_dir, exist_ok=True)
+        self.control_dir = os.path.join(self.home, "control")
+        self.boot_id_path = os.path.join(self.home, BOOT_ID_FILE)
+        self.read_only = read_only
+        if not read_only:
+            try:
+                os.makedirs(self.control_dir, exist_ok=True)
+            except OSError as exc:  # a state directory given to ``gpumon once`` that it may not write
+                log.warning("simulate: cannot write %s (%s); the host's faults are read, not changed",
+                            self.control_dir, exc)
+                self.read_only = True
         self.fabric: Any = None
         self.nvml: Any = None
         if self.host.ib_profile:
@@ -101,16 +127,92 @@ class Simulation:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        #: the hardware faults in effect (control commands), kept in ``hardware.json`` until a reboot
+        self.kept: list[dict[str, Any]] = []
+        #: True while ``hardware.json`` is applied again at start: no new events (XIDs) are posted
+        self.replaying = False
+        #: called after a ``reboot`` (the daemon starts its view of the host over, as a real reboot
+        #: restarts it); from the simulation's thread, so it must only signal
+        self.on_reboot: Callable[[], None] | None = None
+        self.boot_id = self._boot()
+        self._restore_hardware()
+        if consume and not read_only:
+            with self._lock:
+                self._read_controls()
 
-    def _allocation(self, action: str, command: dict[str, Any]) -> None:
-        """Called under ``_lock`` (from ``step``); the list is replaced whole, so readers on other
-        threads see the old one or the new one, never half."""
-        if action == "allocate":
-            self.allocations = [*self.allocations, _allocation_of(command)]
-        elif "gpu" in command:
-            self.allocations = [a for a in self.allocations if a["gpu"] != int(command["gpu"])]
-        else:
-            self.allocations = []
+    # -- the host's lasting state -----------------------------------------------------------------
+    def _boot(self) -> str:
+        from gpumon.sources.kmsg import boot_id
+
+        current = boot_id(self.boot_id_path)
+        if not current:  # a host simulated for the first time: it booted with the machine it runs on
+            current = boot_id() or str(uuid.uuid4())
+            self._write(BOOT_ID_FILE, current + "\n")
+        return current
+
+    def _restore_hardware(self) -> None:
+        """Apply ``hardware.json`` again: a lost GPU stays lost across a daemon restart, as on a real host."""
+        path = os.path.join(self.home, HARDWARE_FILE)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
+            kept = doc["kept"] if doc.get("boot_id") == self.boot_id else []
+            if not isinstance(kept, list):
+                raise ValueError("'kept' is not a list")
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("simulate: ignoring %s: %s", path, exc)
+            return
+        self.replaying = True
+        try:
+            for command in kept:
+                try:
+                    if ACTIONS[command["action"]].handler(self, command):
+                        self.kept.append(command)
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    log.warning("simulate: dropping kept fault %s: %s", command, exc)
+        finally:
+            self.replaying = False
+        if kept:
+            log.info("simulate: the host's hardware faults since boot %s apply again: %s", self.boot_id,
+                     ", ".join(json.dumps(c, sort_keys=True) for c in self.kept))
+
+    def _save_hardware(self) -> None:
+        self._write(HARDWARE_FILE, json.dumps({"version": 1, "boot_id": self.boot_id, "kept": self.kept},
+                                              sort_keys=True))
+
+    def _write(self, name: str, text: str) -> None:
+        if self.read_only:
+            return
+        os.makedirs(self.home, exist_ok=True)
+        path = os.path.join(self.home, name)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+
+    def forget(self, match: Callable[[dict[str, Any]], bool]) -> None:
+        """Drop the kept faults ``match`` selects (a ``port_up`` ends a held ``port_down``)."""
+        before = len(self.kept)
+        self.kept = [c for c in self.kept if not match(c)]
+        if len(self.kept) != before and not self.replaying:
+            self._save_hardware()
+
+    def reboot(self) -> None:
+        """A new boot id (the health stage clears its sticky verdicts on it) and repaired hardware."""
+        self.boot_id = str(uuid.uuid4())
+        self._write(BOOT_ID_FILE, self.boot_id + "\n")
+        self.kept = []
+        self._save_hardware()
+        if self.nvml is not None:
+            self.nvml.repair()
+        if self.fabric is not None:
+            for device, port in self.fabric.port_keys:
+                self.fabric.set_up(device, port)
+        log.info("simulate: the host rebooted (boot id %s); its hardware faults are repaired", self.boot_id)
+        if self.on_reboot is not None:
+            self.on_reboot()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="simulate", daemon=True)
@@ -136,7 +238,8 @@ class Simulation:
                 self.fabric.tick(seconds)
             if self.nvml is not None:
                 self.nvml.tick(seconds)
-            self._read_controls()
+            if not self.read_only:
+                self._read_controls()
 
     def _read_controls(self) -> None:
         try:
@@ -150,100 +253,32 @@ class Simulation:
             try:
                 with open(path, encoding="utf-8") as fh:
                     command = json.load(fh)
-                self.apply(command)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+            except FileNotFoundError:  # another process on the same host (``gpumon once``) took it
+                continue
+            except (OSError, ValueError) as exc:
                 log.warning("simulate: ignoring control file %s: %s", name, exc)
-            finally:
+            else:
                 try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+                    self.apply(command)
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    log.warning("simulate: ignoring control file %s: %s", name, exc)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
     def apply(self, command: dict[str, Any]) -> None:
-        """Apply one fault. Actions:
-
-        - ``{"action": "flap", "device": "mlx5_ib0", "port": 1}``: a flap shorter than any poll
-          (``link_downed`` and ``carrier_changes`` grow, the state never shows it);
-        - ``{"action": "port_down", "device": ..., "port": 1, "seconds": 30}``: the port goes DOWN
-          and comes back after ``seconds`` (0 = stays down until ``port_up``);
-        - ``{"action": "port_up", "device": ..., "port": 1}``;
-        - ``{"action": "xid", "gpu": 3, "xid": 48}``: the GPU reports an XID event (XID 79 also
-          makes it stop answering, as ``gpu_lost``);
-        - ``{"action": "gpu_lost", "gpu": 2}``: every NVML call for that GPU raises GPU_IS_LOST;
-        - ``{"action": "scheduled_event", "event_id": "E1", "type": "Freeze", "status": "Scheduled",
-          "not_before_in": 900}``: an Azure Scheduled Event in the VM's IMDS (status ``Started``, then
-          ``done`` to remove it);
-        - ``{"action": "allocate", "gpu": 0, "namespace": "ml", "pod": "train-0", "container": "main"}``
-          or ``{"action": "allocate", "gpu": 0, "job_id": "4242"}``: a pod or a Slurm job holds the GPU;
-          ``{"action": "release", "gpu": 0}`` (no ``gpu``: every GPU) ends it;
-        - ``{"action": "fabric", "gpu": 1, "health": {"route_unhealthy": "true"}}``: what the NVLink
-          fabric call reports, in NVML's words: ``health`` maps a NVML_GPU_FABRIC_HEALTH_MASK_<field>
-          to one of its values (``degraded_bw``: true/false, ``incorrect_configuration``:
-          insufficient_nvlinks, ...), ``state`` is a NVML_GPU_FABRIC_STATE_* (``in_progress``),
-          ``status`` a NVML_ERROR_* name or ``success``, ``summary`` a _HEALTH_SUMMARY_* name.
-        """
-        action = command["action"]
-        if action in ("flap", "port_down", "port_up"):
-            if self.fabric is None:
-                raise ValueError(f"profile {self.profile} has no InfiniBand")
-            device, port = str(command["device"]), int(command.get("port", 1))
-            if action == "flap":
-                self.fabric.flap(device, port)
-            elif action == "port_down":
-                self.fabric.set_down(device, port, float(command.get("seconds", 0)))
-            else:
-                self.fabric.set_up(device, port)
-        elif action == "scheduled_event":
-            self.azure.scheduled_event(command)
-        elif action in ("allocate", "release"):
-            self._allocation(action, command)
-        elif action == "fabric":
-            if self.nvml is None:
-                raise ValueError(f"profile {self.profile} has no GPU")
-            self.nvml.set_fabric(int(command["gpu"]), **fabric_change(command))
-        elif action in ("xid", "gpu_lost"):
-            if self.nvml is None:
-                raise ValueError(f"profile {self.profile} has no GPU")
-            if action == "xid" and int(command["xid"]) != 79:
-                self.nvml.inject_xid(int(command["gpu"]), int(command["xid"]))
-            else:  # XID 79 is the GPU falling off the bus: it stops answering too, as a real one does
-                self.nvml.set_lost(int(command["gpu"]))
-        else:
-            raise ValueError(f"unknown action {action!r}")
+        """Apply one control command (the actions and their keys: :data:`gpumon.simulate.actions.ACTIONS`);
+        a bad one raises ValueError, KeyError or TypeError and changes nothing kept."""
+        if not isinstance(command, dict):
+            raise TypeError("a control command is a JSON object")
+        action = ACTIONS.get(str(command.get("action")))
+        if action is None:
+            raise ValueError(f"unknown action {command.get('action')!r} (known: {', '.join(ACTIONS)})")
+        if action.handler(self, command) and command not in self.kept:
+            self.kept.append(command)
+            self._save_hardware()
         log.info("simulate: applied %s", command)
-
-
-def _allocation_of(command: dict[str, Any]) -> dict[str, Any]:
-    keys = ("namespace", "pod", "container", "job_id")
-    out = {k: str(command.get(k, "")) for k in keys}
-    if not (out["pod"] or out["job_id"]):
-        raise ValueError("allocate needs a pod or a job_id")
-    return {"gpu": int(command["gpu"]), **out}
-
-
-def fabric_change(command: dict[str, Any]) -> dict[str, Any]:
-    """The raw NVML values a ``fabric`` control command names (KeyError/AttributeError when it names
-    no NVML constant, so a typo is logged and ignored like any bad control file)."""
-    import pynvml
-
-    def const(name: str) -> int:
-        value = getattr(pynvml, name.upper(), None)
-        if not isinstance(value, int):
-            raise KeyError(f"no NVML constant {name.upper()}")
-        return value
-
-    change: dict[str, Any] = {}
-    if "state" in command:
-        change["state"] = const(f"NVML_GPU_FABRIC_STATE_{command['state']}")
-    if "status" in command:
-        status = str(command["status"])
-        change["status"] = const("NVML_SUCCESS" if status == "success" else f"NVML_ERROR_{status}")
-    if "summary" in command:
-        change["summary"] = const(f"NVML_GPU_FABRIC_HEALTH_SUMMARY_{command['summary']}")
-    if "health" in command:
-        change["health"] = {field.upper(): const(f"NVML_GPU_FABRIC_HEALTH_MASK_{field}_{value}")
-                            for field, value in dict(command["health"]).items()}
-    return change
 
 
 def control(workdir: str, command: dict[str, Any]) -> str:

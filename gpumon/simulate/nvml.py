@@ -305,8 +305,14 @@ class FakeNVML:
         self._epoch_us = int(time.time() * 1e6)   # power sample timestamps are CPU time in µs
         #: (low W, high W, Hz): a square wave the power samples follow instead of the load
         self.power_swing = power_swing
+        self._seed = seed
         self._gpus = [self._make_gpu(i, seed) for i in range(count)]
         self.tick(0.0)
+
+    @property
+    def gpu_count(self) -> int:
+        """How many GPUs the host has (without an NVML call, which the tests count)."""
+        return len(self._gpus)
 
     # --- module-like surface -------------------------------------------------------------------------
 
@@ -478,6 +484,14 @@ class FakeNVML:
     def restore(self, gpu: int) -> None:
         with self._lock:
             self._gpus[gpu].lost = False
+
+    def repair(self) -> None:
+        """What a reboot of the host does to its GPUs: every one answers again and its NVLink fabric
+        registers afresh (the simulated ``reboot`` control action)."""
+        with self._lock:
+            for g in self._gpus:
+                g.lost = False
+                g.fabric = self._make_fabric(self._seed)
 
     def inject_xid(self, gpu: int, xid: int, gpu_instance: int = 0xFFFFFFFF,
                    compute_instance: int = 0xFFFFFFFF) -> None:

@@ -1,0 +1,247 @@
+"""The control actions of a simulated host, in one table (:data:`ACTIONS`).
+
+A person, a test or ``gpumon simulate`` drops ``{"action": NAME, ...}`` as a JSON file into the
+simulated host's control directory (``<state_dir>/simulate/<profile>/control/``); the running
+simulation applies it within one tick. Each :class:`Action` names its handler, the keys it needs, the
+hardware it needs and an example (docs/simulate.md shows every one; tests/test_simulate_control.py
+checks that it does). An action that changes the hardware for good (a lost GPU, a port held down, an
+NVLink fabric fault) returns True from its handler: the simulation keeps it in ``hardware.json`` and
+applies it again when the daemon restarts, until a ``reboot``.
+
+To add an action: write ``_name(sim, command) -> bool`` and add one ``Action`` to the table (and a
+line with its example to docs/simulate.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpumon.simulate import Simulation
+
+Handler = Callable[["Simulation", dict[str, Any]], bool]
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    handler: Handler
+    summary: str
+    example: dict[str, Any]
+    required: tuple[str, ...] = ()
+    #: "gpu" or "ib": a profile without that hardware refuses the action
+    needs: str = ""
+    #: whether (some of) its effect is hardware state kept across a daemon restart until a reboot
+    kept: str = ""
+    optional: tuple[str, ...] = field(default=())
+
+
+def _ib(sim: Simulation) -> Any:
+    if sim.fabric is None:
+        raise ValueError(f"profile {sim.profile} has no InfiniBand")
+    return sim.fabric
+
+
+def _gpus(sim: Simulation) -> Any:
+    if sim.nvml is None:
+        raise ValueError(f"profile {sim.profile} has no GPU")
+    return sim.nvml
+
+
+def _port(command: dict[str, Any]) -> tuple[str, int]:
+    return str(command["device"]), int(command.get("port", 1))
+
+
+def _flap(sim: Simulation, command: dict[str, Any]) -> bool:
+    _ib(sim).flap(*_port(command))
+    return False
+
+
+def _port_down(sim: Simulation, command: dict[str, Any]) -> bool:
+    seconds = float(command.get("seconds", 0))
+    _ib(sim).set_down(*_port(command), seconds)
+    return seconds <= 0  # held down until port_up (or a reboot) is hardware state; a timed one passes
+
+
+def _port_up(sim: Simulation, command: dict[str, Any]) -> bool:
+    device, port = _port(command)
+    _ib(sim).set_up(device, port)
+    sim.forget(lambda kept: kept["action"] == "port_down" and _port(kept) == (device, port))
+    return False
+
+
+def _xid(sim: Simulation, command: dict[str, Any]) -> bool:
+    nvml, gpu, xid = _gpus(sim), int(command["gpu"]), int(command["xid"])
+    _check_gpu(nvml, gpu)
+    if xid != 79:
+        if not sim.replaying:
+            nvml.inject_xid(gpu, xid)
+        return False
+    # XID 79 is the GPU falling off the bus: it stops answering too, as a real one does
+    nvml.set_lost(gpu, xid=not sim.replaying)
+    return True
+
+
+def _gpu_lost(sim: Simulation, command: dict[str, Any]) -> bool:
+    nvml, gpu = _gpus(sim), int(command["gpu"])
+    _check_gpu(nvml, gpu)
+    nvml.set_lost(gpu, xid=not sim.replaying)  # after a daemon restart the GPU is still lost; no new XID
+    return True
+
+
+def _fabric(sim: Simulation, command: dict[str, Any]) -> bool:
+    nvml, gpu = _gpus(sim), int(command["gpu"])
+    _check_gpu(nvml, gpu)
+    nvml.set_fabric(gpu, **fabric_change(command))
+    return True
+
+
+def _scheduled_event(sim: Simulation, command: dict[str, Any]) -> bool:
+    sim.azure.scheduled_event(command)
+    return False
+
+
+def _allocation(sim: Simulation, command: dict[str, Any]) -> bool:
+    """Runs under the simulation's lock (from ``step``); the list is replaced whole, so readers on
+    other threads see the old one or the new one, never half."""
+    if command["action"] == "allocate":
+        sim.allocations = [*sim.allocations, _allocation_of(command)]
+    elif "gpu" in command:
+        sim.allocations = [a for a in sim.allocations if a["gpu"] != int(command["gpu"])]
+    else:
+        sim.allocations = []
+    return False
+
+
+def _reboot(sim: Simulation, command: dict[str, Any]) -> bool:
+    sim.reboot()
+    return False
+
+
+def _check_gpu(nvml: Any, gpu: int) -> None:
+    count = int(nvml.gpu_count)
+    if not 0 <= gpu < count:
+        raise ValueError(f"no GPU {gpu} (this host has {count})")
+
+
+def _allocation_of(command: dict[str, Any]) -> dict[str, Any]:
+    keys = ("namespace", "pod", "container", "job_id")
+    out = {k: str(command.get(k, "")) for k in keys}
+    if not (out["pod"] or out["job_id"]):
+        raise ValueError("allocate needs a pod or a job_id")
+    return {"gpu": int(command["gpu"]), **out}
+
+
+def fabric_change(command: dict[str, Any]) -> dict[str, Any]:
+    """The raw NVML values a ``fabric`` control command names (KeyError/AttributeError when it names
+    no NVML constant, so a typo is logged and ignored like any bad control file)."""
+    import pynvml
+
+    def const(name: str) -> int:
+        value = getattr(pynvml, name.upper(), None)
+        if not isinstance(value, int):
+            raise KeyError(f"no NVML constant {name.upper()}")
+        return value
+
+    change: dict[str, Any] = {}
+    if "state" in command:
+        change["state"] = const(f"NVML_GPU_FABRIC_STATE_{command['state']}")
+    if "status" in command:
+        status = str(command["status"])
+        change["status"] = const("NVML_SUCCESS" if status == "success" else f"NVML_ERROR_{status}")
+    if "summary" in command:
+        change["summary"] = const(f"NVML_GPU_FABRIC_HEALTH_SUMMARY_{command['summary']}")
+    if "health" in command:
+        change["health"] = {field.upper(): const(f"NVML_GPU_FABRIC_HEALTH_MASK_{field}_{value}")
+                            for field, value in dict(command["health"]).items()}
+    return change
+
+
+
+ACTIONS: dict[str, Action] = {a.name: a for a in (
+    Action("flap", _flap, "a flap shorter than any poll: link_downed and carrier_changes grow, the port "
+           "state never shows it", {"action": "flap", "device": "mlx5_ib0", "port": 1}, ("device",), "ib",
+           optional=("port",)),
+    Action("port_down", _port_down, "the port goes DOWN and comes back after `seconds` (0 or absent: stays "
+           "down until port_up or reboot)", {"action": "port_down", "device": "mlx5_ib0", "port": 1,
+                                               "seconds": 30}, ("device",), "ib",
+           "when held (seconds 0)", ("port", "seconds")),
+    Action("port_up", _port_up, "the port comes back up", {"action": "port_up", "device": "mlx5_ib0", "port": 1},
+           ("device",), "ib", optional=("port",)),
+    Action("xid", _xid, "the GPU reports an XID event; XID 79 also makes it stop answering (as gpu_lost)",
+           {"action": "xid", "gpu": 3, "xid": 48}, ("gpu", "xid"), "gpu", "XID 79 (the GPU is lost)"),
+    Action("gpu_lost", _gpu_lost, "every NVML call on the GPU answers GPU_IS_LOST (and XID 79 is reported)",
+           {"action": "gpu_lost", "gpu": 2}, ("gpu",), "gpu", "yes"),
+    Action("fabric", _fabric, "what the NVLink fabric call reports, in NVML's words: `health` maps a "
+           "NVML_GPU_FABRIC_HEALTH_MASK_<field> to a value, `state` a NVML_GPU_FABRIC_STATE_*, `status` a "
+           "NVML_ERROR_* name or success, `summary` a _HEALTH_SUMMARY_* name",
+           {"action": "fabric", "gpu": 1, "health": {"route_unhealthy": "true"}}, ("gpu",), "gpu", "yes",
+           ("health", "state", "status", "summary")),
+    Action("scheduled_event", _scheduled_event, "an Azure Scheduled Event in the VM's IMDS (status Started, "
+           "then done to remove it)", {"action": "scheduled_event", "event_id": "E1", "type": "Freeze",
+                                       "status": "Scheduled", "not_before_in": 900}, ("event_id",),
+           optional=("type", "status", "not_before_in", "duration", "source", "description")),
+    Action("allocate", _allocation, "a Kubernetes pod (namespace, pod, container) or a Slurm job (job_id) "
+           "holds the GPU", {"action": "allocate", "gpu": 0, "namespace": "ml", "pod": "train-0",
+                             "container": "main"}, ("gpu",), optional=("namespace", "pod", "container", "job_id")),
+    Action("release", _allocation, "the GPU's holder ends (no gpu: every GPU's)", {"action": "release", "gpu": 0},
+           optional=("gpu",)),
+    Action("reboot", _reboot, "the simulated host reboots: a new boot id (sticky health verdicts clear), "
+           "every kept hardware fault repaired (lost GPUs answer, ports up, fabric healthy)",
+           {"action": "reboot"}),
+)}
+
+
+def check(command: dict[str, Any], gpu: bool, ib: bool) -> Action:
+    """The action ``command`` names, after checking its keys and that the host has the hardware it
+    needs (``gpumon simulate`` refuses a bad command before writing it). Raises ValueError."""
+    name = command.get("action")
+    action = ACTIONS.get(str(name))
+    if action is None:
+        raise ValueError(f"unknown action {name!r} (known: {', '.join(ACTIONS)})")
+    missing = [key for key in action.required if key not in command]
+    if missing:
+        raise ValueError(f"{action.name} needs {', '.join(missing)} (e.g. {example_args(action)})")
+    unknown = sorted(set(command) - {"action", *action.required, *action.optional})
+    if unknown:
+        raise ValueError(f"{action.name} takes no {', '.join(unknown)} (e.g. {example_args(action)})")
+    if (action.needs == "gpu" and not gpu) or (action.needs == "ib" and not ib):
+        raise ValueError(f"{action.name} needs a host with {'GPUs' if action.needs == 'gpu' else 'InfiniBand'}")
+    return action
+
+
+def example_args(action: Action) -> str:
+    """The example as ``gpumon simulate`` arguments (``health.route_unhealthy=true`` for a nested key)."""
+    def flat(prefix: str, value: Any) -> list[str]:
+        if isinstance(value, dict):
+            return [item for k, v in value.items() for item in flat(f"{prefix}.{k}" if prefix else k, v)]
+        return [f"{prefix}={value}"]
+
+    return " ".join([action.name, *flat("", {k: v for k, v in action.example.items() if k != "action"})])
+
+
+def parse_assignments(action: str, pairs: list[str]) -> dict[str, Any]:
+    """``ACTION key=value ...`` as a control command: integers and decimals become numbers, a dotted
+    key nests (``health.route_unhealthy=true`` -> ``{"health": {"route_unhealthy": "true"}}``)."""
+    command: dict[str, Any] = {"action": action}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{pair!r} is not key=value")
+        value: Any = text
+        for kind in (int, float):
+            try:
+                value = kind(text)
+                break
+            except ValueError:
+                continue
+        *parents, last = key.split(".")
+        node = command
+        for parent in parents:
+            node = node.setdefault(parent, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"{key!r}: {parent} is already a value")
+        node[last] = value
+    return command
