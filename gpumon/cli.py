@@ -285,14 +285,28 @@ def _check_health_actions(config: Config) -> bool:
     return bool(problems)
 
 
+def _trial(collector: Collector, found: str) -> tuple[str, str]:
+    """``check``'s verdict on a collector whose source exists: what its runs will meet."""
+    try:
+        trial = collector.check()
+    except Exception as exc:  # a check must not raise; if it does, the daemon's runs would too
+        return "FAIL", f"check raised {type(exc).__name__}: {exc}"
+    if trial.available:
+        return "ok", found
+    if trial.retry:
+        return "wait", f"{trial.reason} (gpumon run keeps retrying)"
+    return "FAIL", trial.reason
+
+
 def cmd_check(args: argparse.Namespace, config: Config) -> int:
     ctx, tmp = _once_context(config)
     failed = False
     try:
         plan = daemon.plan_collectors(config, ctx)
         for planned in plan.collectors:
-            if planned.available:
-                verdict, detail = "ok", planned.reason or "source found"
+            if planned.available and planned.collector is not None:
+                verdict, detail = _trial(planned.collector, planned.reason or "source found")
+                failed |= verdict == "FAIL"
             elif planned.explicit:
                 verdict, detail, failed = "FAIL", planned.reason, True
             elif planned.waiting:
