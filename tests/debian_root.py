@@ -18,6 +18,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -26,6 +27,20 @@ MIRROR = "http://deb.debian.org/debian"
 # systemctl present (the user's case: it exists, systemd is not running); no procps, so no /bin/kill.
 INCLUDE = ("python3", "python3-venv", "systemd")
 DOWNLOAD_ONLY = ("procps",)
+
+
+# The wheel tags bookworm's python3 (CPython 3.11, glibc 2.36) takes, whatever interpreter runs the tests.
+PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+PYTHON_VERSION = "3.11"
+
+
+def wheelhouse(requirement: str, dest: Path) -> Path:
+    """Binary wheels of ``requirement`` and its dependencies for the root's python3, in ``dest``."""
+    platform_args = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", *platform_args,
+                    "--python-version", PYTHON_VERSION, "--implementation", "cp", "-d", str(dest), requirement],
+                   check=True, capture_output=True, timeout=280)
+    return dest
 
 
 def cache_dir() -> Path:
