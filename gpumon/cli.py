@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpumon import __version__, daemon, imds, logs, registry, report, sdnotify
+from gpumon import __version__, daemon, imds, logs, placeholders, registry, report, sdnotify
 from gpumon.config import DAEMON, Config, ConfigError, SectionSchema, load
 from gpumon.health.settings import HEALTH
 
@@ -316,8 +316,17 @@ def cmd_check(args: argparse.Namespace, config: Config) -> int:
             print(f"collector {planned.name:<28} {verdict:<5} {detail}")
             if planned.collector is not None:
                 planned.collector.close()
+        stand_ins = list(placeholders.find(config.sections, config.origin, os.environ))
+        for found in stand_ins:
+            print(f"config    {found.where:<28} FAIL  {found.origin}: {found.what}")
+            failed = True
         sctx = daemon.sink_context(config)
         for name in config.daemon.sinks:
+            held = [p.where for p in stand_ins
+                    if p.section == name or (not p.section and name in placeholders.AZURE_IDENTITY_SINKS)]
+            if held:
+                print(f"sink      {name:<28} FAIL  not probed: {', '.join(held)} still a placeholder (see above)")
+                continue
             try:
                 sink = daemon.make_sinks(config.replace("daemon", sinks=[name]), sctx)[0]
                 results = sink.check()
