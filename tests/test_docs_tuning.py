@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from bench.tuning import SWITCHES, series_by_switch
 from tests.conftest import REPO
 
-DOC = f"{REPO}/docs/tuning.md"
-RESULTS = f"{REPO}/bench/results/tuning.json"
+DOC = Path(REPO) / "docs/tuning.md"
+RESULTS = Path(REPO) / "bench/results/tuning.json"
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def table() -> list[list[str]]:
-    text = open(DOC, encoding="utf-8").read()
+    text = DOC.read_text(encoding="utf-8")
     block = text.split("<!-- tuning-table", 1)[1].split("<!-- /tuning-table -->", 1)[0]
     rows = [[c.strip().strip("`") for c in line.strip("|").split("|")] for line in block.splitlines()
             if line.startswith("| ") and not line.startswith("| Switch")]
@@ -44,7 +45,7 @@ def test_series_columns_match_a_simulated_run():
 
 
 def test_cpu_columns_are_the_committed_results():
-    results = {r["switch"]: r for r in json.load(open(RESULTS, encoding="utf-8"))["switches"]}
+    results = {r["switch"]: r for r in json.loads(RESULTS.read_text(encoding="utf-8"))["switches"]}
     for switch, series, _, _, cpu, cpu_added in table():
         row = results[switch]
         assert int(series) == row["series"]
@@ -52,7 +53,7 @@ def test_cpu_columns_are_the_committed_results():
 
 
 def test_samples_a_day_follow_from_the_default_series():
-    text = open(DOC, encoding="utf-8").read()
+    text = DOC.read_text(encoding="utf-8")
     defaults = int(table()[0][1])
     match = re.search(r"At the defaults, (\d+) series scraped every 30 s are\s+(\d+) scrapes a day, (\d+) samples",
                       text)
