@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +55,8 @@ def describe(value: str) -> str | None:
     return None
 
 
-def find(sections: Mapping[str, Mapping[str, Any]], origin: Any, environ: Mapping[str, str]) -> Iterator[Placeholder]:
+def find(sections: Mapping[str, Mapping[str, Any]], origin: Callable[[str, str], str],
+         environ: Mapping[str, str]) -> Iterator[Placeholder]:
     """Every config value (strings, and strings in lists) and Azure identity variable still a stand-in.
     ``origin(section, key)`` says where a value came from."""
     for section, values in sections.items():
