@@ -339,7 +339,7 @@ def test_no_start_in_a_container_leaves_the_unit_alone(debian, bookworm_wheels, 
     out = in_container(debian, bookworm_wheels, tmp_path, script)
     state = facts(out.stdout, "state")
     assert "rc=0" in out.stdout, out.stdout + out.stderr
-    assert "not starting the service (--no-start): the unit is neither enabled nor started" in out.stdout
+    assert "not touching the service (--no-start): this run neither enabled, started nor restarted it" in out.stdout
     assert state == {"enabled": "n", "venv": "y", "unit": "y", "kmsg": "n", "kill": "n", "config": "y"}, out.stdout
     # --no-os-deps: procps is not installed, and the installer says what that breaks.
     assert ("warning: /bin/kill is missing (install procps): `systemctl reload gpumon` will fail until it is "

@@ -333,7 +333,7 @@ print(gpumon.__version__)' "$DIST") || die "the venv's gpumon is not the distrib
     fi
 
     if [ "$START" = 0 ]; then
-        say "not starting the service (--no-start): the unit is neither enabled nor started"
+        say "not touching the service (--no-start): this run neither enabled, started nor restarted it"
     elif systemd_running; then
         have systemctl || die "systemd runs but systemctl is not on PATH"
         systemctl daemon-reload
