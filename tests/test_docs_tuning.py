@@ -1,5 +1,6 @@
-"""docs/tuning.md: its series figures are what a simulated ND H100 v5 exports with each switch, its
-CPU figures are the committed results of `python -m bench tuning`, and its sample arithmetic adds up."""
+"""docs/tuning.md: its table is generated from the committed results of `python -m bench tuning`, the
+series in those results are what a simulated ND H100 v5 exports with each switch now, and the page's
+sample arithmetic adds up."""
 
 from __future__ import annotations
 
@@ -9,52 +10,37 @@ from pathlib import Path
 
 import pytest
 
-from bench.tuning import SWITCHES, series_by_switch
-from tests.conftest import REPO
-
-DOC = Path(REPO) / "docs/tuning.md"
-RESULTS = Path(REPO) / "bench/results/tuning.json"
+from bench.tuning import DOC, RESULTS_FILE, SWITCHES, doc_with_table, series_by_switch
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def table() -> list[list[str]]:
-    text = DOC.read_text(encoding="utf-8")
-    block = text.split("<!-- tuning-table", 1)[1].split("<!-- /tuning-table -->", 1)[0]
-    rows = [[c.strip().strip("`") for c in line.strip("|").split("|")] for line in block.splitlines()
-            if line.startswith("| ") and not line.startswith("| Switch")]
-    return rows
+def results() -> list[dict]:
+    return json.loads(Path(RESULTS_FILE).read_text(encoding="utf-8"))["switches"]
 
 
-def signed(n: float) -> str:
-    return f"{n:+}" if n else str(n)
+def test_the_table_is_the_committed_results():
+    doc = Path(DOC).read_text(encoding="utf-8")
+    assert doc == doc_with_table(doc, results()), "docs/tuning.md's table is stale: run python -m bench.tuning"
 
 
-def test_rows_are_the_switches_bench_measures():
-    assert [row[0] for row in table()] == [switch for switch, _ in SWITCHES]
+def test_results_cover_every_switch_bench_measures():
+    assert [row["switch"] for row in results()] == [switch for switch, _ in SWITCHES]
 
 
-def test_series_columns_match_a_simulated_run():
+def test_the_results_series_are_what_a_simulated_host_exports_now():
     measured = dict(series_by_switch())
     base = measured["defaults"]["series"]
-    for switch, series, added, per_gpu, *_ in table():
-        got = measured[switch]
-        assert (int(series), added, int(per_gpu)) == (got["series"], signed(got["series"] - base),
-                                                      got["series_per_gpu"]), (
-            f"docs/tuning.md row {switch!r} is stale: run python -m bench tuning and copy its figures")
-
-
-def test_cpu_columns_are_the_committed_results():
-    results = {r["switch"]: r for r in json.loads(RESULTS.read_text(encoding="utf-8"))["switches"]}
-    for switch, series, _, _, cpu, cpu_added in table():
-        row = results[switch]
-        assert int(series) == row["series"]
-        assert float(cpu) == row["cpu_ms_per_cycle"] and float(cpu_added) == row["cpu_ms_added"], switch
+    for row in results():
+        got = measured[row["switch"]]
+        assert (row["series"], row["series_added"], row["series_per_gpu"]) == (
+            got["series"], got["series"] - base, got["series_per_gpu"]), (
+            f"{row['switch']}: the series changed; run python -m bench tuning, then python -m bench.tuning")
 
 
 def test_samples_a_day_follow_from_the_default_series():
-    text = DOC.read_text(encoding="utf-8")
-    defaults = int(table()[0][1])
+    text = Path(DOC).read_text(encoding="utf-8")
+    defaults = results()[0]["series"]
     match = re.search(r"At the defaults, (\d+) series scraped every 30 s are\s+(\d+) scrapes a day, (\d+) samples",
                       text)
     assert match, "the worked example of samples a day is gone"
