@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpumon import __version__, daemon, imds, logs, registry, report, sdnotify
+from gpumon import __version__, daemon, imds, logs, placeholders, registry, report, sdnotify
 from gpumon.config import DAEMON, Config, ConfigError, SectionSchema, load
 from gpumon.daemon.listen_file import ListenFiles
 from gpumon.health.settings import HEALTH
@@ -485,14 +485,38 @@ def _check_health_actions(config: Config) -> bool:
     return bool(problems)
 
 
+def _trial(collector: Collector, found: str) -> tuple[str, str]:
+    """``check``'s verdict on a collector whose source exists: what its runs will meet."""
+    try:
+        trial = collector.check()
+    except Exception as exc:  # a check must not raise; if it does, the daemon's runs would too
+        return "FAIL", f"check raised {type(exc).__name__}: {exc}"
+    if trial.available:
+        return "ok", found
+    if trial.retry:
+        return "wait", f"{trial.reason} (gpumon run keeps retrying)"
+    return "FAIL", trial.reason
+
+
+def _placeholders_in_use(config: Config) -> list[placeholders.Placeholder]:
+    """The stand-ins of the shipped examples left in what this config uses: a sink's section only
+    when the sink is enabled, the Azure identity variables only when a sink that reads them is."""
+    sinks = set(config.daemon.sinks)
+    idle = set(registry.available_sinks()) - sinks
+    identity = bool(sinks & set(placeholders.AZURE_IDENTITY_SINKS))
+    return [p for p in placeholders.find(config.sections, config.origin, os.environ)
+            if (p.section and p.section not in idle) or (not p.section and identity)]
+
+
 def cmd_check(args: argparse.Namespace, config: Config) -> int:
     ctx, tmp = _once_context(config)
     failed = False
     try:
         plan = daemon.plan_collectors(config, ctx)
         for planned in plan.collectors:
-            if planned.available:
-                verdict, detail = "ok", planned.reason or "source found"
+            if planned.available and planned.collector is not None:
+                verdict, detail = _trial(planned.collector, planned.reason or "source found")
+                failed |= verdict == "FAIL"
             elif planned.explicit:
                 verdict, detail, failed = "FAIL", planned.reason, True
             elif planned.waiting:
@@ -502,8 +526,17 @@ def cmd_check(args: argparse.Namespace, config: Config) -> int:
             print(f"collector {planned.name:<28} {verdict:<5} {detail}")
             if planned.collector is not None:
                 planned.collector.close()
+        stand_ins = _placeholders_in_use(config)
+        for found in stand_ins:
+            print(f"config    {found.where:<28} FAIL  {found.origin}: {found.what}")
+            failed = True
         sctx = daemon.sink_context(config)
         for name in config.daemon.sinks:
+            held = [p.where for p in stand_ins
+                    if p.section == name or (not p.section and name in placeholders.AZURE_IDENTITY_SINKS)]
+            if held:
+                print(f"sink      {name:<28} FAIL  not probed: {', '.join(held)} still a placeholder (see above)")
+                continue
             try:
                 sink = daemon.make_sinks(config.replace("daemon", sinks=[name]), sctx)[0]
                 results = sink.check()

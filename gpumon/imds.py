@@ -350,6 +350,20 @@ class ImdsClient:
         self.request(EVENTS_PATH, {"StartRequests": [{"EventId": e} for e in event_ids]}, timeout)
 
 
+def run_verdict(exc: ImdsError, path: str, collector: str) -> str:
+    """What ``gpumon check`` says when a request ``gpumon run`` will make every poll fails."""
+    where = f"IMDS {exc.reason} asking {path.partition('?')[0]}: {exc.detail}"
+    hint = ""
+    if exc.status in (401, 403, 407):
+        # gpumon asks IMDS directly (no proxy, `Metadata: true`), so a refusal comes from whatever
+        # intercepts 169.254.169.254 on the way, or a VM where IMDS access is locked down.
+        hint = ("; gpumon asks IMDS directly, never through a proxy: something on this host or VM "
+                "intercepts 169.254.169.254 (a transparent proxy, a firewall rule) or IMDS access is "
+                "locked down here")
+    return (f"{where}{hint}. gpumon run will count gpumon_collector_errors_total{{collector=\"{collector}\","
+            f"reason=\"imds_{exc.reason}\"}} on every poll and export nothing from IMDS")
+
+
 def _retry_after(value: str | None) -> float:
     """Seconds to pause after a 429: Retry-After (delta-seconds or an HTTP-date), else one second, at
     most a minute."""

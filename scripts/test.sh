@@ -23,7 +23,8 @@ say() { printf 'test.sh: %s\n' "$*" >&2; }
 
 # Commands the tests run, and the Debian package of each. prometheus/promtool: end-to-end scrapes and
 # rule tests; prometheus-node-exporter: the benchmarks' peer; systemd-analyze: the unit; buildah,
-# debootstrap: the container image build; shellcheck: the VM installer; node, npm: the KQL checker;
+# debootstrap: the container image build and the VM installer in a minimal Debian root (cached under
+# ~/.cache/gpumon-tests); shellcheck: the VM installer; node, npm: the KQL checker;
 # ab: the benchmarks' load generator; slurmctld, slurmd, scontrol, munged: the health actions' Slurm.
 COMMANDS=(prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter
           systemd-analyze:systemd buildah:buildah debootstrap:debootstrap shellcheck:shellcheck

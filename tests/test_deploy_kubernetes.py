@@ -323,3 +323,23 @@ def test_the_base_daemonset_stays_non_root_without_the_kubelet_socket(built):
     (container,) = spec["containers"]
     assert container["securityContext"]["runAsNonRoot"] is True
     assert not any("pod-resources" in m["mountPath"] for m in container["volumeMounts"])
+
+
+def test_the_documented_overlay_points_the_daemonset_at_your_registry(tmp_path):
+    # docs/deployment.md's "point the overlay at it" block, rendered as an operator would: the
+    # DaemonSet's image becomes the registry's, for the version this checkout builds.
+    from gpumon import __version__
+
+    doc = (REPO / "docs/deployment.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(# my-gpumon/kustomization\.yaml\n.*?)```", doc, re.S)
+                if "images:" in b]
+    overlay = yaml.safe_load(block)
+    assert overlay["images"][0]["newTag"] == __version__
+    base = yaml.safe_load((KUSTOMIZE / "base/kustomization.yaml").read_text())
+    (placeholder,) = base["images"]
+    assert overlay["images"][0]["name"] == placeholder["newName"], "the overlay must match what the base rendered"
+    assert placeholder["newTag"] == __version__
+    overlay["resources"] = [os.path.relpath(KUSTOMIZE / "overlays/azure-logs", tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    images = re.findall(r"^\s+image: (\S+)$", kustomize(tmp_path), re.M)
+    assert images == [f"myregistry.azurecr.io/gpumon/gpumon:{__version__}"]

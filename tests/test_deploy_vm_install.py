@@ -1,5 +1,8 @@
 """deploy/vm/install.sh in a throwaway prefix: installs from a locally built wheel, writes a unit that
-verifies, re-runs idempotently (keeping the operator's config), and uninstalls.
+verifies, re-runs idempotently (keeping the operator's config), and uninstalls. Then as root in a
+minimal Debian bookworm where systemd is not PID 1 (tests/debian_root.py: a container's namespaces on
+a debootstrap root): it says so, enables the unit for the next boot, installs procps for the unit's
+/bin/kill, and uninstalls there too.
 
 The wheel is built here; its dependencies are fetched once into a wheelhouse (the package index
 through pip's own configuration), and the installer then runs with --no-index --find-links on it:
@@ -148,6 +151,7 @@ def test_uninstall_removes_venv_and_unit_keeps_config_then_purge(offline_args, t
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "opt/gpumon").exists()
     assert not (tmp_path / "etc/systemd/system/gpumon.service").exists()
+    assert not (tmp_path / "etc/systemd/system/gpumon.service.d").exists()
     assert (tmp_path / "etc/gpumon/gpumon.toml").exists()
     out = run_install("--prefix", str(tmp_path), "--uninstall", "--purge")
     assert out.returncode == 0, out.stderr
@@ -230,3 +234,124 @@ def test_cloud_init_snippet_runs_the_installer_on_the_operators_checked_wheel(tm
     out = subprocess.run(["sh", str(tmp_path / "fetch.sh")], capture_output=True, text=True, timeout=60,
                          check=False)
     assert out.returncode == 1 and "fill in the account and the digests first" in out.stderr
+
+
+KMSG_DROP_IN = REPO / "systemd" / "gpumon.service.d" / "kmsg.conf"
+
+
+def test_embedded_kmsg_drop_in_is_the_shipped_one():
+    text = SCRIPT.read_text()
+    match = re.search(r"cat <<'KMSG'\n(.*?)^KMSG$", text, re.S | re.M)
+    assert match, "kmsg drop-in heredoc not found in install.sh"
+    assert match.group(1) == KMSG_DROP_IN.read_text(), (
+        "deploy/vm/install.sh's kmsg_drop_in_text() differs from systemd/gpumon.service.d/kmsg.conf: paste it in again")
+
+
+def test_kmsg_drop_in_installed_by_default_and_removed_with_no_kmsg(offline_args, tmp_path):
+    drop_in = tmp_path / "etc/systemd/system/gpumon.service.d/kmsg.conf"
+    assert run_install("--prefix", str(tmp_path), *offline_args).returncode == 0
+    assert drop_in.read_text() == KMSG_DROP_IN.read_text()
+    out = run_install("--prefix", str(tmp_path), "--no-kmsg", *offline_args)
+    assert out.returncode == 0, out.stderr
+    assert not drop_in.parent.exists()
+    assert "removed " + str(drop_in) in out.stdout
+
+
+# ---- a minimal Debian where systemd is not PID 1 (a container, or a chroot building an image) -------
+
+@pytest.fixture(scope="module")
+def debian():
+    from tests.debian_root import debian_root
+
+    return debian_root()
+
+
+@pytest.fixture(scope="module")
+def bookworm_wheels(wheel, tmp_path_factory) -> Path:
+    from tests.debian_root import wheelhouse
+
+    dest = wheelhouse(str(wheel), tmp_path_factory.mktemp("bookworm-wheels"))
+    shutil.copy(wheel, dest / wheel.name)
+    return dest
+
+
+def in_container(debian: Path, wheels: Path, work: Path, script: str) -> subprocess.CompletedProcess[str]:
+    from tests.debian_root import run_in_root
+
+    return run_in_root(debian, work, script, {"/src": SCRIPT.parent, "/wheels": wheels})
+
+
+def installer(wheel: Path, *args: str) -> str:
+    return (f"sh /src/install.sh --wheel /wheels/{wheel.name} --pip-arg=--no-index "
+            f"--pip-arg=--find-links=/wheels {' '.join(args)}")
+
+
+def facts(stdout: str, marker: str) -> dict[str, str]:
+    """key=value lines the script printed after ``marker``."""
+    section = stdout.split(f"=== {marker}\n", 1)[1].split("===", 1)[0]
+    return dict(line.split("=", 1) for line in section.splitlines() if "=" in line)
+
+
+STATE = ("echo enabled=$(test -L /etc/systemd/system/multi-user.target.wants/gpumon.service && echo y || echo n); "
+         "echo venv=$(test -d /opt/gpumon && echo y || echo n); "
+         "echo unit=$(test -f /etc/systemd/system/gpumon.service && echo y || echo n); "
+         "echo kmsg=$(test -f /etc/systemd/system/gpumon.service.d/kmsg.conf && echo y || echo n); "
+         "echo kill=$(test -x /bin/kill && echo y || echo n); "
+         "echo config=$(test -f /etc/gpumon/gpumon.toml && echo y || echo n)")
+
+
+def test_container_without_systemd_installs_enables_for_next_boot_then_uninstalls(debian, bookworm_wheels, wheel,
+                                                                                    tmp_path):
+    script = "; ".join([
+        # The double is faithful: systemctl is here and cannot talk to a systemd, as in a container.
+        "echo === systemctl", "systemctl daemon-reload 2>&1; echo rc=$?",
+        "echo === install", installer(wheel) + " 2>&1; echo rc=$?", STATE,
+        "echo === uninstall", "sh /src/install.sh --uninstall 2>&1; echo rc=$?", STATE, "echo ===",
+    ])
+    out = in_container(debian, bookworm_wheels, tmp_path, script)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "System has not been booted with systemd" in out.stdout.split("=== install")[0]
+
+    installed = facts(out.stdout, "install")
+    log = out.stdout.split("=== install", 1)[1].split("=== uninstall", 1)[0]
+    assert installed["rc"] == "0", log
+    assert "systemd is not running on this host (no /run/systemd/system" in log
+    assert "gpumon.service is enabled and starts at the next boot with systemd; nothing was started" in log
+    assert "(--no-start installs the same files and leaves the unit alone: not enabled, not started)" in log
+    assert "Can't operate" not in log and "Failed to connect to bus" not in log
+    # Enabled offline, the kernel-log drop-in by default, and /bin/kill from procps (apt-get, cached).
+    assert installed | {"rc": "0"} == {"rc": "0", "enabled": "y", "venv": "y", "unit": "y", "kmsg": "y", "kill": "y",
+                                       "config": "y"}, log
+    assert "installing procps with apt-get" in log
+
+    removed = facts(out.stdout, "uninstall")
+    log = out.stdout.split("=== uninstall", 1)[1]
+    assert removed["rc"] == "0", log
+    assert "nothing to stop; removing the files" in log
+    assert removed | {"rc": "0"} == {"rc": "0", "enabled": "n", "venv": "n", "unit": "n", "kmsg": "n", "kill": "y",
+                                     "config": "y"}, log
+    assert not (tmp_path / "upper/opt/gpumon").exists()
+
+
+def test_no_start_in_a_container_leaves_the_unit_alone(debian, bookworm_wheels, wheel, tmp_path):
+    script = "; ".join([installer(wheel, "--no-start", "--no-kmsg", "--no-os-deps") + " 2>&1; echo rc=$?",
+                        "echo === state", STATE, "echo ==="])
+    out = in_container(debian, bookworm_wheels, tmp_path, script)
+    state = facts(out.stdout, "state")
+    assert "rc=0" in out.stdout, out.stdout + out.stderr
+    assert "not touching the service (--no-start): this run neither enabled, started nor restarted it" in out.stdout
+    assert state == {"enabled": "n", "venv": "y", "unit": "y", "kmsg": "n", "kill": "n", "config": "y"}, out.stdout
+    # --no-os-deps: procps is not installed, and the installer says what that breaks.
+    assert ("warning: /bin/kill is missing (install procps): `systemctl reload gpumon` will fail until it is "
+            "there; the service itself runs") in out.stdout
+
+
+def test_container_without_systemctl_says_how_to_run_gpumon(debian, bookworm_wheels, wheel, tmp_path):
+    script = "; ".join(["rm /usr/bin/systemctl", installer(wheel, "--no-os-deps") + " 2>&1; echo rc=$?",
+                        "echo === state", STATE, "echo ==="])
+    out = in_container(debian, bookworm_wheels, tmp_path, script)
+    assert "rc=0" in out.stdout, out.stdout + out.stderr
+    assert "and systemctl is not installed: /etc/systemd/system/gpumon.service is written but neither enabled nor " \
+           "started" in out.stdout
+    assert "to run gpumon here without systemd: /opt/gpumon/bin/gpumon run --config /etc/gpumon/gpumon.toml" in out.stdout
+    assert facts(out.stdout, "state")["enabled"] == "n"

@@ -14,6 +14,10 @@
 #   install.sh --version 0.1.0 --sha256 HEX    gpumon-exporter==0.1.0 from the index, hash-checked
 #   install.sh --uninstall [--purge]           stop, disable, remove (--purge: config and state too)
 #   install.sh --prefix /tmp/root --no-start   relocated install (paths in the unit point into it)
+#   install.sh --no-kmsg ...                   without the kernel-log drop-in (gpumon.service.d/kmsg.conf)
+#
+# Where systemd is not PID 1 (a container, a chroot building an image) the files are installed and
+# the unit enabled for the next boot, but nothing is started; --no-start leaves the unit alone too.
 #   DESTDIR=/tmp/stage install.sh              staged install for packaging (unit keeps /opt/gpumon)
 #
 # Run `install.sh --help` for every option.
@@ -32,6 +36,7 @@ PYTHON=""
 SYSTEM_SITE=0
 INSTALL_OS_DEPS=auto
 START=1
+KMSG=1
 UNINSTALL=0
 PURGE=0
 PIP_ARGS=""
@@ -67,8 +72,16 @@ Layout:
                         DIR/etc/systemd/system); the unit refers to the relocated paths
   DESTDIR=DIR           (environment) stage under DIR for packaging; the unit keeps /opt/gpumon
 
+Kernel log:
+  --no-kmsg             leave out (or remove) the drop-in gpumon.service.d/kmsg.conf, which lets
+                        the kmsg collector read /dev/kmsg (NVRM Xid, SXid, mlx5 lines) with
+                        CAP_SYSLOG; installed by default
+
 Actions:
-  --no-start            write everything but do not call systemctl (implied by --prefix/DESTDIR)
+  --no-start            write everything but do not call systemctl: the unit is neither enabled
+                        nor started (implied by --prefix/DESTDIR). Where systemd is not running
+                        (a container or a chroot) the unit is enabled for the next boot and
+                        nothing is started, with or without it
   --uninstall           stop and disable the service, remove the unit and the venv
   --purge               with --uninstall: also remove /etc/gpumon and the state directory
   -h, --help            this text
@@ -94,6 +107,7 @@ while [ $# -gt 0 ]; do
         --prefix) PREFIX=${2:?--prefix needs a directory}; shift 2 ;;
         --prefix=*) PREFIX=${1#*=}; shift ;;
         --no-start) START=0; shift ;;
+        --no-kmsg) KMSG=0; shift ;;
         --uninstall) UNINSTALL=1; shift ;;
         --purge) PURGE=1; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -144,13 +158,26 @@ trap cleanup EXIT
 
 have() { command -v "$1" >/dev/null 2>&1; }
 
+# systemd is the running init when /run/systemd/system exists: the test sd_booted(3) documents. In a
+# container or a chroot it does not, and systemctl there can only edit files ("offline").
+systemd_running() { [ -d /run/systemd/system ]; }
+
+NO_SYSTEMD="systemd is not running on this host (no /run/systemd/system: a container, or a chroot building an image)"
+
 # ---------------------------------------------------------------------------------------------------
 uninstall() {
-    if [ "$START" = 1 ] && have systemctl; then
+    live=0
+    if [ "$START" = 1 ] && systemd_running && have systemctl; then
+        live=1
         systemctl disable --now gpumon.service 2>/dev/null || true
+    elif [ "$START" = 1 ]; then
+        say "$NO_SYSTEMD: nothing to stop; removing the files"
     fi
-    rm -f "$ROOT_UNIT_DIR/gpumon.service"
-    if [ "$START" = 1 ] && have systemctl; then
+    # What `systemctl enable` made (WantedBy=multi-user.target), also where it ran offline.
+    rm -f "$ROOT_UNIT_DIR/multi-user.target.wants/gpumon.service"
+    rm -f "$ROOT_UNIT_DIR/gpumon.service" "$ROOT_UNIT_DIR/gpumon.service.d/kmsg.conf"
+    rmdir "$ROOT_UNIT_DIR/gpumon.service.d" 2>/dev/null || true
+    if [ "$live" = 1 ]; then
         systemctl daemon-reload
     fi
     rm -rf "$ROOT_VENV"
@@ -292,6 +319,7 @@ print(gpumon.__version__)' "$DIST") || die "the venv's gpumon is not the distrib
         unit_text | write_if_changed "$ROOT_UNIT_DIR/gpumon.service" 0644 && changed=1 || changed=0
     fi
     if [ "$changed" = 1 ]; then say "wrote $ROOT_UNIT_DIR/gpumon.service"; fi
+    install_kmsg_drop_in
     if have restorecon && [ -z "$PREFIX$DESTDIR" ]; then
         restorecon -R "$VENV" "$ETC" "$UNIT_DIR/gpumon.service" 2>/dev/null || true
     fi
@@ -300,15 +328,74 @@ print(gpumon.__version__)' "$DIST") || die "the venv's gpumon is not the distrib
         say "warning: /dev/nvidiactl is missing: is the NVIDIA driver loaded? the nvml collector will be unavailable"
     fi
 
-    if [ "$START" = 1 ]; then
-        have systemctl || die "systemctl not found: this host does not run systemd (use --no-start)"
+    if [ -z "$PREFIX$DESTDIR" ]; then
+        ensure_kill
+    fi
+
+    if [ "$START" = 0 ]; then
+        say "not touching the service (--no-start): this run neither enabled, started nor restarted it"
+    elif systemd_running; then
+        have systemctl || die "systemd runs but systemctl is not on PATH"
         systemctl daemon-reload
         systemctl enable gpumon.service
         systemctl restart gpumon.service
         say "gpumon.service enabled and (re)started; check it with: systemctl status gpumon; $VENV/bin/gpumon check"
     else
-        say "not starting the service (--no-start)"
+        start_without_systemd
     fi
+}
+
+start_without_systemd() {  # a container or a chroot: enable for the next boot, start nothing
+    if have systemctl; then
+        # --root makes systemctl edit the unit files only, as it must with no systemd to talk to.
+        systemctl --root=/ --quiet enable gpumon.service
+        say "$NO_SYSTEMD: gpumon.service is enabled and starts at the next boot with systemd; nothing was started"
+    else
+        say "$NO_SYSTEMD, and systemctl is not installed: $UNIT_DIR/gpumon.service is written but neither enabled nor started"
+    fi
+    say "to run gpumon here without systemd: $VENV/bin/gpumon run --config $ETC/gpumon.toml"
+    say "(--no-start installs the same files and leaves the unit alone: not enabled, not started)"
+}
+
+install_kmsg_drop_in() {  # the kernel-log drop-in, on unless --no-kmsg (which also removes ours)
+    dir="$ROOT_UNIT_DIR/gpumon.service.d"
+    if [ "$KMSG" = 0 ]; then
+        if [ -e "$dir/kmsg.conf" ]; then
+            rm -f "$dir/kmsg.conf"
+            rmdir "$dir" 2>/dev/null || true
+            say "removed $dir/kmsg.conf (--no-kmsg): the kmsg collector cannot read /dev/kmsg"
+        fi
+        return 0
+    fi
+    mkdir -p "$dir"
+    if kmsg_drop_in_text | write_if_changed "$dir/kmsg.conf" 0644; then
+        say "wrote $dir/kmsg.conf: the kmsg collector may read /dev/kmsg (CAP_SYSLOG; --no-kmsg to leave it out)"
+    fi
+}
+
+ensure_kill() {  # the unit's ExecReload= is /bin/kill, which minimal Debian and Ubuntu images lack
+    [ ! -x /bin/kill ] || return 0
+    package=procps
+    if [ "$INSTALL_OS_DEPS" != no ] && [ -r /etc/os-release ]; then
+        # shellcheck disable=SC1091
+        . /etc/os-release
+        case "${ID:-}:${ID_LIKE:-}" in
+            ubuntu:*|debian:*|*:*debian*)
+                say "installing procps with apt-get: /bin/kill, which \`systemctl reload gpumon\` runs"
+                # The package lists at hand first (no network when the package is cached), then fresh ones.
+                DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends procps >/dev/null 2>&1 || {
+                    DEBIAN_FRONTEND=noninteractive apt-get update -q
+                    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends procps
+                } || true
+                ;;
+            almalinux:*|rocky:*|rhel:*|centos:*|ol:*|*:*rhel*|*:*fedora*)
+                package=util-linux
+                say "installing /usr/bin/kill (util-linux) with dnf, which \`systemctl reload gpumon\` runs"
+                dnf install -y -q /usr/bin/kill || true
+                ;;
+        esac
+    fi
+    [ -x /bin/kill ] || say "warning: /bin/kill is missing (install $package): \`systemctl reload gpumon\` will fail until it is there; the service itself runs"
 }
 
 pip_in_venv() {  # pip_in_venv COMMAND ARGS...: pip of the venv, with the operator's --pip-arg list
@@ -457,6 +544,26 @@ SystemCallErrorNumber=EPERM
 [Install]
 WantedBy=multi-user.target
 UNIT
+}
+
+kmsg_drop_in_text() {
+    # A copy of systemd/gpumon.service.d/kmsg.conf (a test keeps the two identical).
+    cat <<'KMSG'
+# Drop-in for the kmsg collector (the kernel log: NVRM Xid, NVSwitch SXid, mlx5 and IPoIB lines).
+# deploy/vm/install.sh installs it as /etc/systemd/system/gpumon.service.d/kmsg.conf unless given
+# --no-kmsg; by hand: copy it there, then `systemctl daemon-reload` and `systemctl restart gpumon`.
+# The unit's exposure stays at 1.8 (<= 2.0) with it.
+[Service]
+# /dev/kmsg is a kernel-log interface: ProtectKernelLogs=yes hides it.
+ProtectKernelLogs=no
+# Read-only access to that one device node (DevicePolicy=closed refuses any other).
+DeviceAllow=/dev/kmsg r
+# kernel.dmesg_restrict=1 (the default on Ubuntu and Debian) asks for CAP_SYSLOG, checked in the
+# initial user namespace: the dynamic user gets that one capability, and no private user namespace.
+CapabilityBoundingSet=CAP_SYSLOG
+AmbientCapabilities=CAP_SYSLOG
+PrivateUsers=no
+KMSG
 }
 
 default_config() {

@@ -101,6 +101,17 @@ class AzureEventsCollector(Collector):
         on, why = self._client.on_azure()
         return Availability(on, why)
 
+    def check(self) -> Availability:
+        """One poll, as the daemon's first: a refusal (403) would repeat on every poll."""
+        try:
+            self._client.scheduled_events(self.settings.timeout)
+        except ImdsError as exc:
+            if exc.reason in ("timeout", "throttled"):
+                return Availability(False, f"IMDS {exc.reason} asking {imds.EVENTS_PATH.partition('?')[0]}: {exc.detail} (the first "
+                                    "requests enable Scheduled Events, which can take up to 2 minutes)", retry=True)
+            return Availability(False, imds.run_verdict(exc, imds.EVENTS_PATH, self.name))
+        return Availability(True)
+
     def collect(self) -> Collection:
         coll = Collection()
         now = time.monotonic()

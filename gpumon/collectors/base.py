@@ -118,6 +118,13 @@ class Collector:
         """Cheap check that the source exists; must not raise."""
         return Availability(True)
 
+    def check(self) -> Availability:
+        """For ``gpumon check``, after a successful probe: ask the source once as a run would and say
+        what the daemon will meet (unavailable with the reason: every run will fail that way; ``retry``:
+        not answering yet). A probe only asks whether the source exists; a source can exist and refuse
+        every request (IMDS answering 403). Default: the probe said it all."""
+        return Availability(True)
+
     def run_soon(self) -> None:
         """Ask for a run now rather than at the next interval: a collector whose source pushes
         (the XID event thread) calls this when something arrived. The loop sets the real hook;

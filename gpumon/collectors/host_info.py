@@ -83,6 +83,17 @@ class HostInfoCollector(Collector):
                 pass
         return Availability(False, f"{why}; no Hyper-V KVP pool at {self.settings.kvp_pool or '(not read)'}")
 
+    def check(self) -> Availability:
+        """IMDS answering but refusing (403 from a proxy in the way): every run would count it."""
+        try:
+            self._client.instance()
+        except ImdsError as exc:
+            if exc.reason in ("unreachable", "timeout"):  # off Azure: the probe found the KVP pool
+                return Availability(True)
+            return Availability(False, imds.run_verdict(exc, imds.COMPUTE_PATH, self.name),
+                                retry=exc.reason == "throttled")
+        return Availability(True)
+
     def collect(self) -> Collection:
         coll = Collection()
         instance = self._instance(coll)
