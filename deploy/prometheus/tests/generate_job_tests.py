@@ -62,16 +62,12 @@ GPU_SIGNALS: dict[str, tuple[str, dict[str, str], float, float, bool]] = {
                           0, 0.5, True),
     "reliability_violation": ("gpumon_gpu_clock_event_violation_seconds_total", {"reason": "reliability"},
                               0, 0.5, True),
-    "hw_slowdown": ("gpumon_gpu_clock_event_reason_active", {"reason": "hw_slowdown"}, 0, 1, False),
     "pcie_replay": ("gpumon_gpu_pcie_replay_total", {}, 0, 1, True),
-    "gpu_lost": ("gpumon_gpu_lost", {}, 0, 1, False),
 }
 # Each IB port signal: the counters that feed it (rates per second), healthy, straggler.
 PORT_SIGNALS: dict[str, tuple[tuple[str, ...], float, float]] = {
     "ib_xmit_wait": (("gpumon_ib_port_transmit_wait_ticks_total",), 1e6, 50e6),
     "ib_errors": (("gpumon_ib_port_symbol_errors_total",), 0, 1),
-    "ib_throughput": (("gpumon_ib_port_data_transmitted_bytes_total", "gpumon_ib_port_data_received_bytes_total"),
-                      20e9, 5e9),
 }
 HOSTS = ("node-a", "node-b")
 GPUS = 4
@@ -158,14 +154,14 @@ def straggler_tests(runbook: str) -> list[dict[str, Any]]:
         "name": "healthy job: no score past the threshold, no alert",
         "interval": "30s", "input_series": healthy_job("4242"),
         "promql_expr_test": flagged([]) + [
-            # Every member has a score for every signal (11 per GPU, 3 per IB port; Ethernet ports left out).
-            {"expr": "count(gpumon_job:straggler_signal:score)", "eval_time": "8m",
+            # Every member has a value for every signal (9 per GPU, 2 per IB port; Ethernet ports left out).
+            {"expr": "count(gpumon_job:straggler_signal:value)", "eval_time": "8m",
              "exp_samples": [{"labels": "{}", "value": 8 * len(GPU_SIGNALS) + 8 * len(PORT_SIGNALS)}]},
             {"expr": "count(gpumon_job:straggler_score)", "eval_time": "8m",
              "exp_samples": [{"labels": "{}", "value": 16}]},
             {"expr": "count(gpumon_job_host:straggler_score)", "eval_time": "8m",
              "exp_samples": [{"labels": "{}", "value": 2}]},
-            {"expr": "max(abs(gpumon_job:straggler_signal:score)) < bool 1", "eval_time": "8m",
+            {"expr": "max(abs(gpumon_job:straggler_score)) < bool 1", "eval_time": "8m",
              "exp_samples": [{"labels": "{}", "value": 1}]},
         ],
         "alert_rule_test": [{"eval_time": "8m", "alertname": "GpumonJobStraggler", "exp_alerts": []},
@@ -242,30 +238,34 @@ def edge_tests() -> list[dict[str, Any]]:
 
     tests.append({"name": "hosts scraped every 15 s and every 60 s: no straggler", "interval": "15s",
                   "input_series": mixed(False), "promql_expr_test": flagged([], "15m") + [
-                      {"expr": "count(gpumon_job:straggler_signal:score)", "eval_time": "15m",
+                      {"expr": "count(gpumon_job:straggler_signal:value)", "eval_time": "15m",
                        "exp_samples": [{"labels": "{}", "value": 8 * 3}]}]})
     tests.append({"name": "hosts scraped every 15 s and every 60 s: a straggler on the slow one",
                   "interval": "15s", "input_series": mixed(True),
                   "promql_expr_test": flagged([gpu_member("88", "node-b", 1, "pcie_replay")], "15m")})
 
-    # A GPU lost mid-job: its series stop at 5 minutes and gpumon_gpu_lost turns 1; it is named, the others
-    # are not.
+    # A GPU lost mid-job: its series stop at 5 minutes (gpumon_gpu_lost turns 1 and GpumonGpuLost names it);
+    # once its last samples leave the 5-minute windows it drops out of the comparison and the rest of the job
+    # is judged as before, nobody flagged.
     series = members("99")
     for h, host in enumerate(HOSTS):
         for gpu in range(GPUS):
             lost = host == "node-b" and gpu == 3
-            for signal in ("sm_activity", "sm_clock", "power"):
+            for signal in ("sm_activity", "sm_clock", "power", "pcie_throughput"):
                 s = gpu_signal(signal, host, gpu, GPU_SIGNALS[signal][2] * noise(h * GPUS + gpu))
-                if lost:
-                    s["values"] = gauge(GPU_SIGNALS[signal][2], 9) + " " + " ".join(["_"] * 30)
+                if lost:  # 10 samples, then none
+                    s["values"] = (counter(GPU_SIGNALS[signal][2], 9) if GPU_SIGNALS[signal][4]
+                                   else gauge(GPU_SIGNALS[signal][2], 9)) + " _" * (STEPS - 9)
                 series.append(s)
             series.append({"series": sel("gpumon_gpu_lost", instance=host, gpu=str(gpu), uuid=f"GPU-{host}-{gpu}"),
                            "values": (f"0x9 1x{STEPS - 9}" if lost else gauge(0))})
-    tests.append({"name": "a GPU lost mid-job is named (gpu_lost), the rest of the job is not", "interval": "30s",
+    tests.append({"name": "a GPU lost mid-job drops out; the rest of the job is not flagged", "interval": "30s",
                   "input_series": series,
-                  "promql_expr_test": flagged([gpu_member("99", "node-b", 3, "gpu_lost")]) + [
-                      {"expr": 'count(gpumon_job:straggler_signal:score{instance="node-b", gpu="3"})',
-                       "eval_time": "8m", "exp_samples": [{"labels": "{}", "value": 1}]}]})
+                  "promql_expr_test": flagged([], "10m") + [
+                      {"expr": 'count(gpumon_job:straggler_signal:value{instance="node-b", gpu="3"})',
+                       "eval_time": "10m", "exp_samples": []},
+                      {"expr": 'count(gpumon_job:straggler_score{job_id="99"})',
+                       "eval_time": "10m", "exp_samples": [{"labels": "{}", "value": 7}]}]})
 
     # A job that ended: its allocation goes stale at 5 minutes; a minute later no score names it, and its
     # GPUs are back in their hosts' idle groups.
@@ -472,6 +472,12 @@ def lemon_series() -> tuple[list[Series], int]:
                               cause="uncorrectable"), "values": span(5, None, one(0))})
     out.append({"series": sel("gpumon_gpu_remapped_rows", instance="node-a", gpu="0", uuid="GPU-SN-9",
                               cause="correctable"), "values": span(5, None, one(20))})
+    # SN-8 on node-e: healthy, no XID, no remap, no corrected errors: nothing recorded for it but its rows.
+    vm("node-e", "PH4", "SN-8", 0, None)
+    out.append({"series": sel("gpumon_gpu_remapped_rows", instance="node-e", gpu="0", uuid="GPU-SN-8",
+                              cause="correctable"), "values": span(0, None, one(0))})
+    out.append({"series": sel("gpumon_gpu_ecc_errors_total", instance="node-e", gpu="0", uuid="GPU-SN-8",
+                              type="corrected", counter="aggregate"), "values": span(0, None, one(0))})
     vm("node-c", "PH1", "SN-1", 6, None)
     out.append({"series": sel("gpumon_gpu_remapped_rows", instance="node-c", gpu="0", uuid="GPU-SN-1",
                               cause="uncorrectable"), "values": span(6, None, lambda i: 3 if i >= 10 * step_h else 2)})
@@ -503,6 +509,9 @@ def lemon_test(alerts: dict[str, dict[str, Any]]) -> dict[str, Any]:
                            'physical_host="PH1", serial="SN-1"}', "value": 1},
                 {"labels": 'serial:gpumon_gpu_faults:increase7d{instance="node-d", kind="row_remap", '
                            'physical_host="PH3", serial="SN-7"}', "value": 2}]},
+            # Sparse: only GPUs with something to count have lemon or trend series.
+            {"expr": 'count by (__name__) ({__name__=~"serial:.+", serial="SN-8"})', "eval_time": "2d",
+             "exp_samples": [{"labels": '{__name__="serial:gpumon_gpu_remapped_rows:sum"}', "value": 1}]},
             {"expr": "physical_host:gpumon_gpu_faults:increase7d > 0", "eval_time": "12h", "exp_samples": [
                 {"labels": 'physical_host:gpumon_gpu_faults:increase7d{kind="row_remap", physical_host="PH1"}',
                  "value": 1},
@@ -519,7 +528,7 @@ def lemon_test(alerts: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "GpumonHostLemon", {"physical_host": "PH1"}, LEMON_ANNOTATIONS["GpumonHostLemon"])]},
             {"eval_time": "2d", "alertname": "GpumonGpuRemapTableFilling", "exp_alerts": [alert(
                 "GpumonGpuRemapTableFilling", {"instance": "node-d", "gpu": "0", "uuid": "GPU-SN-7", "serial": "SN-7",
-                                               "cause": "correctable", "physical_host": "PH3"},
+                                               "physical_host": "PH3"},
                 LEMON_ANNOTATIONS["GpumonGpuRemapTableFilling"])]},
             {"eval_time": "2d", "alertname": "GpumonGpuCorrectedEccRising", "exp_alerts": [alert(
                 "GpumonGpuCorrectedEccRising", {"instance": "node-d", "gpu": "0", "uuid": "GPU-SN-7",
@@ -542,9 +551,8 @@ LEMON_ANNOTATIONS: dict[str, dict[str, str]] = {
                         "failures on several GPUs point at the host (board, NVSwitch, power).")},
     "GpumonGpuRemapTableFilling": {
         "summary": "GPU serial SN-7 on node-d remaps rows steadily",
-        "description": ("At the slope of the last 3 days the GPU will have remapped 78 rows for correctable errors "
-                        "within 14 days (budget 64). Its memory is wearing: the remap table will fill and the next "
-                        "error will be uncontained.")},
+        "description": ("At the slope of the last 3 days the GPU will have remapped 78 rows within 14 days (budget 64). "
+                        "Its memory is wearing: the remap table will fill and the next error will be uncontained.")},
     "GpumonGpuCorrectedEccRising": {
         "summary": "Corrected ECC errors of GPU serial SN-7 on node-d keep rising",
         "description": ("2.880 corrected ECC errors per second over the last day (threshold 0.01, about 860 a day), "
