@@ -207,8 +207,8 @@ def run(opts: Options) -> dict[str, Any]:
         return {"not_run": "needs the prometheus server (Debian package prometheus)"}
     hosts = int(opts.extra.get("hosts", 4 if opts.smoke else 1000))
     scrape_s = 1 if opts.smoke else 30
-    warm_s = 8 if opts.smoke else 390  # the 5-minute windows full, the 5-minute lemon group run once
-    sample_s = 4 if opts.smoke else 150
+    warm_s = 5 if opts.smoke else 390  # the 5-minute windows full, the 5-minute lemon group run once
+    sample_s = 3 if opts.smoke else 150
     exporter = Exporter(hosts)
     say(opts, f"   {hosts} hosts, {exporter.series} generated series")
     tmp = tempfile.mkdtemp(prefix="bench-job-rules-")

@@ -549,7 +549,7 @@ GpuMonGpu_CL
 LEMON_WINDOW = "7d"
 """The window lemons are counted over, whatever the time range (as the Prometheus rules count them)."""
 REMAP_BUDGET = 64
-"""Correctable-cause remapped rows a GPU may reach within 14 days before it is flagged (the
+"""Remapped rows (both causes) a GPU may reach within 14 days before it is flagged (the
 GpumonGpuRemapTableFilling budget of deploy/prometheus/job-rules.yaml)."""
 FAULTS_BY_PLACEMENT = f"""
 let serials = GpuMonGpu_CL
@@ -589,8 +589,10 @@ def lemons() -> list[dict[str, Any]]:
 """
     remap_trend = f"""
 GpuMonGpu_CL
-| where TimeGenerated > ago(3d) and isnotnull(RemappedRowsCorrectable)
-| make-series Rows = max(RemappedRowsCorrectable) default = real(null) on TimeGenerated from ago(3d) to now() step 1h
+| where TimeGenerated > ago(3d)
+| where isnotnull(RemappedRowsCorrectable) or isnotnull(RemappedRowsUncorrectable)
+| extend Remapped = coalesce(RemappedRowsCorrectable, 0.0) + coalesce(RemappedRowsUncorrectable, 0.0)
+| make-series Rows = max(Remapped) default = real(null) on TimeGenerated from ago(3d) to now() step 1h
     by Computer, Uuid
 | extend Rows = series_fill_forward(Rows)
 | extend (RSquare, Slope, Variance, RVariance, Intercept, Fit) = series_fit_line(Rows)
@@ -615,13 +617,13 @@ GpuMonGpu_CL
     return [
         text("lemons-title", "## Lemons and trends\nOver the last 7 days whatever the time range: GPUs (by serial) "
                              "and physical hosts with XIDs or remapped rows under two or more VM placements (they "
-                             "fail again after the VM was reallocated), GPUs whose correctable remapped rows "
+                             "fail again after the VM was reallocated), GPUs whose remapped rows (both causes) "
                              f"would pass {REMAP_BUDGET} within 14 days at the slope of the last 3 days, and GPUs "
                              "whose corrected ECC errors grow day by day. The Prometheus rules "
                              "(deploy/prometheus/job-rules.yaml) judge the same way."),
         query("lemons-gpus", "GPUs failing under several placements", gpus, "table", width="50"),
         query("lemons-hosts", "Physical hosts failing under several VMs", hosts, "table", width="50"),
-        query("lemons-remap-trend", "Correctable remapped rows, trend", remap_trend, "table", width="50"),
+        query("lemons-remap-trend", "Remapped rows, trend", remap_trend, "table", width="50"),
         query("lemons-ecc-trend", "Corrected ECC errors per day, growing", ecc_trend, "table", width="50"),
     ]
 
