@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, str] = {
     "kmsg_aer": "kmsg collector CPU at 1,000 lines/s; AER collector time per run for 16 PCI functions",
     "health": "health rules CPU per ND H100 v5 snapshot; XID 79 to an unhealthy /health at the default interval",
     "tuning": "series and CPU per cycle that each opt-in switch adds on a simulated ND H100 v5 (docs/tuning.md)",
+    "job_rules": "job rules (straggler, stall, lemons) on a real Prometheus over 1,000 hosts x 8 GPUs: eval time, series",
 }
 
 MODULES = {"azure_volume": "bench.sink_volume"}
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leak-seconds", type=float, default=None,
                         help="memory: seconds to watch RSS after warm-up (default 60; the leak check is 600)")
     parser.add_argument("--flips", type=int, default=None, help="flap: flips to time (default 50)")
+    parser.add_argument("--hosts", type=int, default=None, help="job_rules: hosts to generate (default 1000)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary line of each benchmark")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = parser.parse_args(argv)
@@ -62,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         opts.leak_seconds = args.leak_seconds
     elif args.smoke:
         opts.leak_seconds = 1.0
+    if args.hosts is not None:
+        opts.extra["hosts"] = args.hosts
     if args.flips is not None:
         opts.flips = args.flips
     elif args.smoke:

@@ -77,3 +77,18 @@ def test_real_gpu_measures_only_where_a_gpu_is(tmp_path):
         assert data["not_run"] and "defaults" not in data
     else:
         assert data["defaults"]["share_of_one_core"] > 0 and data["interval_1s"]["share_of_one_core"] > 0
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server (Debian package prometheus)")
+def test_job_rules_bench_names_the_throttled_gpu(tmp_path):
+    """The job rules on a real Prometheus over generated hosts: every group evaluates without a failure, the
+    job groups add series, and the one GPU the generator throttles is the job's worst."""
+    proc = run_bench(tmp_path, "job_rules")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((tmp_path / "job_rules.json").read_text())
+    assert "error" not in data, data.get("error")
+    assert data["rule_evaluation_failures"] == 0
+    assert {"gpumon-job-straggler", "gpumon-job-stall", "gpumon-job-lemons"} <= set(data["groups"])
+    assert data["job_series_per_host"] > 0 and data["host_own_series"] > 1000
+    top = data["top_straggler"]
+    assert (top["instance"], top["gpu"], top["job_id"]) == ("bench-0001", "5", "bench-1"), top

@@ -126,7 +126,9 @@ def test_each_issue_item_has_a_panel() -> None:
     assert {"Verdict", "Health findings", "GPU allocations", "Fabric registration", "Fabric health conditions",
             "Fabric membership", "Power swings", "PCIe AER errors", "Kernel log records"} <= titles["gpumon-node.json"]
     assert {"GPUs and hosts", "GPU utilization", "Clock event reasons", "XIDs in range", "Health of the hosts",
-            "Pending Azure scheduled events", "Link utilization", "Port error rates"} <= titles["gpumon-job.json"]
+            "Pending Azure scheduled events", "Link utilization", "Port error rates", "Worst straggler score",
+            "Ranked: GPUs, ports and hosts by straggler score", "Straggler score by GPU", "Straggler score by host",
+            "Hosts stalled"} <= titles["gpumon-job.json"]
 
 
 def test_allocation_joins_keep_every_pod_of_a_shared_gpu() -> None:

@@ -546,6 +546,88 @@ GpuMonGpu_CL
     ]
 
 
+LEMON_WINDOW = "7d"
+"""The window lemons are counted over, whatever the time range (as the Prometheus rules count them)."""
+REMAP_BUDGET = 64
+"""Remapped rows (both causes) a GPU may reach within 14 days before it is flagged (the
+GpumonGpuRemapTableFilling budget of deploy/prometheus/job-rules.yaml)."""
+FAULTS_BY_PLACEMENT = f"""
+let serials = GpuMonGpu_CL
+| where TimeGenerated > ago({LEMON_WINDOW})
+| summarize Serial = take_anyif(Serial, isnotempty(Serial)) by Uuid;
+let xids = GpuMonEvents_CL
+| where TimeGenerated > ago({LEMON_WINDOW}) and Kind == "gpu_xid" and isnotempty(Uuid)
+| summarize Xids = count() by Uuid, Computer, PhysicalHost;
+let remaps = GpuMonGpu_CL
+| where TimeGenerated > ago({LEMON_WINDOW}) and isnotempty(Uuid)
+| extend Rows = coalesce(RemappedRowsCorrectable, 0.0) + coalesce(RemappedRowsUncorrectable, 0.0)
+| where isnotnull(RemappedRowsCorrectable) or isnotnull(RemappedRowsUncorrectable)
+| summarize RemappedRows = max(Rows) - min(Rows) by Uuid, Computer, PhysicalHost;
+union xids, remaps
+| summarize Xids = coalesce(sum(Xids), 0), RemappedRows = coalesce(sum(RemappedRows), 0.0) by Uuid, Computer, PhysicalHost
+| where Xids > 0 or RemappedRows > 0
+| join kind=leftouter serials on Uuid
+| extend Serial = iff(isempty(Serial), strcat("uuid ", Uuid), Serial)
+"""
+"""XIDs and rows remapped in the last 7 days per GPU (by serial) and VM placement (Computer, PhysicalHost):
+a VM reallocated elsewhere leaves its rows behind under the old placement."""
+
+
+def lemons() -> list[dict[str, Any]]:
+    """GPUs and physical hosts that fail again after a VM reallocation, and GPUs whose memory wears (the same
+    judgement as the gpumon-job-lemons rules of deploy/prometheus/job-rules.yaml, from the Log Analytics rows)."""
+    gpus = FAULTS_BY_PLACEMENT + """| summarize Placements = dcount(strcat(Computer, "|", PhysicalHost)), VMs = make_set(Computer, 16),
+    PhysicalHosts = make_set(PhysicalHost, 16), Xids = sum(Xids), RemappedRows = sum(RemappedRows) by Serial
+| extend Lemon = Placements >= 2
+| order by Lemon desc, Placements desc, Xids desc, RemappedRows desc
+"""
+    hosts = FAULTS_BY_PLACEMENT + """| where isnotempty(PhysicalHost)
+| summarize VMs = dcount(Computer), VMNames = make_set(Computer, 16), Serials = make_set(Serial, 16),
+    Xids = sum(Xids), RemappedRows = sum(RemappedRows) by PhysicalHost
+| extend Lemon = VMs >= 2
+| order by Lemon desc, VMs desc, Xids desc
+"""
+    remap_trend = f"""
+GpuMonGpu_CL
+| where TimeGenerated > ago(3d)
+| where isnotnull(RemappedRowsCorrectable) or isnotnull(RemappedRowsUncorrectable)
+| extend Remapped = coalesce(RemappedRowsCorrectable, 0.0) + coalesce(RemappedRowsUncorrectable, 0.0)
+| make-series Rows = max(Remapped) default = real(null) on TimeGenerated from ago(3d) to now() step 1h
+    by Computer, Uuid
+| extend Rows = series_fill_forward(Rows)
+| extend (RSquare, Slope, Variance, RVariance, Intercept, Fit) = series_fit_line(Rows)
+| extend Now = todouble(Rows[array_length(Rows) - 1]), PerDay = Slope * 24
+| extend In14Days = Now + PerDay * 14
+| where PerDay > 0
+| project Computer, Uuid, Now, PerDay, In14Days, OverBudget = In14Days >= {REMAP_BUDGET}
+| order by In14Days desc
+"""
+    ecc_trend = """
+GpuMonGpu_CL
+| where TimeGenerated > ago(7d)
+| make-series Corrected = sum(EccCorrectedErrorsIncrease) default = 0.0 on TimeGenerated from startofday(ago(7d))
+    to now() step 1d by Computer, Uuid
+| extend (RSquare, Slope, Variance, RVariance, Intercept, Fit) = series_fit_line(Corrected)
+| extend LastDay = todouble(Corrected[array_length(Corrected) - 1])
+| where Slope > 0
+| project Computer, Uuid, LastDay, GrowthPerDay = Slope, RSquare
+| order by GrowthPerDay desc
+| take 50
+"""
+    return [
+        text("lemons-title", "## Lemons and trends\nOver the last 7 days whatever the time range: GPUs (by serial) "
+                             "and physical hosts with XIDs or remapped rows under two or more VM placements (they "
+                             "fail again after the VM was reallocated), GPUs whose remapped rows (both causes) "
+                             f"would pass {REMAP_BUDGET} within 14 days at the slope of the last 3 days, and GPUs "
+                             "whose corrected ECC errors grow day by day. The Prometheus rules "
+                             "(deploy/prometheus/job-rules.yaml) judge the same way."),
+        query("lemons-gpus", "GPUs failing under several placements", gpus, "table", width="50"),
+        query("lemons-hosts", "Physical hosts failing under several VMs", hosts, "table", width="50"),
+        query("lemons-remap-trend", "Remapped rows, trend", remap_trend, "table", width="50"),
+        query("lemons-ecc-trend", "Corrected ECC errors per day, growing", ecc_trend, "table", width="50"),
+    ]
+
+
 def workbook() -> dict[str, Any]:
     return {
         "version": "Notebook/1.0",
@@ -561,6 +643,7 @@ def workbook() -> dict[str, Any]:
             group("placement", "Placement", placement()),
             group("scheduled", "Scheduled events", scheduled_events()),
             group("attribution", "Attribution", attribution()),
+            group("lemons", "Lemons and trends", lemons()),
         ],
         "fallbackResourceIds": [],
         "$schema": "https://github.com/Microsoft/Application-Insights-Workbooks/blob/master/schema/workbook.json",

@@ -917,6 +917,8 @@ def job() -> dict[str, Any]:
                 hide=("Time", "__name__", "job", "cluster"), rename={"Value": "GPU utilization"}, links=[NODE_LINK],
                 description="Each GPU of the selection: host, index, UUID, pod or job, and utilization now."), 24, 8)
 
+    job_straggler(b, cl, alloc)
+
     b.row("GPUs")
     b.add(timeseries("GPU utilization", [
         target(per_allocation(alloc, UTIL), "{{instance}} GPU {{gpu}}"),
@@ -977,6 +979,52 @@ def job() -> dict[str, Any]:
                      "InfiniBand ports of those hosts.", b,
                      [var_datasource(), var_cluster(), var_job_id(False), var_pod(False)],
                      dash_links("fleet", "node", "fabric"))
+
+
+STRAGGLER_THRESHOLD = 5.0
+"""GpumonJobStraggler's threshold (deploy/prometheus/job-rules.yaml), drawn on the score panels."""
+
+
+def job_straggler(b: Board, cl: str, alloc: str) -> None:
+    """The job rules' verdicts (deploy/prometheus/job-rules.yaml): each GPU's and host's straggler score
+    against the job's median, worst first, and whether the job is stalled."""
+    gpus = f'gpumon_job:straggler_score{{{cl}, job_id!="", gpu!=""}} and {GPU_JOIN} {alloc}'
+    ports = f'gpumon_job:straggler_score{{{cl}, job_id!="", gpu=""}} and {HOST_JOIN} {alloc}'
+    hosts = f'gpumon_job_host:straggler_score{{{cl}, job_id!=""}} and {HOST_JOIN} {alloc}'
+    limit = [(None, "green"), (STRAGGLER_THRESHOLD / 2, "orange"), (STRAGGLER_THRESHOLD, "red")]
+    how = ("Robust distance from the job's median (median and MAD over the job's GPUs of one model): 0 is the "
+           f"median, positive is worse; GpumonJobStraggler fires above {STRAGGLER_THRESHOLD:g}. The signal named is "
+           "the member's worst. Needs deploy/prometheus/job-rules.yaml.")
+    b.row("Stragglers and stalls")
+    b.add(stat("Worst straggler score", f"max({gpus} or {ports})", "none", decimals=1,
+               bad_above=STRAGGLER_THRESHOLD, description=how), 8, 4)
+    b.add(stat("Members past the threshold", f"count(({gpus} or {ports}) > {STRAGGLER_THRESHOLD:g}) or vector(0)",
+               "none", bad_above=1, description="GPUs and InfiniBand ports of the selection whose score is past "
+                                                "the alert threshold now."), 8, 4)
+    b.add(stat("Hosts stalled", f"sum(gpumon_job_host:stalled:bool{{{cl}}} and {HOST_JOIN} {alloc}) or vector(0)",
+               "none", bad_above=1, description="Hosts whose GPUs of the job all hold processes and memory but "
+                                                "idle (or spin at idle power): GpumonJobStalled after 10 minutes, "
+                                                "naming the host that went quiet first."), 8, 4)
+    b.add(table("Ranked: GPUs, ports and hosts by straggler score", [
+        target(f"sort_desc({gpus})"), target(f"sort_desc({ports})"), target(f"sort_desc({hosts})"),
+    ], "none", hide=("Time", "__name__", "job", "cluster"), rename={"Value": "score"}, links=[NODE_LINK],
+        thresholds=limit, sort="score",
+        overrides=[{"matcher": {"id": "byName", "options": "score"}, "properties": [
+            {"id": "decimals", "value": 1}, {"id": "custom.cellOptions", "value": {"type": "color-background"}}]}],
+        description="Every GPU, InfiniBand port and host of the selection, worst first: " + how), 24, 8)
+    threshold_line = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 0, "showPoints": "never",
+                      "spanNulls": False, "thresholdsStyle": {"mode": "line"}}
+    legend = {"legend": {"displayMode": "table", "placement": "right", "calcs": ["lastNotNull", "max"],
+                         "sortBy": "Last *", "sortDesc": True}, "tooltip": {"mode": "multi", "sort": "desc"}}
+    b.add(panel("timeseries", "Straggler score by GPU", [
+        target(gpus, "{{instance}} GPU {{gpu}} {{gpu_instance}} ({{signal}})"),
+        target(ports, "{{instance}} {{device}}/{{port}} ({{signal}})"),
+    ], "none", custom=threshold_line, thresholds=[(None, "transparent"), (STRAGGLER_THRESHOLD, "red")],
+        options=legend, description=how), 12, 9)
+    b.add(panel("timeseries", "Straggler score by host", [
+        target(hosts, "{{instance}} ({{signal}})"),
+    ], "none", custom=threshold_line, thresholds=[(None, "transparent"), (STRAGGLER_THRESHOLD, "red")],
+        options=legend, description="Each host's worst GPU or port: " + how), 12, 9)
 
 
 # ----------------------------------------------------------------------------------------- main

@@ -1,0 +1,278 @@
+"""Job rules at fleet scale: what deploy/prometheus/job-rules.yaml costs a real Prometheus.
+
+A loopback exporter serves generated series for N hosts (default 1,000) x 8 GPUs in one job, 8 InfiniBand
+ports and one Ethernet RDMA port each: every series the rules read, with the labels gpumon gives them, small
+noise, and one GPU throttled to 0.7. A real Prometheus scrapes it every 30 s (in ten targets, so that
+parsing spreads over cores) with all three rule files loaded at their own intervals. After the 5-minute
+windows have filled, it reads per rule group ``prometheus_rule_group_last_duration_seconds`` (each
+evaluation, median and max) and ``prometheus_rule_group_last_evaluation_samples`` (the series the group
+writes), and ``prometheus_rule_evaluation_failures_total`` (must stay 0). Series added per host are the
+job groups' samples over N, against what one simulated ND H100 v5 exports (``gpumon once``).
+
+The 7-day windows of the lemon group read a few minutes of history here, not 7 days: at steady state
+each of its series holds 2,016 samples (one per 5 minutes), which this run does not show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import os
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Any
+
+import yaml
+
+from bench.common import (
+    REPO,
+    Options,
+    clean_env,
+    free_port,
+    gpumon_command,
+    http_get,
+    median,
+    rnd,
+    say,
+    stop,
+    wait_until,
+)
+
+RULES = os.path.join(REPO, "deploy", "prometheus")
+RULE_FILES = ("recording-rules.yaml", "alerting-rules.yaml", "job-rules.yaml")
+JOB_GROUPS = ("gpumon-job-straggler", "gpumon-job-stall", "gpumon-job-lemons")
+PARTS = 10
+TARGET_EVAL_S = 1.0
+TARGET_SERIES_SHARE = 0.10
+PORT_ERRORS = ("symbol_errors", "link_error_recoveries", "receive_errors", "receive_remote_physical_errors",
+               "receive_switch_relay_errors", "transmit_discards", "transmit_constraint_errors",
+               "receive_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors",
+               "vl15_dropped")
+
+
+def host_lines(h: int) -> list[tuple[str, str, float]]:
+    """(series, kind, base) of one host: kind g = gauge with noise, c = counter at base per second,
+    k = constant."""
+    host = f"bench-{h:04d}"
+    base = f'job="gpumon",instance="{host}"'
+    out: list[tuple[str, str, float]] = [
+        (f'gpumon_host_info{{{base},vm_id="vm-{h}",physical_host="PH-{h:04d}",placement_group="pg-1"}}', "k", 1)]
+    for g in range(8):
+        gl = f'{base},gpu="{g}",uuid="GPU-{h:04d}-{g}"'
+        slow = 0.7 if (h, g) == (1, 5) else 1.0  # one throttled GPU
+        out += [
+            (f'gpumon_gpu_info{{{gl},model="NVIDIA H100 80GB HBM3",serial="SN-{h:04d}-{g}"}}', "k", 1),
+            (f'gpumon_gpu_allocation_info{{{gl},job_id="bench-1"}}', "k", 1),
+            (f'gpumon_gpu_activity_ratio{{{gl},activity="sm"}}', "g", 0.9 * slow),
+            (f'gpumon_gpu_utilization_ratio{{{gl},engine="gpu"}}', "g", 1.0),
+            (f'gpumon_gpu_clock_hertz{{{gl},clock="sm"}}', "g", 1.98e9 * slow),
+            (f'gpumon_gpu_power_watts{{{gl}}}', "g", 650 * slow),
+            (f'gpumon_gpu_power_limit_watts{{{gl}}}', "k", 700),
+            (f'gpumon_gpu_compute_processes{{{gl}}}', "k", 1),
+            (f'gpumon_gpu_memory_used_bytes{{{gl}}}', "k", 6e10),
+            (f'gpumon_gpu_lost{{{gl}}}', "k", 0),
+            (f'gpumon_gpu_clock_event_reason_active{{{gl},reason="hw_slowdown"}}', "k", 0),
+            (f'gpumon_gpu_pcie_replay_total{{{gl}}}', "c", 0),
+            # corrected ECC errors on a few GPUs only, as in a real fleet
+            (f'gpumon_gpu_ecc_errors_total{{{gl},type="corrected",counter="aggregate"}}', "c",
+             0.001 if (h * 8 + g) % 97 == 0 else 0.0),
+            (f'gpumon_gpu_remapped_rows{{{gl},cause="correctable"}}', "k", 0),
+            (f'gpumon_gpu_remapped_rows{{{gl},cause="uncorrectable"}}', "k", 0),
+        ]
+        out += [(f'gpumon_gpu_{m}_throughput_bytes_per_second{{{gl},direction="{d}"}}', "g", v * slow)
+                for m, v in (("nvlink", 1e11), ("pcie", 2e10)) for d in ("tx", "rx")]
+        out += [(f'gpumon_gpu_clock_event_violation_seconds_total{{{gl},reason="{r}"}}', "c",
+                 0.3 if r == "sw_power_cap" and slow < 1 else 0.0)
+                for r in ("sw_power_cap", "thermal", "reliability", "sync_boost")]
+    for p in range(9):
+        device, layer = (f"mlx5_ib{p}", "InfiniBand") if p < 8 else ("mlx5_an0", "Ethernet")
+        pl = f'{base},device="{device}",port="1"'
+        out += [
+            (f'gpumon_ib_port_info{{{pl},link_layer="{layer}"}}', "k", 1),
+            (f'gpumon_ib_port_rate_bytes_per_second{{{pl}}}', "k", 5e10),
+            (f'gpumon_ib_port_transmit_wait_ticks_total{{{pl}}}', "c", 1e6),
+            (f'gpumon_ib_port_data_transmitted_bytes_total{{{pl}}}', "c", 2e10),
+            (f'gpumon_ib_port_data_received_bytes_total{{{pl}}}', "c", 2e10),
+        ]
+        out += [(f'gpumon_ib_port_{e}_total{{{pl}}}', "c", 0) for e in PORT_ERRORS]
+    return out
+
+
+class Exporter:
+    """Serves the generated hosts over loopback, in PARTS pages (``/metrics?part=N``)."""
+
+    def __init__(self, hosts: int) -> None:
+        self.parts = [[line for h in range(hosts) if h % PARTS == part for line in host_lines(h)]
+                      for part in range(PARTS)]
+        self.series = sum(len(p) for p in self.parts)
+        self.started = time.time()
+        exporter = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                part = int(self.path.rsplit("=", 1)[-1]) if "part=" in self.path else 0
+                body = exporter.page(part)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # Prometheus stopped mid-scrape
+                    self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def page(self, part: int) -> bytes:
+        elapsed = time.time() - self.started
+        rng = random.Random()
+        out = []
+        for series, kind, base in self.parts[part]:
+            if kind == "g":
+                value = base * (1 + rng.uniform(-0.01, 0.01))
+            elif kind == "c":
+                value = base * elapsed
+            else:
+                value = base
+            out.append(f"{series} {value:g}\n")
+        return "".join(out).encode()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def rule_files(directory: str, fast: bool) -> list[str]:
+    """The shipped rule files; in smoke mode every group at 1 s."""
+    paths = []
+    for name in RULE_FILES:
+        with open(os.path.join(RULES, name), encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+        if fast:
+            for group in doc["groups"]:
+                group["interval"] = "1s"
+        path = os.path.join(directory, name)
+        with open(path, "w", encoding="utf-8") as fh:
+            yaml.safe_dump(doc, fh)
+        paths.append(path)
+    return paths
+
+
+def query(url: str, expr: str) -> list[dict[str, Any]]:
+    import json
+    import urllib.parse
+
+    status, body = http_get(f"{url}/api/v1/query?query={urllib.parse.quote(expr)}", timeout=30)
+    if status != 200:
+        raise RuntimeError(f"{expr}: HTTP {status}: {body[:200]!r}")
+    return json.loads(body)["data"]["result"]
+
+
+SELF = ("prometheus_rule_group_last_duration_seconds", "prometheus_rule_group_last_evaluation_timestamp_seconds",
+        "prometheus_rule_group_last_evaluation_samples", "prometheus_rule_evaluation_failures_total")
+
+
+def self_metrics(url: str) -> dict[str, dict[str, float]]:
+    """Prometheus's own rule-group metrics from its /metrics, per group name (the rule_group label is
+    ``<file>;<group>``)."""
+    status, body = http_get(f"{url}/metrics", timeout=30)
+    if status != 200:
+        raise RuntimeError(f"{url}/metrics: HTTP {status}")
+    out: dict[str, dict[str, float]] = {name: {} for name in SELF}
+    for m in re.finditer(r'^(\w+)\{rule_group="[^"]*;([^"]+)"\} (\S+)$', body.decode(), re.M):
+        if m.group(1) in out:
+            out[m.group(1)][m.group(2)] = float(m.group(3))
+    return out
+
+
+def host_series() -> int:
+    """Series one simulated ND H100 v5 exports (gpumon once, every collector the simulation has)."""
+    with tempfile.TemporaryDirectory() as state:
+        proc = subprocess.run(gpumon_command("once", "--simulate", "nd-h100-v5", "--format", "prometheus"),
+                              capture_output=True, text=True, timeout=120, check=True,
+                              env=clean_env(GPUMON_DAEMON_STATE_DIR=state))
+    return sum(1 for line in proc.stdout.splitlines() if line and not line.startswith("#"))
+
+
+def run(opts: Options) -> dict[str, Any]:
+    if shutil.which("prometheus") is None:
+        return {"not_run": "needs the prometheus server (Debian package prometheus)"}
+    hosts = int(opts.extra.get("hosts", 4 if opts.smoke else 1000))
+    scrape_s = 1 if opts.smoke else 30
+    warm_s = 5 if opts.smoke else 390  # the 5-minute windows full, the 5-minute lemon group run once
+    sample_s = 3 if opts.smoke else 150
+    exporter = Exporter(hosts)
+    say(opts, f"   {hosts} hosts, {exporter.series} generated series")
+    tmp = tempfile.mkdtemp(prefix="bench-job-rules-")
+    prometheus = None
+    try:
+        config = {
+            "global": {"scrape_interval": f"{scrape_s}s", "scrape_timeout": f"{min(scrape_s, 25)}s",
+                       "evaluation_interval": f"{scrape_s}s"},
+            "rule_files": rule_files(tmp, opts.smoke),
+            "scrape_configs": [{"job_name": "bench", "honor_labels": True, "static_configs": [
+                {"targets": [f"127.0.0.1:{exporter.port}"], "labels": {"__param_part": str(part)}}
+                for part in range(PARTS)]}],
+        }
+        with open(os.path.join(tmp, "prometheus.yml"), "w", encoding="utf-8") as fh:
+            yaml.safe_dump(config, fh)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with open(os.path.join(tmp, "prometheus.log"), "wb") as log:
+            prometheus = subprocess.Popen(
+                ["prometheus", f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/data",
+                 f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=log)
+        wait_until(lambda: http_get(f"{url}/-/ready", timeout=2)[0] == 200, timeout=60, interval=0.2)
+        t0 = time.monotonic()
+        wait_until(lambda: query(url, "gpumon_job:straggler_score"), timeout=120 + warm_s, interval=1)
+        time.sleep(max(0.0, warm_s - (time.monotonic() - t0)))  # bench pacing, not a wait for an event
+        durations: dict[str, list[float]] = {}
+        seen: dict[str, float] = {}
+        end = time.monotonic() + sample_s
+        while time.monotonic() < end:
+            metrics = self_metrics(url)
+            for group, stamp in metrics["prometheus_rule_group_last_evaluation_timestamp_seconds"].items():
+                if stamp > 0 and seen.get(group) != stamp:
+                    seen[group] = stamp
+                    durations.setdefault(group, []).append(metrics["prometheus_rule_group_last_duration_seconds"][group])
+            time.sleep(0.5 if opts.smoke else 5)  # bench pacing: one reading per evaluation or so
+        metrics = self_metrics(url)
+        samples = metrics["prometheus_rule_group_last_evaluation_samples"]
+        failures = sum(metrics["prometheus_rule_evaluation_failures_total"].values())
+        top = query(url, "topk(1, gpumon_job:straggler_score)")
+        own = host_series()
+        job_series = sum(samples.get(g, 0.0) for g in JOB_GROUPS)
+        per_host = job_series / hosts
+        groups = {g: {"evaluations": len(v), "median_s": rnd(median(v), 4), "max_s": rnd(max(v), 4),
+                      "series_written": int(samples.get(g, 0)), "series_per_host": rnd(samples.get(g, 0) / hosts, 2)}
+                  for g, v in sorted(durations.items())}
+        worst = max((groups[g]["max_s"] for g in JOB_GROUPS if g in groups), default=0.0)
+        result = {
+            "hosts": hosts, "gpus": hosts * 8, "generated_series": exporter.series, "scrape_interval_s": scrape_s,
+            "groups": groups, "rule_evaluation_failures": failures,
+            "job_series_per_host": rnd(per_host, 2), "host_own_series": own,
+            "job_series_share_of_host": rnd(per_host / own, 4),
+            "worst_job_group_eval_s": worst,
+            "top_straggler": top[0]["metric"] if top else {},
+            "load_average": os.getloadavg(),
+            "targets": {"eval_s": TARGET_EVAL_S, "series_share": TARGET_SERIES_SHARE},
+            "target_met": bool(worst < TARGET_EVAL_S and per_host / own < TARGET_SERIES_SHARE and failures == 0),
+        }
+        say(opts, "   job groups: " + ", ".join(f"{g} {groups[g]['median_s']} s (max {groups[g]['max_s']})"
+                                                 for g in JOB_GROUPS if g in groups))
+        say(opts, f"   {per_host:.1f} series per host added vs {own} of its own ({100 * per_host / own:.1f} %); "
+                  f"failures {failures:g}; load {os.getloadavg()[0]:.1f}")
+        return result
+    finally:
+        if prometheus is not None:
+            stop(prometheus)
+        exporter.close()
+        shutil.rmtree(tmp, ignore_errors=True)
