@@ -268,3 +268,32 @@ def test_a_429_retry_after_given_as_an_http_date_is_honoured():
     assert 25 <= imds._retry_after(when) <= 30
     assert imds._retry_after(None) == imds.THROTTLE_PAUSE and imds._retry_after("soon") == imds.THROTTLE_PAUSE
     assert imds._retry_after("600") == 60.0
+
+
+def test_a_trickling_imds_is_cut_at_the_deadline_of_the_whole_request(server):
+    # a byte every 0.1 s: every read gets something, so a per-read timeout never fires
+    server.trickle(COMPUTE_PATH)
+    client = imds.ImdsClient(server.url, timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(imds.ImdsError) as err:
+        client.instance()
+    assert err.value.reason == "timeout" and time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("field", ["DocumentIncarnation", "DurationInSeconds"])
+@pytest.mark.parametrize("number", [b"Infinity", b"-Infinity", b"NaN", b"1e400", b"9" * 400, b'"' + b"9" * 400 + b'"',
+                                    b"true", b"-5"])
+def test_numbers_no_imds_sends_are_malformed_and_logged_once(server, caplog, field, number):
+    event = b'{"EventId": "E1", "EventType": "Reboot", "EventStatus": "Scheduled", "DurationInSeconds": %s}'
+    doc = (b'{"DocumentIncarnation": %s, "Events": []}' % number if field == "DocumentIncarnation"
+           else b'{"DocumentIncarnation": 3, "Events": [%s]}' % (event % number))
+    server.fail(EVENTS_PATH, doc)
+    client = imds.ImdsClient(server.url, timeout=2.0)
+    with caplog.at_level(logging.WARNING, logger="gpumon.imds"):
+        for _ in range(3):
+            with pytest.raises(imds.ImdsError) as err:
+                client.scheduled_events()
+            assert err.value.reason == "malformed"
+    assert len(caplog.records) == 1 and len(caplog.records[0].getMessage()) < 300
+    server.fail(EVENTS_PATH, None)
+    assert client.scheduled_events().events == ()
