@@ -297,3 +297,17 @@ def test_numbers_no_imds_sends_are_malformed_and_logged_once(server, caplog, fie
     assert len(caplog.records) == 1 and len(caplog.records[0].getMessage()) < 300
     server.fail(EVENTS_PATH, None)
     assert client.scheduled_events().events == ()
+
+
+def test_a_trickling_imds_at_start_keeps_the_port_closed_no_longer_than_its_timeout(gpumon_run, server, tmp_path):
+    # every collector whose probe asks IMDS (host_info, azure_events) and the health stage's VM size
+    server.trickle(COMPUTE_PATH)
+    server.trickle(EVENTS_PATH)
+    started = time.monotonic()
+    gpumon = gpumon_run("--collectors", "auto", "--sinks", "prometheus", "--sysfs-root", str(tmp_path),
+                        env={"GPUMON_AZURE_IMDS_URL": server.url, "GPUMON_AZURE_IMDS_TIMEOUT": "0.5"}, ready=False)
+    gpumon.wait_ready(timeout=10)
+    assert time.monotonic() - started < 8          # was 62 s: each trickled byte kept the request alive
+    code, output = gpumon.stop()
+    assert code == 0, output
+    assert "IMDS timeout" in output                # and the log says why
