@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from gpumon import __version__, daemon, imds, logs, registry, report, sdnotify
 from gpumon.config import DAEMON, Config, ConfigError, SectionSchema, load
 from gpumon.health.settings import HEALTH
+from gpumon.health.settings import check_config as check_health_config
 
 if TYPE_CHECKING:
     from gpumon.collectors.base import Collector
@@ -87,6 +88,7 @@ def load_config(args: argparse.Namespace) -> Config:
     config = load(schemas(), args.config, os.environ, flags)
     _check_names(config, "collectors", registry.available_collectors() + ["auto"])
     _check_names(config, "sinks", registry.available_sinks())
+    check_health_config(config)
     return config
 
 
