@@ -89,3 +89,35 @@ def _reload_between_directories(process: GpumonProcess, tmp_path, busy, config) 
     assert (tmp_path / "state" / LOCK_FILE).read_text() == ""
     code, output = process.stop()
     assert code == 0 and f"{busy} is in use by another gpumon (pid {os.getpid()}" in output, output
+
+
+REMOTE_WRITE = {"GPUMON_REMOTE_WRITE_URL": "http://127.0.0.1:1/api/v1/write"}   # a closed port: kept spooled
+
+
+def test_a_second_daemon_on_an_explicit_spool_dir_another_holds_exits_2(gpumon_run, tmp_path):
+    shared = tmp_path / "shared-spool"
+    first = gpumon_run("--sinks", "prometheus,remote_write",
+                       env={**REMOTE_WRITE, "GPUMON_REMOTE_WRITE_SPOOL_DIR": str(shared)})
+    second = gpumon("run", "--listen", "127.0.0.1:0", "--sinks", "prometheus,remote_write",
+                    GPUMON_DAEMON_STATE_DIR=str(tmp_path / "other-state"),
+                    GPUMON_REMOTE_WRITE_SPOOL_DIR=str(shared), **REMOTE_WRITE)
+    assert second.returncode == 2, second.stderr
+    assert f"spool directory {shared} is in use by another gpumon (pid {first.proc.pid}" in second.stderr
+    assert "[remote_write]: spool_dir" in second.stderr
+    assert first.proc.poll() is None and "gpumon_build_info" in first.metrics()
+    code, output = first.stop()
+    assert code == 0, output
+    again = gpumon_run("--sinks", "prometheus,remote_write",       # the holder gone, the spool is free
+                       env={**REMOTE_WRITE, "GPUMON_REMOTE_WRITE_SPOOL_DIR": str(shared),
+                            "GPUMON_DAEMON_STATE_DIR": str(tmp_path / "other-state")})
+    assert "gpumon_build_info" in again.metrics()
+
+
+def test_a_default_spool_that_cannot_be_made_exits_2(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "spool").write_text("a file where the spool directories go\n")
+    result = gpumon("run", "--listen", "127.0.0.1:0", "--sinks", "prometheus,remote_write",
+                    GPUMON_DAEMON_STATE_DIR=str(state), **REMOTE_WRITE)
+    assert result.returncode == 2, result.stderr
+    assert "spool_dir" in result.stderr and str(state / "spool" / "remote_write") in result.stderr

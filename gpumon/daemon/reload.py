@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from gpumon import __version__, statelock
 from gpumon.collectors.base import Context
-from gpumon.config import Config
+from gpumon.config import Config, ConfigError
 from gpumon.daemon.context import make_context, sink_context
 from gpumon.daemon.health import endpoint_verdict, health_stage
 from gpumon.daemon.loop import Loop, ReloadCounts
@@ -118,6 +118,8 @@ class Daemon:
                 for done in started:
                     done.stop(1.0)
                 close_plan(build.plan)
+                if isinstance(exc, ConfigError):  # a directory it cannot use, a spool another gpumon
+                    raise                         # holds: bad usage, exit 2, naming the key
                 reason = _start_failure(build.config, sink, exc)
                 raise StartupError(f"sink '{sink.name}' failed to start: {reason}") from exc
             started.append(sink)
@@ -207,7 +209,7 @@ class Daemon:
                 sink.stop(1.0)
         try:
             self._launch(build, previous)
-        except StartupError as exc:
+        except (StartupError, ConfigError) as exc:
             log.error("reload failed (%s); going back to the previous configuration", exc)
             if new_lock is not None:
                 new_lock.release()

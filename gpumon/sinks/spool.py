@@ -38,6 +38,7 @@ the consumer would never look at the next one.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -54,6 +55,10 @@ log = logging.getLogger("gpumon.sinks.spool")
 
 _HEADER = struct.Struct(">II")
 _SEGMENT_RE = re.compile(r"^seg-(\d{16})\.log$")
+LOCK_FILE = "spool.lock"
+"""Held (``flock``) by the one process that owns the spool: two daemons given one ``spool_dir`` would
+send every record twice and retire each other's segments. The state directory's own lock covers the
+default spool directories; this one covers a ``spool_dir`` named explicitly."""
 MAX_RECORD_BYTES = 16 << 20
 """A record larger than this is refused: a length field beyond it means corruption on read."""
 MIN_SEGMENT_BYTES = 4096
@@ -168,7 +173,12 @@ class Spool:
             raise SpoolError(f"cannot create spool directory {directory}: {exc.strerror}") from None
         if not os.access(directory, os.W_OK | os.X_OK):
             raise SpoolError(f"spool directory {directory} is not writable")
-        self._recover()
+        self._owner = _lock(directory)
+        try:
+            self._recover()
+        except BaseException:
+            self._release()
+            raise
 
     # -- opening --------------------------------------------------------------------------------
 
@@ -533,6 +543,11 @@ class Spool:
             return SpoolStats(self._pending_bytes(), sum(s.pending for s in self._segments),
                               self._dropped, self._corrupt, self._error or self._cursor_error)
 
+    def _release(self) -> None:
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            os.close(owner)  # the kernel drops the flock with the last descriptor
+
     def close(self) -> None:
         with self._lock:
             if self._fd is not None:
@@ -540,3 +555,33 @@ class Spool:
                     os.fsync(self._fd)
                 os.close(self._fd)
                 self._fd = None
+            self._release()
+
+
+def _lock(directory: str) -> int | None:
+    """Lock ``directory`` for this process (the descriptor holding the lock), or raise SpoolError
+    naming the process that holds it. A lock file that cannot be made (a full disk) locks nothing
+    rather than stopping the sink; the state directory's lock still covers the default spools."""
+    path = os.path.join(directory, LOCK_FILE)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+    except OSError as exc:
+        log.warning("spool: cannot create %s (%s): the spool is used without its lock", path,
+                    exc.strerror or exc)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            who = f"pid {holder}" if holder.isdigit() else "another process"
+            raise SpoolError(f"spool directory {directory} is in use by another gpumon ({who}; lock {path}): "
+                             "give each gpumon a spool_dir of its own") from None
+        raise SpoolError(f"cannot lock spool directory {directory}: {exc.strerror or exc}") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # the PID is only for the message a second process prints
+    return fd
