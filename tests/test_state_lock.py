@@ -121,3 +121,26 @@ def test_a_default_spool_that_cannot_be_made_exits_2(tmp_path):
                     GPUMON_DAEMON_STATE_DIR=str(state), **REMOTE_WRITE)
     assert result.returncode == 2, result.stderr
     assert "spool_dir" in result.stderr and str(state / "spool" / "remote_write") in result.stderr
+
+
+def test_simulate_with_a_read_only_state_dir_leaves_no_temporary_directory(gpumon_run, tmp_path):
+    import shutil
+
+    import pytest
+
+    state, scratch = tmp_path / "read-only-state", tmp_path / "tmp"
+    state.mkdir()
+    scratch.mkdir()
+    # immutable: unwritable even for root (the tests run as root, for whom a mode 0555 directory is writable)
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(state)]).returncode != 0:
+        pytest.skip("chattr +i is not available on this filesystem")
+    try:
+        process = gpumon_run("--simulate", "nd-h100-v5", env={"GPUMON_DAEMON_STATE_DIR": str(state),
+                                                              "TMPDIR": str(scratch)})
+        assert [p.name for p in scratch.iterdir()][0].startswith("gpumon-simulate-")   # simulating there
+        wait_for(lambda: "gpumon_ib_port_info{" in process.metrics(), timeout=15)      # the simulated host
+        code, output = process.stop()
+        assert code == 0, output
+        assert list(scratch.iterdir()) == []                   # and nothing of it left behind
+    finally:
+        subprocess.run(["chattr", "-i", str(state)])

@@ -103,6 +103,8 @@ class Daemon:
                 sink.ctx.health_verdict = sctx.health_verdict
         except BaseException:
             close_plan(plan)
+            if ctx.simulation is not None:
+                ctx.simulation.stop()  # and its temporary directory, if it made one
             raise
         health, health_key = self._health_for(config, ctx, running_health)
         return _Build(config, ctx, plan, sinks, fresh, holder, health, health_key)
@@ -118,6 +120,8 @@ class Daemon:
                 for done in started:
                     done.stop(1.0)
                 close_plan(build.plan)
+                if build.ctx.simulation is not None:
+                    build.ctx.simulation.stop()
                 if isinstance(exc, ConfigError):  # a directory it cannot use, a spool another gpumon
                     raise                         # holds: bad usage, exit 2, naming the key
                 reason = _start_failure(build.config, sink, exc)

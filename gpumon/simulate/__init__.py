@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -70,10 +71,14 @@ def host_profile(name: str) -> HostProfile:
 class Simulation:
     """The live state of one simulated host. ``start()`` begins growing counters every ``tick``."""
 
-    def __init__(self, profile: str, workdir: str, tick: float = 1.0, hostname: str = "") -> None:
+    def __init__(self, profile: str, workdir: str, tick: float = 1.0, hostname: str = "",
+                 owned_dir: str | None = None) -> None:
+        """``owned_dir``: a temporary directory holding ``workdir`` that :meth:`stop` removes (the
+        daemon simulates in one when its state directory is read-only)."""
         self.host = host_profile(profile)
         self.profile = profile
         self.workdir = workdir
+        self.owned_dir = owned_dir
         self.sysfs_root = os.path.join(workdir, "sys")
         self.control_dir = os.path.join(workdir, "control")
         os.makedirs(self.control_dir, exist_ok=True)
@@ -121,6 +126,9 @@ class Simulation:
         if self._thread is not None:
             self._thread.join(timeout=2)
         self.azure.close()
+        if self.owned_dir is not None:
+            shutil.rmtree(self.owned_dir, ignore_errors=True)
+            self.owned_dir = None
 
     def _run(self) -> None:
         while not self._stop.wait(self._tick):
