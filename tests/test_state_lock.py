@@ -144,3 +144,34 @@ def test_simulate_with_a_read_only_state_dir_leaves_no_temporary_directory(gpumo
         assert list(scratch.iterdir()) == []                   # and nothing of it left behind
     finally:
         subprocess.run(["chattr", "-i", str(state)])
+
+
+def test_a_spool_made_unwritable_mid_run_is_logged_once_and_the_sink_stays_up(gpumon_run, tmp_path):
+    import shutil
+
+    import pytest
+
+    from tests.remote_write_helpers import Receiver
+
+    if shutil.which("chattr") is None:
+        pytest.skip("no chattr")
+    receiver = Receiver()
+    spool = tmp_path / "state" / "spool" / "remote_write"
+    process = gpumon_run("--simulate", "nd-h100-v5", "--sinks", "prometheus,remote_write", "--interval", "0.5",
+                         env={"GPUMON_REMOTE_WRITE_URL": receiver.url})
+    wait_for(lambda: len(receiver.received) >= 2, timeout=10)
+    # immutable: no file can be made or renamed in it, even by root (the cursor is written by rename)
+    if subprocess.run(["chattr", "+i", str(spool)]).returncode != 0:
+        pytest.skip("chattr +i is not available on this filesystem")
+    try:
+        before = len(receiver.received)
+        wait_for(lambda: len(receiver.received) >= before + 4, timeout=10)       # delivery goes on
+        assert 'gpumon_sink_up{sink="remote_write"} 1' in process.metrics()
+    finally:
+        subprocess.run(["chattr", "-i", str(spool)])
+    after = len(receiver.received)
+    wait_for(lambda: len(receiver.received) >= after + 2, timeout=10)
+    code, output = process.stop()
+    assert code == 0, output
+    assert output.count("cannot save the read position") == 1, output
+    assert output.count("can be saved again") == 1

@@ -97,7 +97,12 @@ class SpoolStats:
     dropped: int
     corrupt: int
     error: str = ""
-    """Why the spool cannot write right now (disk full with nothing left to drop); empty when it can."""
+    """Why the spool cannot write records right now (disk full with nothing left to drop); empty when
+    it can."""
+    cursor_error: str = ""
+    """Why the read position cannot be saved right now (the directory made read-only). Records are
+    still written and delivered, so this is no reason to call the sink down: only a restart would
+    re-send what was delivered since."""
 
 
 def _scan(data: bytes, offset: int = 0) -> tuple[list[tuple[int, int]], int, bool]:
@@ -483,10 +488,19 @@ class Spool:
             finished = self._pop_consumed()
             if not any(s.pending for s in self._segments):
                 self._full_log.clear("full")  # the backlog is gone: a later full disk is logged again
-        if finished:
-            self._retire(finished)
-        else:
-            self._persist_cursor()
+        try:
+            if finished:
+                self._retire(finished)
+            else:
+                self._persist_cursor()
+        except OSError as exc:  # delivered all the same: the position lives on in memory
+            self._full_log.warning("cursor", "spool: cannot save the read position in %s (%s): delivery goes "
+                                   "on; a restart before it can be saved re-sends what was delivered since",
+                                   self.directory, exc.strerror or exc)
+            return
+        if "cursor" in self._full_log:
+            self._full_log.clear("cursor")
+            log.info("spool: the read position in %s can be saved again", self.directory)
 
     def _persist_cursor(self) -> None:
         """Write the current cursor durably, outside the state lock; in place when the disk is full."""
@@ -541,7 +555,7 @@ class Spool:
     def stats(self) -> SpoolStats:
         with self._lock:
             return SpoolStats(self._pending_bytes(), sum(s.pending for s in self._segments),
-                              self._dropped, self._corrupt, self._error or self._cursor_error)
+                              self._dropped, self._corrupt, self._error, self._cursor_error)
 
     def _release(self) -> None:
         owner, self._owner = self._owner, None
