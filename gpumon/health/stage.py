@@ -107,7 +107,9 @@ class HealthStage:
 
     # -- the inventory to compare with ------------------------------------------------------------
     def _expected(self, snapshot: Snapshot, findings_unhealthy: bool) -> tuple[Expected | None, str]:
-        size = self.settings.vm_size or self._vm_size()
+        # The VM size is worth asking IMDS for only while a collector whose series the inventory judges
+        # (GPUs, InfiniBand ports) runs: with the kernel log alone, say, nothing would use the answer.
+        size = self.settings.vm_size or (self._vm_size() if _inventory_judged(snapshot) else "")
         if size is None:  # not known yet (IMDS has not answered): no inventory, and no baseline taken
             return None, ""
         sku = expected_for(size) if size else None
@@ -295,3 +297,12 @@ def _baseline(snapshot: Snapshot) -> dict[str, Any]:
 
 
 __all__ = ["HealthResult", "HealthSettings", "HealthStage", "HealthState", "Verdict", "NODE", "STATE"]
+
+
+INVENTORY_COLLECTORS = frozenset({"nvml", "infiniband"})
+"""The collectors whose series the inventory rules (``gpu.missing``, ``gpu.model``, PCIe width,
+``ib.port.missing``, ``ib.port.rate``) compare with the VM size's."""
+
+
+def _inventory_judged(snapshot: Snapshot) -> bool:
+    return any(c.name in INVENTORY_COLLECTORS and c.available for c in snapshot.collectors)
