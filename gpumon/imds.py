@@ -410,7 +410,7 @@ class ImdsClient:
 
     def scheduled_events(self, timeout: float | None = None) -> ScheduledEvents:
         """The current Scheduled Events document (the first request enables the service)."""
-        return self.request(EVENTS_PATH, timeout=timeout, parse=parse_scheduled_events)  # type: ignore[no-any-return]
+        return self.request(EVENTS_PATH, timeout=timeout, parse=parse_scheduled_events)
 
     def acknowledge(self, event_ids: list[str], timeout: float | None = None) -> None:
         """Start the events now: POST ``{"StartRequests": [{"EventId": ...}]}``."""
