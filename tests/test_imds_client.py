@@ -311,3 +311,23 @@ def test_a_trickling_imds_at_start_keeps_the_port_closed_no_longer_than_its_time
     code, output = gpumon.stop()
     assert code == 0, output
     assert "IMDS timeout" in output                # and the log says why
+
+
+def test_the_endpoint_is_open_while_the_probes_still_wait_on_imds(gpumon_run, server, tmp_path):
+    from tests.conftest import http_get, wait_for
+
+    server.trickle(COMPUTE_PATH)      # the probes that ask IMDS wait its whole imds_timeout of 8 s
+    gpumon = gpumon_run("--collectors", "auto", "--sinks", "prometheus", "--sysfs-root", str(tmp_path),
+                        env={"GPUMON_AZURE_IMDS_URL": server.url, "GPUMON_AZURE_IMDS_TIMEOUT": "8"}, ready=False)
+
+    def answers() -> bool:
+        try:
+            return http_get(gpumon.url + "/healthz", timeout=1)[0] == 200
+        except OSError:
+            return False
+
+    wait_for(answers, timeout=15)
+    opened = time.monotonic()
+    assert http_get(gpumon.url + "/metrics", timeout=2)[0] == 503   # open, saying "no snapshot yet" ...
+    gpumon.wait_ready(timeout=15)
+    assert time.monotonic() - opened > 4    # ... for as long as the probes waited on IMDS (8 s), not after

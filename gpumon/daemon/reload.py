@@ -156,16 +156,39 @@ class Daemon:
         return health_stage(config, ctx, act=True), key
 
     def start(self) -> Plan:
-        """Lock the state directory, probe, start sinks, start collectors. Raises StartupError for
-        exit 1, ConfigError for 2 (a bad config, or a state directory another gpumon holds)."""
+        """Lock the state directory, open the endpoint, probe, start the other sinks, start
+        collectors. Raises StartupError for exit 1, ConfigError for 2 (a bad config, or a state
+        directory another gpumon holds)."""
         self._state_lock = statelock.acquire(self.config)
+        early: dict[str, Sink] = {}
         try:
-            build = self._build(self.config, {})
+            early = self._serve_first(self.config)
+            build = self._build(self.config, early)
             self._launch(build)
         except BaseException:
+            for sink in early.values():
+                sink.stop(1.0)
             self._state_lock.release()
             raise
         return build.plan
+
+    @staticmethod
+    def _serve_first(config: Config) -> dict[str, Sink]:
+        """Start the endpoint before the collectors are probed: a probe may wait (on IMDS, on a wedged
+        GPU driver) for as long as its deadline, and the port must be open, saying "not ready yet"
+        (``/metrics`` 503 until the first snapshot), rather than closed meanwhile. The set-up built
+        next takes it as a sink it keeps, as a reload does."""
+        if "prometheus" not in config.daemon.sinks:
+            return {}
+        holder = LoopHolder()
+        (sink,) = make_sinks(config.replace("daemon", sinks=["prometheus"]), sink_context(config, holder.alive))
+        try:
+            sink.start()
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise StartupError(f"sink '{sink.name}' failed to start: {_start_failure(config, sink, exc)}") from exc
+        return {sink.name: sink}
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop everything and give the state directory up for the next instance."""
