@@ -46,24 +46,21 @@ def imds_server():
     server.close()
 
 
-def test_the_vm_size_is_not_asked_when_no_collector_the_inventory_judges_runs(gpumon_run, tmp_path,
-                                                                              imds_server) -> None:
-    kernel_log = tmp_path / "kmsg"
-    kernel_log.write_text("6,1,100,-;a record\n")   # a file reads as one record, then EOF
-    alone = gpumon_run("--collectors", "kmsg", "--sinks", "prometheus", "--interval", "0.2",
-                       env={"GPUMON_AZURE_IMDS_URL": imds_server.url, "GPUMON_KMSG_PATH": str(kernel_log),
-                            "GPUMON_KMSG_FIRST_START": "all"})
-    # several verdicts later (each would have asked), still no question: nothing would use the answer
-    runs = 'gpumon_collector_runs_total{collector="kmsg"}'
-    wait_for(lambda: any(line.startswith(runs) and float(line.split()[-1]) >= 5
-                         for line in alone.metrics().splitlines()), timeout=10)
-    assert "gpumon_health_state" in alone.metrics() and imds_server.count(COMPUTE_PATH) == 0
-
-
-def test_the_vm_size_is_asked_when_the_infiniband_ports_are_judged(gpumon_run, tmp_path, imds_server) -> None:
+def test_the_vm_size_is_not_asked_when_only_the_infiniband_collectors_run(gpumon_run, tmp_path,
+                                                                          imds_server) -> None:
     from gpumon.simulate.sysfs import build_tree
 
-    build_tree("nd-h100-v5", str(tmp_path / "sys"))    # the ports ib.port.missing and ib.port.rate judge
-    gpumon_run("--collectors", "infiniband", "--sinks", "prometheus", "--sysfs-root", str(tmp_path / "sys"),
+    build_tree("nd-h100-v5", str(tmp_path / "sys"))
+    process = gpumon_run("--collectors", "infiniband,linkflap", "--sinks", "prometheus", "--interval", "0.2",
+                         "--sysfs-root", str(tmp_path / "sys"), env={"GPUMON_AZURE_IMDS_URL": imds_server.url})
+    # several verdicts later (each would have asked), still no question: the baseline holds the ports
+    runs = 'gpumon_collector_runs_total{collector="infiniband"}'
+    wait_for(lambda: any(line.startswith(runs) and float(line.split()[-1]) >= 5
+                         for line in process.metrics().splitlines()), timeout=10)
+    assert "gpumon_health_state" in process.metrics() and imds_server.count(COMPUTE_PATH) == 0
+
+
+def test_the_vm_size_is_asked_when_the_gpus_are_read(gpumon_run, imds_server) -> None:
+    gpumon_run("--simulate", "nd-h100-v5", "--collectors", "nvml", "--sinks", "prometheus",
                env={"GPUMON_AZURE_IMDS_URL": imds_server.url})
     wait_for(lambda: imds_server.count(COMPUTE_PATH) >= 1, timeout=10)
