@@ -22,6 +22,7 @@ from gpumon import __version__, daemon, imds, logs, placeholders, registry, repo
 from gpumon.config import DAEMON, Config, ConfigError, SectionSchema, load
 from gpumon.daemon.listen_file import ListenFiles
 from gpumon.health.settings import HEALTH
+from gpumon.health.settings import check_config as check_health_config
 
 if TYPE_CHECKING:
     from gpumon.collectors.base import Collector
@@ -205,6 +206,7 @@ def load_config(args: argparse.Namespace) -> Config:
     config = load(schemas(), args.config, os.environ, flags)
     _check_names(config, "collectors", registry.available_collectors() + ["auto"])
     _check_names(config, "sinks", registry.available_sinks())
+    check_health_config(config)
     return config
 
 

@@ -42,6 +42,10 @@ SIGNAL_LINK_DOWNED = "link_downed"
 SIGNAL_CARRIER = "carrier_changes"
 SIGNALS = (SIGNAL_STATE, SIGNAL_LINK_DOWNED, SIGNAL_CARRIER)
 
+WINDOW_CAP = 100_000
+"""Flaps of one report kept in the window: the largest flap threshold the config allows, so a counter
+that jumps by millions costs no million entries and still makes the port flapping."""
+
 STATE_FILE = "ib_flaps.json"
 STATE_VERSION = 1
 
@@ -67,6 +71,9 @@ class _Flap:
     start: float
     end: float
     signals: set[str]
+    count: int = 1
+    """Flaps this record stands for: past ``max_recent`` in one report, the rest are one record
+    (they can no longer be told apart, and matching them one by one would cost a loop per flap)."""
 
 
 @dataclass
@@ -237,12 +244,18 @@ class FlapDetector:
                 self._observe_counter(key, port, SIGNAL_CARRIER, carrier_changes, now, wall, new)
             if state is not None:
                 self._observe_state(key, port, state, phys_state, now, wall, new)
+            # one event per set of signals, with the count: a counter that jumped by 250 (a port
+            # bouncing between two reads) is one line saying 250, not 250 identical lines
+            grouped: dict[tuple[str, ...], int] = {}
             for flap in new:
-                signals = sorted(flap.signals)
+                signals = tuple(sorted(flap.signals))
+                grouped[signals] = grouped.get(signals, 0) + flap.count
+            for signals, count in grouped.items():
+                what = "link flapped" if count == 1 else f"link flapped {count} times"
                 self._events.append(Event(
                     "ib_link_flap", Severity.WARNING, _subject(key),
-                    f"{key[0]} port {key[1]}: link flapped (seen by {', '.join(signals)})",
-                    {"signals": signals},
+                    f"{key[0]} port {key[1]}: {what} (seen by {', '.join(signals)})",
+                    {"signals": list(signals), "flaps": count},
                     time=wall,
                 ))
             if new:
@@ -330,12 +343,16 @@ class FlapDetector:
             if signal not in flap.signals and flap.end >= lo and flap.start <= hi:
                 flap.signals.add(signal)
                 remaining -= 1
-        for _ in range(remaining):
-            flap = _Flap(start, end, {signal})
-            port.recent.append(flap)
-            new.append(flap)
-            port.total += 1
-            port.window.append(wall)
+        if remaining:
+            separate = min(remaining, self.max_recent)
+            for _ in range(separate):
+                flap = _Flap(start, end, {signal})
+                port.recent.append(flap)
+                new.append(flap)
+            if remaining > separate:  # a counter that jumped absurdly far: the rest in one record
+                new[-1].count += remaining - separate
+            port.total += remaining
+            port.window.extend([wall] * min(remaining, WINDOW_CAP))
             port.last_flap_wall = wall
             self._dirty = True
         while len(port.recent) > self.max_recent:

@@ -10,18 +10,25 @@ Faults (404, 500, a slow or malformed answer, 429 when more than 5 requests a se
 raised as :class:`ImdsError` with a short ``reason`` that callers count; each reason is logged once
 until a request succeeds again. After a 429 the client asks nothing for a second (or the
 ``Retry-After``): a throttled call fails at once instead of waiting.
+
+The timeout bounds the whole request (connect, headers and body): an endpoint that trickles a byte
+at a time cannot hold a caller longer. An answer that is not plain JSON (``Infinity``, ``NaN``, a
+number beyond a float or an integer longer than 20 digits) is ``malformed``, not a crash later.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
+import http.client
 import json
 import logging
+import math
+import socket
+import ssl
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +49,10 @@ MAX_BODY = 1 << 20
 THROTTLE_PAUSE = 1.0
 """Seconds nothing is asked after a 429 without Retry-After (IMDS allows 5 requests a second)."""
 EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
+MAX_INT_DIGITS = 20
+"""The longest integer an IMDS document may hold (an int64 and its sign): IMDS's numbers are small."""
+MAX_DURATION = 10 * 365 * 86400
+"""The longest ``DurationInSeconds`` believed (ten years); IMDS's are seconds to minutes, or -1."""
 
 
 def _url_check(value: str) -> str | None:
@@ -153,14 +164,26 @@ def parse_not_before(text: str) -> float | None:
         return None
 
 
+def _integer(value: Any, name: str, low: int, high: int) -> int:
+    """An integer field (as a JSON number or a string of digits) within ``[low, high]``, else
+    ImdsError ``malformed``: ``Infinity``, ``1e400`` or 400 digits must not reach a counter."""
+    if isinstance(value, bool):
+        value = None
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and 0 < len(value.strip()) <= MAX_INT_DIGITS:
+        with contextlib.suppress(ValueError):
+            value = int(value.strip())
+    if not isinstance(value, int) or not low <= value <= high:
+        raise ImdsError("malformed", f"{name} is not an integer from {low} to {high} (got {str(value)[:40]!r})")
+    return value
+
+
 def _event(item: Any) -> ScheduledEvent:
     if not isinstance(item, dict) or not isinstance(item.get("EventId"), str) or not item["EventId"]:
         raise ImdsError("malformed", f"event without an EventId: {str(item)[:200]}")
     resources = item.get("Resources") or []
-    try:
-        duration = int(item.get("DurationInSeconds", -1))
-    except (TypeError, ValueError):
-        duration = -1
+    duration = _integer(item.get("DurationInSeconds", -1), "DurationInSeconds", -1, MAX_DURATION)
     not_before = str(item.get("NotBefore") or "")
     return ScheduledEvent(
         event_id=item["EventId"], event_type=str(item.get("EventType", "")),
@@ -175,10 +198,7 @@ def parse_scheduled_events(doc: Any) -> ScheduledEvents:
     """The documented shape ``{"DocumentIncarnation": int, "Events": [...]}``, else ImdsError."""
     if not isinstance(doc, dict) or not isinstance(doc.get("Events", []), list):
         raise ImdsError("malformed", "scheduled events document is not {DocumentIncarnation, Events[]}")
-    try:
-        incarnation = int(doc.get("DocumentIncarnation", 0))
-    except (TypeError, ValueError):
-        raise ImdsError("malformed", "DocumentIncarnation is not an integer") from None
+    incarnation = _integer(doc.get("DocumentIncarnation", 0), "DocumentIncarnation", 0, 2**63 - 1)
     return ScheduledEvents(incarnation, tuple(_event(item) for item in doc.get("Events", [])))
 
 
@@ -189,8 +209,28 @@ def base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _opener() -> urllib.request.OpenerDirector:
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}))  # IMDS must bypass proxies
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of range")
+    return value
+
+
+def _short_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def parse_json(raw: bytes) -> Any:
+    """IMDS's JSON, strictly: no ``Infinity``/``NaN``, no float out of range, no integer longer than
+    :data:`MAX_INT_DIGITS` digits (ValueError)."""
+    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite, parse_int=_short_int)
+
 
 
 class ImdsClient:
@@ -205,7 +245,6 @@ class ImdsClient:
         self.timeout = timeout
         self.refresh = refresh
         self._clock = clock
-        self._opener = _opener()
         self._lock = threading.Lock()        # the compute cache and the absence verdict (never held over I/O)
         self._fetched = threading.Condition(self._lock)
         self._fetching = False
@@ -222,14 +261,18 @@ class ImdsClient:
 
     # -- the wire ----------------------------------------------------------------------------------
 
-    def request(self, path: str, body: Mapping[str, Any] | None = None, timeout: float | None = None) -> Any:
-        """GET (or POST ``body`` as JSON) ``path``; the parsed JSON answer (None for an empty one)."""
+    def request(self, path: str, body: Mapping[str, Any] | None = None, timeout: float | None = None,
+                parse: Callable[[Any], Any] | None = None) -> Any:
+        """GET (or POST ``body`` as JSON) ``path``; the parsed JSON answer (None for an empty one), read
+        by ``parse`` when given: a document of the wrong shape is a fault logged once like the others."""
         now = self._clock()
         with self._state:
             if now < self._throttled_until:
                 raise ImdsError("throttled", f"asked too often; waiting {self._throttled_until - now:.1f} s")
         try:
             doc = self._exchange(path, body, self.timeout if timeout is None else timeout)
+            if parse is not None:
+                doc = parse(doc)
         except ImdsError as exc:
             self._failed(path, exc)
             raise
@@ -237,40 +280,64 @@ class ImdsClient:
         return doc
 
     def _exchange(self, path: str, body: Mapping[str, Any] | None, timeout: float) -> Any:
+        """One request, never through a proxy (IMDS must be asked directly), the whole of it (connect,
+        headers, body) within ``timeout``: at the deadline the socket is shut, whatever it is doing."""
         data = None if body is None else json.dumps(body).encode()
         headers = {"Metadata": "true"}
         if data is not None:
             headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(self.url + path, data=data, headers=headers,
-                                     method="GET" if data is None else "POST")
+        parts = urllib.parse.urlsplit(self.url)
+        conn: http.client.HTTPConnection
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=timeout,
+                                               context=ssl.create_default_context())
+        else:
+            conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+        expired = threading.Event()
+
+        def cut() -> None:
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        deadline = threading.Timer(timeout, cut)
+        deadline.daemon = True
+        deadline.start()
         try:
-            with self._opener.open(req, timeout=timeout) as response:
-                raw = response.read(MAX_BODY)
-        except urllib.error.HTTPError as exc:
-            raise self._http_error(exc) from None
+            conn.request("GET" if data is None else "POST", path, body=data, headers=headers)
+            response = conn.getresponse()
+            raw = response.read(MAX_BODY)
+            if expired.is_set():
+                raise TimeoutError("the deadline cut the answer short")
         except TimeoutError as exc:
-            raise ImdsError("timeout", f"no answer within {timeout:g} s ({exc})") from None
-        except urllib.error.URLError as exc:
-            kind = "timeout" if isinstance(exc.reason, TimeoutError) else "unreachable"
-            raise ImdsError(kind, f"{self.url}: {exc.reason}") from None
-        except (OSError, ValueError) as exc:
+            raise ImdsError("timeout", f"no whole answer within {timeout:g} s ({exc})") from None
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if expired.is_set():
+                raise ImdsError("timeout", f"no whole answer within {timeout:g} s") from None
             raise ImdsError("unreachable", f"{self.url}: {exc}") from None
+        finally:
+            deadline.cancel()
+            conn.close()
+        if response.status >= 400:
+            raise self._http_error(response.status, response.reason, response.getheader("Retry-After"))
+        if not 200 <= response.status < 300:  # a redirect or an interim answer: IMDS sends neither
+            raise ImdsError("http_error", f"HTTP {response.status} {response.reason}", response.status)
         if not raw.strip():
             return None
         try:
-            return json.loads(raw)
+            return parse_json(raw)
         except (ValueError, RecursionError) as exc:
             raise ImdsError("malformed", f"{path}: not JSON ({exc})") from None
 
-    def _http_error(self, exc: urllib.error.HTTPError) -> ImdsError:
-        status = exc.code
-        exc.close()
+    def _http_error(self, status: int, reason: str, retry_after: str | None) -> ImdsError:
         if status == 429:
-            pause = _retry_after(exc.headers.get("Retry-After") if exc.headers else None)
+            pause = _retry_after(retry_after)
             with self._state:
                 self._throttled_until = self._clock() + pause
             return ImdsError("throttled", f"429 Too Many Requests; pausing {pause:g} s", 429)
-        return ImdsError("http_error", f"HTTP {status} {exc.reason}", status)
+        return ImdsError("http_error", f"HTTP {status} {reason}", status)
 
     def _failed(self, path: str, exc: ImdsError) -> None:
         where = path.partition('?')[0]
@@ -343,7 +410,7 @@ class ImdsClient:
 
     def scheduled_events(self, timeout: float | None = None) -> ScheduledEvents:
         """The current Scheduled Events document (the first request enables the service)."""
-        return parse_scheduled_events(self.request(EVENTS_PATH, timeout=timeout))
+        return self.request(EVENTS_PATH, timeout=timeout, parse=parse_scheduled_events)
 
     def acknowledge(self, event_ids: list[str], timeout: float | None = None) -> None:
         """Start the events now: POST ``{"StartRequests": [{"EventId": ...}]}``."""

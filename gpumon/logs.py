@@ -1,11 +1,42 @@
-"""Log set-up: plain text for a terminal or journald, one JSON object per line for log pipelines."""
+"""Log set-up: plain text for a terminal or journald, one JSON object per line for log pipelines.
+
+A log line often quotes text from outside (a kernel-log record, an IMDS Scheduled Event, a receiver's
+answer, a pod name): whoever wrote that text must not be able to start a line of their own. The text
+format writes every control character of a message as ``\\xNN`` (``\\uNNNN`` for the Unicode line
+separators), as the kernel does in /dev/kmsg; JSON escapes them by itself.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import logging
+import re
 import sys
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character (C0, DEL, C1, U+2028/U+2029) written as an escape, so
+    that it stays one line whatever it quotes."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                        else f"\\u{ord(m.group()):04x}", text)
+
+
+class TextFormatter(logging.Formatter):
+    """The plain-text line, its message escaped by :func:`escape_controls` (a traceback that follows
+    it keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        message = record.message
+        record.message = escape_controls(message)
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message
 
 
 class JsonFormatter(logging.Formatter):
@@ -32,7 +63,7 @@ def setup(level: str = "info", fmt: str = "text", stream=None) -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -147,3 +147,28 @@ def test_without_grpcio_the_kubelet_source_is_down_and_processes_still_attribute
     assert source_up(out) == {"kubelet": 0.0, "processes": 1.0}
     assert out.errors == {"kubelet_grpc_missing": 1}
     assert sum("gpumon-exporter[attribution]" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_hostile_kubelets_huge_names_and_pod_count_are_cut_and_counted(tmp_path, kubelet, caplog) -> None:
+    # the two attacks as found (each alone fits gRPC's 4 MiB message limit): one pod named with 3.9 MB,
+    # then 46,694 one-GPU pods on the node's GPUs
+    pb = kubelet.pb
+    kubelet.behaviour.pods = [kubelet.pod("ml", "p" * 3_900_000, {"main": [("nvidia.com/gpu", [U[0]])]}),
+                              kubelet.pod("ml", "fine", {"main": [("nvidia.com/gpu", [U[2]])]})]
+    collector, _ = make(tmp_path, kubelet_socket=kubelet.socket_path, processes=False, timeout=10.0, interval=30.0)
+    out = collector.collect()
+    assert rows(out) == {("0", U[0], "", "ml", "p" * 253, "main", ""),       # Kubernetes' longest name
+                         ("2", U[2], "", "ml", "fine", "main", "")}
+    assert out.errors == {"kubelet_name_cut": 1}
+
+    device = pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=[U[1]])
+    kubelet.behaviour.pods = [pb.PodResources(name=f"p{i}", namespace="n", containers=[
+        pb.ContainerResources(name="c", devices=[device])]) for i in range(46_694)]
+    many = collector.collect()
+    again = collector.collect()
+    collector.close()
+    assert len(rows(many)) == 64 and {r[0] for r in rows(many)} == {"1"}   # bounded per GPU ...
+    assert many.errors == {"holders_cut": 46_694 - 64}                      # ... and counted, every run
+    assert again.errors == many.errors and rows(again) == rows(many)        # the same holders kept
+    logged = [r.getMessage() for r in caplog.records if "attribution:" in r.getMessage()]
+    assert len(logged) == 2 and all(len(m) < 300 for m in logged)           # once each, no name in them

@@ -63,3 +63,21 @@ def test_labels_on_every_gpu_series_and_gpu_events_name_the_holder(gpumon_run, t
     assert code == 0
     line = next(line for line in output.splitlines() if "XID 48" in line and "gpu_xid" in line)
     assert "pod=train-0" in line and "namespace=ml" in line
+
+
+def test_a_hostile_kubelets_huge_pod_name_costs_253_characters_a_series(gpumon_run, tmp_path) -> None:
+    """`[attribution] labels = true` with a kubelet naming a pod with 3.9 MB (the page reached 355 MB):
+    the name is cut to Kubernetes' 253 characters on every GPU series, and the cut is counted."""
+    socket_path = str(tmp_path / "kubelet.sock")
+    with KubeletServer(socket_path) as kubelet:
+        process = gpumon_run("--simulate", "nd-h100-v5", "--interval", "1",
+                             env={"GPUMON_ATTRIBUTION_INTERVAL": "1", "GPUMON_ATTRIBUTION_KUBELET_SOCKET": socket_path,
+                                  "GPUMON_ATTRIBUTION_LABELS": "true"})
+        uuids: dict[str, str] = {}
+        wait_for(lambda: len(uuids) == 8 or uuids.update(
+            re.findall(r'gpumon_gpu_info\{gpu="(\d+)",uuid="([^"]+)"', process.metrics())), timeout=20)
+        kubelet.behaviour.pods = [kubelet.pod("ml", "p" * 3_900_000, {"main": [("nvidia.com/gpu", [uuids["0"]])]})]
+        wait_for(lambda: ("0", "ml", "p" * 253, "main", "") in allocation_rows(process.metrics()), timeout=20)
+        page = process.metrics()
+        assert len(page) < 4_000_000 and "p" * 254 not in page
+        assert 'reason="kubelet_name_cut"' in page

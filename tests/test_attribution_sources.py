@@ -33,6 +33,16 @@ CASES = [
     ("docker, systemd driver", f"0::/system.slice/docker-{CID}.scope\n", Owner(container_id=CID, runtime="docker")),
     ("docker, cgroup v1", f"4:memory:/docker/{CID}\n0::/\n", Owner(container_id=CID, runtime="docker")),
     ("a login shell", "0::/user.slice/user-1000.slice/session-3.scope\n", Owner()),
+    ("slurm v2 seen from a cgroup namespace", "0::/../../system.slice/slurmstepd.scope/job_12/step_0/user/task_0\n",
+     Owner(job_id="12")),
+    ("slurm v1, several slurmd", "5:devices:/slurm_node07/uid_0/job_31/step_batch/task_0\n", Owner(job_id="31")),
+    # a user's own delegated subtree may hold any directory name: no Slurm job without Slurm's layout
+    ("job_ directory a user made", "0::/user.slice/user-1000.slice/user@1000.service/app.slice/job_999\n", Owner()),
+    ("slurm-like names a user made", "0::/user.slice/user-1000.slice/user@1000.service/app.slice/"
+                                     "slurmstepd.scope/job_998/step_0\n", Owner()),
+    ("v1 job_ outside /slurm", "7:memory:/user.slice/job_997/step_0\n", Owner()),
+    ("job_ inside a container", f"0::/system.slice/docker-{CID}.scope/job_996\n",
+     Owner(container_id=CID, runtime="docker")),
 ]
 
 

@@ -14,7 +14,7 @@ from gpumon.collectors.base import Context
 from gpumon.config import DAEMON, load
 from gpumon.model import Collection, Severity
 from gpumon.simulate.imds import EVENTS_PATH, ImdsServer, rfc1123, scheduled_event
-from tests.conftest import closed_port
+from tests.conftest import closed_port, wait_for
 
 
 @pytest.fixture
@@ -166,3 +166,24 @@ def test_off_azure_unavailable_after_one_short_cached_probe():
 def test_the_own_interval_is_ten_seconds_by_default_whatever_the_daemon_says(server):
     assert collector(server.url).interval(60.0) == 10.0
     assert collector(server.url, interval="2").interval(60.0) == 2.0
+
+
+def test_a_hostile_imds_forges_no_log_line_and_its_infinite_numbers_are_counted(gpumon_run, server):
+    """`gpumon run` against an IMDS whose event text holds a newline and a forged log line, then whose
+    DocumentIncarnation is Infinity: the text is logged on its own line, escaped; the bad document is
+    counted as malformed and logged once; the collector stays up and serving."""
+    server.set_events(scheduled_event("E1", "Freeze", description="maintenance\n2026-01-01 00:00:00,000 CRITICAL "
+                                      "gpumon.health: forged\x1b[2K"))
+    gpumon = gpumon_run("--collectors", "azure_events", "--sinks", "prometheus",
+                        env={"GPUMON_AZURE_IMDS_URL": server.url, "GPUMON_AZURE_EVENTS_INTERVAL": "1"})
+    wait_for(lambda: 'gpumon_azure_scheduled_event{' in gpumon.metrics(), timeout=10)
+    server.fail(EVENTS_PATH, b'{"DocumentIncarnation": Infinity, "Events": []}')
+    malformed = 'gpumon_collector_errors_total{collector="azure_events",reason="imds_malformed"}'
+    wait_for(lambda: any(line.startswith(malformed) and float(line.split()[-1]) >= 2
+                         for line in gpumon.metrics().splitlines()), timeout=10)
+    assert 'gpumon_collector_up{collector="azure_events"} 1' in gpumon.metrics()
+    code, output = gpumon.stop()
+    assert code == 0, output
+    assert r"maintenance\x0a2026-01-01 00:00:00,000 CRITICAL gpumon.health: forged\x1b[2K" in output
+    assert not any(line.startswith("2026-01-01") or "\x1b" in line for line in output.splitlines())
+    assert output.count("Infinity is not JSON") == 1 and "Traceback" not in output

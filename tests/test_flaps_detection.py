@@ -4,6 +4,7 @@ the flapping rule and its events."""
 from __future__ import annotations
 
 import threading
+import time
 
 from gpumon.flaps import FlapDetector
 
@@ -97,8 +98,33 @@ def test_link_downed_increase_counts_each_flap_and_first_reading_is_a_baseline()
     clock.advance(10)
     det.observe(KEY, clock.mono, link_downed=9)
     assert det.status(KEY).flaps_total == 2
-    events = det.drain_events()
-    assert [e.kind for e in events] == ["ib_link_flap", "ib_link_flap"]
+    [event] = det.drain_events()                 # two flaps between two reads: one event that says 2
+    assert (event.kind, event.attributes["flaps"]) == ("ib_link_flap", 2)
+
+
+def test_a_jump_of_250_in_link_downed_is_one_event_with_the_count() -> None:
+    clock = Clock()
+    det = make(clock)
+    det.observe(KEY, clock.mono, link_downed=3)
+    clock.advance(10)
+    det.observe(KEY, clock.mono, link_downed=253)
+    [event] = [e for e in det.drain_events() if e.kind == "ib_link_flap"]
+    assert event.attributes == {"signals": ["link_downed"], "flaps": 250}
+    assert "flapped 250 times" in event.message
+    assert det.status(KEY).flaps_total == 250 and det.status(KEY).flapping
+
+
+def test_an_absurd_counter_jump_is_counted_without_a_loop_per_flap() -> None:
+    clock = Clock()
+    det = make(clock)
+    det.observe(KEY, clock.mono, carrier_changes=0)
+    clock.advance(10)
+    started = time.monotonic()
+    det.observe(KEY, clock.mono, carrier_changes=2 * 10**12)   # a hostile or broken sysfs file
+    assert time.monotonic() - started < 2.0
+    assert det.status(KEY).flaps_total == 10**12
+    [event] = [e for e in det.drain_events() if e.kind == "ib_link_flap"]
+    assert event.attributes["flaps"] == 10**12
 
 
 def test_carrier_changes_two_per_cycle_even_split_across_reads() -> None:

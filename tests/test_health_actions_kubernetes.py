@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import ssl
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,7 +20,7 @@ from gpumon.health.actions import ActionSettings, HealthActions
 from gpumon.health.actions.kubernetes import CONDITION_TYPES
 from gpumon.health.rules import Thresholds
 from gpumon.health.stage import HealthSettings, HealthStage
-from tests.conftest import wait_for
+from tests.conftest import clean_env, wait_for
 from tests.health_verdicts import verdict
 from tests.kube_api_server import KubeApiServer
 from tests.simulated_host import SimulatedHost
@@ -195,3 +197,25 @@ def test_an_api_server_with_another_ca_is_refused(tmp_path, api) -> None:
         assert [r for r in api.requests if r["method"] == "PATCH"] == []
     finally:
         a.close()
+
+
+def test_a_plain_http_kube_api_is_refused_unless_allowed_and_then_warned_about(tmp_path, caplog) -> None:
+    config = tmp_path / "gpumon.toml"
+    config.write_text('[health]\nkubernetes = true\nkube_api = "http://10.0.0.1:8080"\n')
+    refused = subprocess.run([sys.executable, "-m", "gpumon", "check", "--config", str(config)],
+                             env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert f"{config}: [health] kube_api: http://10.0.0.1:8080 is plain http" in refused.stderr
+    assert "kube_api_allow_http" in refused.stderr
+    from gpumon.config import ConfigError, load
+    from gpumon.health.settings import HEALTH, check_config
+
+    allowed = load([HEALTH], None, {"GPUMON_HEALTH_KUBE_API": "http://127.0.0.1:8001",
+                                    "GPUMON_HEALTH_KUBE_API_ALLOW_HTTP": "true"}, {})
+    check_config(allowed)                                   # the opt-in is accepted ...
+    from gpumon.health.actions.kubernetes import KubernetesAction
+
+    KubernetesAction(ActionSettings(kubernetes=True, node_name=NODE, kube_api="http://127.0.0.1:8001"))
+    assert "sent in cleartext" in caplog.text               # ... and said out loud
+    with pytest.raises(ConfigError, match="must be an https:// URL"):
+        load([HEALTH], None, {"GPUMON_HEALTH_KUBE_API": "ftp://x"}, {})

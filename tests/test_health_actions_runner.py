@@ -192,3 +192,31 @@ def test_a_flapping_verdict_does_not_drive_a_failing_action_faster_than_its_back
         assert 1 <= a.stats()["hook"]["runs"] <= 4, a.stats()
     finally:
         a.close()
+
+
+def test_the_hook_and_scontrol_get_a_clean_environment_without_gpumons_secrets(tmp_path, monkeypatch) -> None:
+    secrets = {"GPUMON_REMOTE_WRITE_PASSWORD": "hunter2", "GPUMON_OTEL_HEADERS": "authorization=Bearer t0k3n",
+               "AZURE_CLIENT_SECRET": "s3cr3t", "OTEL_EXPORTER_OTLP_HEADERS": "api-key=k3y", "DB_PASSWORD": "pw"}
+    for name, value in {**secrets, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "SLURM_CONF": "/etc/slurm/x.conf",
+                        "TZ": "UTC"}.items():
+        monkeypatch.setenv(name, value)
+    hook_env, scontrol_env = tmp_path / "hook.env", tmp_path / "scontrol.env"
+    hook = script(tmp_path / "hook", f'env > "{hook_env}"\n')
+    # scontrol's place: records what it was given, then answers `show node` as scontrol prints it
+    scontrol = script(tmp_path / "scontrol", f'env > "{scontrol_env}"\n'
+                      'echo "NodeName=node-1 Arch=x86_64"\necho "   State=IDLE ThreadsPerCore=1"\n')
+    a = runner(tmp_path, hook=hook, slurm=True, slurm_node="node-1", scontrol=scontrol)
+    try:
+        a.on_verdict(verdict("unhealthy", ("gpu.lost", "reboot")))
+        wait_for(lambda: hook_env.exists() and scontrol_env.exists() and a.stats()["hook"]["runs"] >= 1)
+    finally:
+        a.close()
+    for path in (hook_env, scontrol_env):
+        env = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+        assert not set(secrets) & set(env), path.name
+        assert not any(v in path.read_text() for v in secrets.values()), path.name
+        assert env["PATH"] == os.environ["PATH"] and env["LANG"] == "C.UTF-8" and env["LC_ALL"] == "C.UTF-8"
+        assert env["TZ"] == "UTC"
+    hook_vars = dict(line.split("=", 1) for line in hook_env.read_text().splitlines() if "=" in line)
+    assert hook_vars["GPUMON_HEALTH_ACTION"] == "reboot" and "SLURM_CONF" not in hook_vars
+    assert "SLURM_CONF=/etc/slurm/x.conf" in scontrol_env.read_text()      # scontrol needs its own

@@ -3,6 +3,8 @@ is not "off Azure"; off Azure no size at all."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpumon.cli import schemas
 from gpumon.collectors.base import Context
 from gpumon.config import load
@@ -35,3 +37,30 @@ def test_off_azure_answers_no_size() -> None:
     vm = size_of(f"http://127.0.0.1:{closed_port()}")  # nothing listens: unreachable, as off Azure
     wait_for(lambda: vm() == "", timeout=10)
     assert all(vm() == "" for _ in range(5))
+
+
+@pytest.fixture
+def imds_server():
+    server = ImdsServer()
+    yield server
+    server.close()
+
+
+def test_the_vm_size_is_not_asked_when_only_the_infiniband_collectors_run(gpumon_run, tmp_path,
+                                                                          imds_server) -> None:
+    from gpumon.simulate.sysfs import build_tree
+
+    build_tree("nd-h100-v5", str(tmp_path / "sys"))
+    process = gpumon_run("--collectors", "infiniband,linkflap", "--sinks", "prometheus", "--interval", "0.2",
+                         "--sysfs-root", str(tmp_path / "sys"), env={"GPUMON_AZURE_IMDS_URL": imds_server.url})
+    # several verdicts later (each would have asked), still no question: the baseline holds the ports
+    runs = 'gpumon_collector_runs_total{collector="infiniband"}'
+    wait_for(lambda: any(line.startswith(runs) and float(line.split()[-1]) >= 5
+                         for line in process.metrics().splitlines()), timeout=10)
+    assert "gpumon_health_state" in process.metrics() and imds_server.count(COMPUTE_PATH) == 0
+
+
+def test_the_vm_size_is_asked_when_the_gpus_are_read(gpumon_run, imds_server) -> None:
+    gpumon_run("--simulate", "nd-h100-v5", "--collectors", "nvml", "--sinks", "prometheus",
+               env={"GPUMON_AZURE_IMDS_URL": imds_server.url})
+    wait_for(lambda: imds_server.count(COMPUTE_PATH) >= 1, timeout=10)

@@ -268,3 +268,66 @@ def test_a_429_retry_after_given_as_an_http_date_is_honoured():
     assert 25 <= imds._retry_after(when) <= 30
     assert imds._retry_after(None) == imds.THROTTLE_PAUSE and imds._retry_after("soon") == imds.THROTTLE_PAUSE
     assert imds._retry_after("600") == 60.0
+
+
+def test_a_trickling_imds_is_cut_at_the_deadline_of_the_whole_request(server):
+    # a byte every 0.1 s: every read gets something, so a per-read timeout never fires
+    server.trickle(COMPUTE_PATH)
+    client = imds.ImdsClient(server.url, timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(imds.ImdsError) as err:
+        client.instance()
+    assert err.value.reason == "timeout" and time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("field", ["DocumentIncarnation", "DurationInSeconds"])
+@pytest.mark.parametrize("number", [b"Infinity", b"-Infinity", b"NaN", b"1e400", b"9" * 400, b'"' + b"9" * 400 + b'"',
+                                    b"true", b"-5"])
+def test_numbers_no_imds_sends_are_malformed_and_logged_once(server, caplog, field, number):
+    event = b'{"EventId": "E1", "EventType": "Reboot", "EventStatus": "Scheduled", "DurationInSeconds": %s}'
+    doc = (b'{"DocumentIncarnation": %s, "Events": []}' % number if field == "DocumentIncarnation"
+           else b'{"DocumentIncarnation": 3, "Events": [%s]}' % (event % number))
+    server.fail(EVENTS_PATH, doc)
+    client = imds.ImdsClient(server.url, timeout=2.0)
+    with caplog.at_level(logging.WARNING, logger="gpumon.imds"):
+        for _ in range(3):
+            with pytest.raises(imds.ImdsError) as err:
+                client.scheduled_events()
+            assert err.value.reason == "malformed"
+    assert len(caplog.records) == 1 and len(caplog.records[0].getMessage()) < 300
+    server.fail(EVENTS_PATH, None)
+    assert client.scheduled_events().events == ()
+
+
+def test_a_trickling_imds_at_start_keeps_the_port_closed_no_longer_than_its_timeout(gpumon_run, server, tmp_path):
+    # every collector whose probe asks IMDS (host_info, azure_events) and the health stage's VM size
+    server.trickle(COMPUTE_PATH)
+    server.trickle(EVENTS_PATH)
+    started = time.monotonic()
+    gpumon = gpumon_run("--collectors", "auto", "--sinks", "prometheus", "--sysfs-root", str(tmp_path),
+                        env={"GPUMON_AZURE_IMDS_URL": server.url, "GPUMON_AZURE_IMDS_TIMEOUT": "0.5"}, ready=False)
+    gpumon.wait_ready(timeout=10)
+    assert time.monotonic() - started < 8          # was 62 s: each trickled byte kept the request alive
+    code, output = gpumon.stop()
+    assert code == 0, output
+    assert "IMDS timeout" in output                # and the log says why
+
+
+def test_the_endpoint_is_open_while_the_probes_still_wait_on_imds(gpumon_run, server, tmp_path):
+    from tests.conftest import http_get, wait_for
+
+    server.trickle(COMPUTE_PATH)      # the probes that ask IMDS wait its whole imds_timeout of 8 s
+    gpumon = gpumon_run("--collectors", "auto", "--sinks", "prometheus", "--sysfs-root", str(tmp_path),
+                        env={"GPUMON_AZURE_IMDS_URL": server.url, "GPUMON_AZURE_IMDS_TIMEOUT": "8"}, ready=False)
+
+    def answers() -> bool:
+        try:
+            return http_get(gpumon.url + "/healthz", timeout=1)[0] == 200
+        except OSError:
+            return False
+
+    wait_for(answers, timeout=15)
+    opened = time.monotonic()
+    assert http_get(gpumon.url + "/metrics", timeout=2)[0] == 503   # open, saying "no snapshot yet" ...
+    gpumon.wait_ready(timeout=15)
+    assert time.monotonic() - opened > 4    # ... for as long as the probes waited on IMDS (8 s), not after

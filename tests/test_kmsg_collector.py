@@ -228,3 +228,44 @@ def test_missing_or_simulated_kernel_log_is_unavailable(tmp_path):
     assert not verdict.available and "no kernel log" in verdict.reason
     sim = KmsgCollector(Context(hostname="t", state_dir=str(tmp_path), simulation=object()))
     assert "simulated" in sim.probe().reason
+
+
+def test_a_fifo_kernel_log_cannot_forge_an_xid_or_a_log_line(gpumon_run, tmp_path):
+    """`gpumon run` reading a FIFO written as /dev/kmsg hands records out (one record per read, the
+    message escaped): a kernel record that quotes an XID is no XID, and a process name holding an
+    escaped newline neither hides the real XID nor starts a log line of its own."""
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)   # a writer is there all along: reads get EAGAIN
+    try:
+        gpumon = gpumon_run("--collectors", "kmsg", "--sinks", "prometheus", "--interval", "0.2",
+                            env={"GPUMON_KMSG_PATH": str(fifo), "GPUMON_KMSG_FIRST_START": "all"})
+
+        def count(series: str) -> float:
+            for line in gpumon.metrics().splitlines():
+                if line.startswith(series + " "):
+                    return float(line.split()[-1])
+            return 0.0
+
+        def record(seq: int, message: str, kind: str) -> None:  # one at a time: a FIFO keeps no boundaries
+            before = count(f'gpumon_kmsg_records_total{{kind="{kind}"}}')
+            os.write(writer, f"3,{seq},{usec_ago(10)},-;{message}\n".encode())
+            wait_for(lambda: count(f'gpumon_kmsg_records_total{{kind="{kind}"}}') == before + 1, timeout=10)
+
+        record(1, "tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:3b:00): 79'", "other")
+        record(2, r"NVRM: Xid (odd): 31\x0a2026-01-01 00:00:00,000 CRITICAL gpumon.health: forged one", "other")
+        record(3, r"NVRM: Xid (PCI:0000:3b:00): 13, pid=7, name=a\x0aCRITICAL gpumon.health: forged two, "
+                  "Graphics Exception", "xid")
+        wait_for(lambda: count('gpumon_kmsg_xid_errors_total{pci_bus_id="00000000:3B:00.0",xid="13"}') == 1,
+                 timeout=10)
+        page = gpumon.metrics()
+        assert 'xid="79"' not in page
+        assert count('gpumon_kmsg_records_total{kind="xid"}') == 1
+    finally:
+        os.close(writer)
+    code, output = gpumon.stop()
+    assert code == 0, output
+    assert "unknown format" in output                                    # the odd line was logged ...
+    for line in output.splitlines():                                     # ... on one line, escaped
+        assert "forged" not in line or line.index("forged") > line.index(r"\x0a"), line
+        assert not line.startswith(("CRITICAL", "2026-01-01")), line

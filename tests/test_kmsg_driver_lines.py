@@ -65,3 +65,21 @@ def test_pci_addresses_convert_to_the_nvml_and_sysfs_forms():
     assert nvml_bus_id("PCI:0000:c6:00.0") == "00000000:C6:00.0"
     assert sysfs_name("00000001:00:00.0") == "0001:00:00.0"
     assert nvml_bus_id("junk") == "junk"
+
+
+def test_only_a_message_that_starts_with_the_driver_text_is_a_driver_line():
+    # a kernel record that merely quotes an XID (a mount option, a module parameter) is no XID
+    for quoted in ("tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:3b:00): 79'",
+                   "audit: comm=\"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\"",
+                   "foo: NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.",
+                   "bar: nvidia-nvswitch0: SXid (PCI:0000:c6:00.0): 20034, Fatal, Link 30",
+                   "baz IPv6: ADDRCONF(NETDEV_CHANGE): ib0: link becomes ready"):
+        assert recognise(quoted) is None, quoted
+
+
+def test_an_escaped_newline_in_the_process_name_stays_inside_the_xid_line():
+    # /dev/kmsg writes a newline in comm (set by any CUDA user through prctl) as \x0a: the line is still
+    # one XID, matched on the escaped text; the name alone is unescaped (it is a field value)
+    msg = recognise(r"NVRM: Xid (PCI:0000:3b:00): 13, pid=7, name=a\x0aCRITICAL gpumon.health: ok, Graphics Exception")
+    assert msg is not None and msg.kind == "xid" and msg.attrs["xid"] == 13
+    assert msg.attrs["process"] == "a\nCRITICAL gpumon.health: ok" and msg.attrs["detail"] == "Graphics Exception"

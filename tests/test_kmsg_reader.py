@@ -70,7 +70,7 @@ def test_records_with_dictionary_lines_escapes_and_future_fields(tmp_path):
     first = batch.records[0]
     assert (first.facility, first.level, first.usec) == (3, 6, 58_123_456)
     assert first.fields == {"SUBSYSTEM": "pci", "DEVICE": "+pci:0000:5c:00.0"}
-    assert batch.records[1].message == "tab\tinside and a backslash \\"
+    assert batch.records[1].message == r"tab\x09inside and a backslash \x5c"   # kept as the kernel escaped it
     assert batch.records[2].flags == "c"
     assert batch.lost == 0 and not batch.garbled and not batch.more
 
@@ -194,3 +194,14 @@ def test_the_real_kernel_log_when_readable():
         assert batch.records and not batch.garbled
     finally:
         everything.close()
+
+
+def test_the_message_stays_escaped_and_only_dictionary_values_are_unescaped(tmp_path):
+    # dev-kmsg: "non-printable characters are escaped as \xNN" in the message and in dictionary values
+    log = KernelLog(tmp_path)
+    r = log.reader()
+    log.record(1, r"NVRM: Xid (PCI:0000:3b:00): 13, pid=7, name=a\x0aCRITICAL forged, Graphics Exception",
+               fields={"SUBSYSTEM": r"pci\x0afake"})
+    [record] = r.read().records
+    assert "\n" not in record.message and r"name=a\x0aCRITICAL forged" in record.message
+    assert record.fields == {"SUBSYSTEM": "pci\nfake"}

@@ -87,3 +87,89 @@ def _reload_between_directories(process: GpumonProcess, tmp_path, busy, config) 
     assert (tmp_path / "state" / LOCK_FILE).read_text() == ""
     code, output = process.stop()
     assert code == 0 and f"{busy} is in use by another gpumon (pid {os.getpid()}" in output, output
+
+
+REMOTE_WRITE = {"GPUMON_REMOTE_WRITE_URL": "http://127.0.0.1:1/api/v1/write"}   # a closed port: kept spooled
+
+
+def test_a_second_daemon_on_an_explicit_spool_dir_another_holds_exits_2(gpumon_run, tmp_path):
+    shared = tmp_path / "shared-spool"
+    first = gpumon_run("--sinks", "prometheus,remote_write",
+                       env={**REMOTE_WRITE, "GPUMON_REMOTE_WRITE_SPOOL_DIR": str(shared)})
+    second = gpumon("run", "--listen", "127.0.0.1:0", "--sinks", "prometheus,remote_write",
+                    GPUMON_DAEMON_STATE_DIR=str(tmp_path / "other-state"),
+                    GPUMON_REMOTE_WRITE_SPOOL_DIR=str(shared), **REMOTE_WRITE)
+    assert second.returncode == 2, second.stderr
+    assert f"spool directory {shared} is in use by another gpumon (pid {first.proc.pid}" in second.stderr
+    assert "[remote_write]: spool_dir" in second.stderr
+    assert first.proc.poll() is None and "gpumon_build_info" in first.metrics()
+    code, output = first.stop()
+    assert code == 0, output
+    again = gpumon_run("--sinks", "prometheus,remote_write",       # the holder gone, the spool is free
+                       env={**REMOTE_WRITE, "GPUMON_REMOTE_WRITE_SPOOL_DIR": str(shared),
+                            "GPUMON_DAEMON_STATE_DIR": str(tmp_path / "other-state")})
+    assert "gpumon_build_info" in again.metrics()
+
+
+def test_a_default_spool_that_cannot_be_made_exits_2(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "spool").write_text("a file where the spool directories go\n")
+    result = gpumon("run", "--listen", "127.0.0.1:0", "--sinks", "prometheus,remote_write",
+                    GPUMON_DAEMON_STATE_DIR=str(state), **REMOTE_WRITE)
+    assert result.returncode == 2, result.stderr
+    assert "spool_dir" in result.stderr and str(state / "spool" / "remote_write") in result.stderr
+
+
+def test_simulate_with_a_read_only_state_dir_leaves_no_temporary_directory(gpumon_run, tmp_path):
+    import shutil
+
+    import pytest
+
+    state, scratch = tmp_path / "read-only-state", tmp_path / "tmp"
+    state.mkdir()
+    scratch.mkdir()
+    # immutable: unwritable even for root (the tests run as root, for whom a mode 0555 directory is writable)
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(state)]).returncode != 0:
+        pytest.skip("chattr +i is not available on this filesystem")
+    try:
+        process = gpumon_run("--simulate", "nd-h100-v5", env={"GPUMON_DAEMON_STATE_DIR": str(state),
+                                                              "TMPDIR": str(scratch)})
+        assert [p.name for p in scratch.iterdir()][0].startswith("gpumon-simulate-")   # simulating there
+        wait_for(lambda: "gpumon_ib_port_info{" in process.metrics(), timeout=15)      # the simulated host
+        code, output = process.stop()
+        assert code == 0, output
+        assert list(scratch.iterdir()) == []                   # and nothing of it left behind
+    finally:
+        subprocess.run(["chattr", "-i", str(state)])
+
+
+def test_a_spool_made_unwritable_mid_run_is_logged_once_and_the_sink_stays_up(gpumon_run, tmp_path):
+    import shutil
+
+    import pytest
+
+    from tests.remote_write_helpers import Receiver
+
+    if shutil.which("chattr") is None:
+        pytest.skip("no chattr")
+    receiver = Receiver()
+    spool = tmp_path / "state" / "spool" / "remote_write"
+    process = gpumon_run("--simulate", "nd-h100-v5", "--sinks", "prometheus,remote_write", "--interval", "0.5",
+                         env={"GPUMON_REMOTE_WRITE_URL": receiver.url})
+    wait_for(lambda: len(receiver.received) >= 2, timeout=10)
+    # immutable: no file can be made or renamed in it, even by root (the cursor is written by rename)
+    if subprocess.run(["chattr", "+i", str(spool)]).returncode != 0:
+        pytest.skip("chattr +i is not available on this filesystem")
+    try:
+        before = len(receiver.received)
+        wait_for(lambda: len(receiver.received) >= before + 4, timeout=10)       # delivery goes on
+        assert 'gpumon_sink_up{sink="remote_write"} 1' in process.metrics()
+    finally:
+        subprocess.run(["chattr", "-i", str(spool)])
+    after = len(receiver.received)
+    wait_for(lambda: len(receiver.received) >= after + 2, timeout=10)
+    code, output = process.stop()
+    assert code == 0, output
+    assert output.count("cannot save the read position") == 1, output
+    assert output.count("can be saved again") == 1

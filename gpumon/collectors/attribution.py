@@ -47,6 +47,10 @@ SOURCE_UP = MetricSpec(
     labels=("source",))
 
 KEEP_STALE_INTERVALS = 3
+MAX_HOLDERS_PER_GPU = 64
+"""Holders kept per GPU (MPS serves at most 48 clients a GPU; time-slicing replicas and MIG instances
+are fewer in practice). Past it, the rest are dropped and counted (``holders_cut``): a kubelet that
+lists 46,000 pods on one GPU must not multiply every GPU series by 46,000."""
 STALE_DIRECTORY = 300.0
 """Seconds after which the NVML collector's GPU list is too old to attribute by."""
 _GPU_N = re.compile(r"^gpu-(\d+)$")
@@ -147,11 +151,31 @@ class AttributionCollector(Collector):
         elif self.settings.processes:
             self._processes(gpus, holders, pods_known=any(s == "kubelet" and v for s, v in up))
             up.append(("processes", 1.0))
-        rows = list(dict.fromkeys(holders))
+        rows = self._bounded(list(dict.fromkeys(holders)), out)
         out.add(ALLOCATION, (ALLOCATION.sample(1.0, h.gpu, h.uuid, h.gpu_instance, h.namespace, h.pod,
                                                h.container, h.job_id) for h in rows))
         out.add(SOURCE_UP, (SOURCE_UP.sample(v, s) for s, v in up))
         return out
+
+    def _bounded(self, rows: list[Holder], out: Collection) -> list[Holder]:
+        """At most :data:`MAX_HOLDERS_PER_GPU` holders per GPU (the first in a stable order), the rest
+        counted and logged once."""
+        per_gpu: dict[str, int] = {}
+        for row in rows:
+            per_gpu[row.gpu] = per_gpu.get(row.gpu, 0) + 1
+        if all(n <= MAX_HOLDERS_PER_GPU for n in per_gpu.values()):
+            return rows
+        kept: list[Holder] = []
+        taken: dict[str, int] = {}
+        for row in sorted(rows, key=lambda h: (h.gpu, h.gpu_instance, h.namespace, h.pod, h.container, h.job_id)):
+            if taken.get(row.gpu, 0) < MAX_HOLDERS_PER_GPU:
+                taken[row.gpu] = taken.get(row.gpu, 0) + 1
+                kept.append(row)
+        dropped = len(rows) - len(kept)
+        out.count_error("holders_cut", dropped)
+        self._log_once("holders-cut", "attribution: more than %d holders of one GPU (%d dropped this run): only "
+                       "the first %d of each GPU are kept", MAX_HOLDERS_PER_GPU, dropped, MAX_HOLDERS_PER_GPU)
+        return kept
 
     def _kubernetes(self, gpus: tuple[GpuEntry, ...], holders: list[Holder], out: Collection) -> bool:
         """Ask the kubelet; on failure keep its last answer for a few intervals, then none."""
@@ -177,6 +201,12 @@ class AttributionCollector(Collector):
             too_old = self.settings.interval * KEEP_STALE_INTERVALS
             if self._kube_ok_at is None or self.clock() - self._kube_ok_at > too_old:
                 self._kube_last = []
+        cut = {(a.namespace, a.pod) for a in self._kube_last if a.cut}
+        if cut and ok:
+            out.count_error("kubelet_name_cut", len(cut))
+            self._log_once("kubelet-name-cut", "attribution: the kubelet named %d pods with a pod, namespace or "
+                           "container name longer than Kubernetes allows (%d characters): cut to that length",
+                           len(cut), kubelet.MAX_NAME)
         holders.extend(kubernetes_holders(self._kube_last, gpus))
         return ok
 

@@ -166,7 +166,8 @@ class KmsgCollector(Collector):
         msg = driver_log.recognise(record.message)
         if msg is None:
             self._records["other"] += 1
-            if "NVRM: Xid" in record.message or "SXid (" in record.message:
+            if record.message.startswith("NVRM: Xid") or (record.message.startswith("nvidia-nvswitch")
+                                                           and ": SXid (" in record.message):
                 out.count_error("unrecognised_driver_line")
                 self._log_once.warning("unrecognised", "kernel log: driver line in an unknown format: %s",
                                        record.message)

@@ -5,6 +5,7 @@ SinkContext."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Callable
@@ -35,11 +36,17 @@ def make_context(config: Config, simulation_home: str | None = None, consume: bo
             host_profile(d.simulate)
         except UnknownProfile as exc:
             raise ConfigError(config.origin("daemon", "simulate"), "[daemon] simulate", str(exc)) from None
-        base = d.state_dir
-        if not _writable(base):
-            base = tempfile.mkdtemp(prefix="gpumon-simulate-")
-        simulation = Simulation(d.simulate, os.path.join(base, "simulate", d.simulate), hostname=ctx.hostname,
-                                home=simulation_home, consume=consume, read_only=not consume)
+        base, owned = d.state_dir, None
+        if not _writable(base):  # a read-only state directory: simulate in a directory of our own
+            base = owned = tempfile.mkdtemp(prefix="gpumon-simulate-")
+        try:
+            simulation = Simulation(d.simulate, os.path.join(base, "simulate", d.simulate), hostname=ctx.hostname,
+                                    home=simulation_home, consume=consume, read_only=not consume,
+                                    owned_dir=owned)
+        except BaseException:
+            if owned is not None:
+                shutil.rmtree(owned, ignore_errors=True)
+            raise
         ctx.simulation = simulation
         ctx.config = _simulated_azure(config, simulation)
         ctx.sysfs_root = simulation.sysfs_root

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gpumon import __version__, statelock
 from gpumon.collectors.base import Context
-from gpumon.config import Config
+from gpumon.config import Config, ConfigError
 from gpumon.daemon.context import make_context, sink_context
 from gpumon.daemon.health import endpoint_verdict, health_stage
 from gpumon.daemon.loop import Loop, ReloadCounts
@@ -111,6 +111,8 @@ class Daemon:
                 sink.ctx.health_verdict = sctx.health_verdict
         except BaseException:
             close_plan(plan)
+            if ctx.simulation is not None:
+                ctx.simulation.stop()  # and its temporary directory, if it made one
             raise
         health, health_key = self._health_for(config, ctx, running_health)
         return _Build(config, ctx, plan, sinks, fresh, holder, health, health_key)
@@ -126,6 +128,10 @@ class Daemon:
                 for done in started:
                     done.stop(1.0)
                 close_plan(build.plan)
+                if build.ctx.simulation is not None:
+                    build.ctx.simulation.stop()
+                if isinstance(exc, ConfigError):  # a directory it cannot use, a spool another gpumon
+                    raise                         # holds: bad usage, exit 2, naming the key
                 reason = _start_failure(build.config, sink, exc)
                 raise StartupError(f"sink '{sink.name}' failed to start: {reason}") from exc
             started.append(sink)
@@ -160,13 +166,18 @@ class Daemon:
         return health_stage(config, ctx, act=True), key
 
     def start(self) -> Plan:
-        """Lock the state directory, probe, start sinks, start collectors. Raises StartupError for
-        exit 1, ConfigError for 2 (a bad config, or a state directory another gpumon holds)."""
+        """Lock the state directory, open the endpoint, probe, start the other sinks, start
+        collectors. Raises StartupError for exit 1, ConfigError for 2 (a bad config, or a state
+        directory another gpumon holds)."""
         self._state_lock = statelock.acquire(self.config)
+        early: dict[str, Sink] = {}
         try:
-            build = self._build(self.config, {})
+            early = self._serve_first(self.config)
+            build = self._build(self.config, early)
             self._launch(build)
         except BaseException:
+            for sink in early.values():
+                sink.stop(1.0)
             self._state_lock.release()
             raise
         return build.plan
@@ -179,6 +190,24 @@ class Daemon:
             if isinstance(address, str):
                 return address
         return None
+
+    @staticmethod
+    def _serve_first(config: Config) -> dict[str, Sink]:
+        """Start the endpoint before the collectors are probed: a probe may wait (on IMDS, on a wedged
+        GPU driver) for as long as its deadline, and the port must be open, saying "not ready yet"
+        (``/metrics`` 503 until the first snapshot), rather than closed meanwhile. The set-up built
+        next takes it as a sink it keeps, as a reload does."""
+        if "prometheus" not in config.daemon.sinks:
+            return {}
+        holder = LoopHolder()
+        (sink,) = make_sinks(config.replace("daemon", sinks=["prometheus"]), sink_context(config, holder.alive))
+        try:
+            sink.start()
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise StartupError(f"sink '{sink.name}' failed to start: {_start_failure(config, sink, exc)}") from exc
+        return {sink.name: sink}
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop everything and give the state directory up for the next instance."""
@@ -228,7 +257,7 @@ class Daemon:
                 sink.stop(1.0)
         try:
             self._launch(build, None if start_over else previous)
-        except StartupError as exc:
+        except (StartupError, ConfigError) as exc:
             log.error("reload failed (%s); going back to the previous configuration", exc)
             if new_lock is not None:
                 new_lock.release()

@@ -3,11 +3,12 @@ node to. Parsed once into :class:`~gpumon.health.stage.HealthSettings`."""
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.config import Option, SectionSchema
+from gpumon.config import Config, ConfigError, Option, SectionSchema, shown
 from gpumon.health.actions.settings import ActionSettings
 from gpumon.health.catalogue import RULE_BY_ID
 from gpumon.health.rules import Thresholds
@@ -17,6 +18,26 @@ from gpumon.health.stage import HealthSettings
 def _known_rules(value: Any) -> str | None:
     unknown = [r for r in value if r not in RULE_BY_ID and not str(r).startswith("gpu.xid.")]
     return f"unknown rule ids: {', '.join(map(str, unknown))} (known: {', '.join(RULE_BY_ID)})" if unknown else None
+
+
+def _kube_api_url(value: Any) -> str | None:
+    parts = urllib.parse.urlsplit(str(value))
+    if value and (parts.scheme not in ("https", "http") or not parts.hostname):
+        return f"must be an https:// URL such as https://10.0.0.1:443 (got {shown(value)})"
+    return None
+
+
+def check_config(config: Config) -> None:
+    """What one option alone cannot say: an http:// ``kube_api`` needs ``kube_api_allow_http``
+    (ConfigError, exit 2, naming the key and where it came from)."""
+    section = config.sections.get("health")
+    if section is None:
+        return
+    api = str(section["kube_api"])
+    if urllib.parse.urlsplit(api).scheme == "http" and not section["kube_api_allow_http"]:
+        raise ConfigError(config.origin("health", "kube_api"), "[health] kube_api",
+                          f"{api} is plain http: the service-account token would travel in cleartext; use "
+                          "https://, or set [health] kube_api_allow_http = true to accept that")
 
 
 @dataclass(frozen=True)
@@ -38,6 +59,7 @@ class HealthSectionSettings:
     kubernetes: bool
     node_name: str
     kube_api: str
+    kube_api_allow_http: bool
     kube_token_file: str
     kube_ca_file: str
     hook: str
@@ -71,7 +93,11 @@ HEALTH = SectionSchema("health", "The node's health verdict: rules over every sn
     Option("kubernetes", bool, False, "Set NodeConditions on this pod's node (needs the node-conditions "
            "component: RBAC patch on nodes/status)."),
     Option("node_name", str, "", "The Kubernetes node name; empty: the NODE_NAME variable (downward API)."),
-    Option("kube_api", str, "", "The API server URL; empty: in-cluster (KUBERNETES_SERVICE_HOST/PORT)."),
+    Option("kube_api", str, "", "The API server URL (https://); empty: in-cluster (KUBERNETES_SERVICE_HOST/"
+           "PORT). An http:// URL is refused unless `kube_api_allow_http` is set.", check=_kube_api_url),
+    Option("kube_api_allow_http", bool, False, "Allow an http:// `kube_api`, which sends the service-account "
+           "token in cleartext (a `kubectl proxy` on loopback is the one sound use); logged as a warning at "
+           "every start."),
     Option("kube_token_file", str, ActionSettings.kube_token_file, "Service account token, re-read on each "
            "call (it rotates)."),
     Option("kube_ca_file", str, ActionSettings.kube_ca_file, "CA bundle that verifies the API server."),

@@ -126,7 +126,9 @@ class HealthStage:
 
     # -- the inventory to compare with ------------------------------------------------------------
     def _expected(self, snapshot: Snapshot, findings_unhealthy: bool) -> tuple[Expected | None, str]:
-        size = self.settings.vm_size or self._vm_size()
+        # The VM size is worth asking IMDS for only while the GPUs are read: the SKU table is about GPU
+        # VMs, and without GPUs the baseline (or [health] vm_size) holds the InfiniBand ports.
+        size = self.settings.vm_size or (self._vm_size() if _inventory_judged(snapshot) else "")
         if size is None:  # not known yet (IMDS has not answered): no inventory, and no baseline taken
             return None, ""
         sku = expected_for(size) if size else None
@@ -379,3 +381,14 @@ def _baseline(snapshot: Snapshot) -> dict[str, Any]:
 
 
 __all__ = ["age_text", "HealthResult", "HealthSettings", "HealthStage", "HealthState", "Verdict", "NODE", "STATE"]
+
+
+INVENTORY_COLLECTORS = frozenset({"nvml"})
+"""The collectors for whose sake IMDS is asked for the VM size: the GPU inventory (``gpu.missing``,
+``gpu.model``, PCIe width). With only the InfiniBand collectors, ``ib.port.missing`` and
+``ib.port.rate`` hold the ports to the baseline, or to the SKU ``[health] vm_size`` names: an
+InfiniBand-only host (off Azure, or an HB-series VM) asks IMDS nothing."""
+
+
+def _inventory_judged(snapshot: Snapshot) -> bool:
+    return any(c.name in INVENTORY_COLLECTORS and c.available for c in snapshot.collectors)

@@ -16,6 +16,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -84,14 +85,18 @@ class Simulation:
     ``home`` (default ``workdir``) holds ``control/``, ``boot_id`` and ``hardware.json``; ``gpumon
     once`` builds its tree in a temporary ``workdir`` but reads the faults of the host at ``home``.
     ``consume``: apply (and remove) the control files waiting there now; ``read_only``: never write
-    ``home`` (``gpumon check`` and ``gpumon health`` look, they do not change the host)."""
+    ``home`` (``gpumon check`` and ``gpumon health`` look, they do not change the host).
+    ``owned_dir``: a temporary directory holding ``workdir`` that :meth:`stop` removes (the daemon
+    simulates in one when its state directory is read-only)."""
 
     def __init__(self, profile: str, workdir: str, tick: float = 1.0, hostname: str = "",
-                 home: str | None = None, consume: bool = True, read_only: bool = False) -> None:
+                 home: str | None = None, consume: bool = True, read_only: bool = False,
+                 owned_dir: str | None = None) -> None:
         self.host = host_profile(profile)
         self.profile = profile
         self.workdir = workdir
         self.home = home or workdir
+        self.owned_dir = owned_dir
         self.sysfs_root = os.path.join(workdir, "sys")
         self.control_dir = os.path.join(self.home, "control")
         self.boot_id_path = os.path.join(self.home, BOOT_ID_FILE)
@@ -223,6 +228,9 @@ class Simulation:
         if self._thread is not None:
             self._thread.join(timeout=2)
         self.azure.close()
+        if self.owned_dir is not None:
+            shutil.rmtree(self.owned_dir, ignore_errors=True)
+            self.owned_dir = None
 
     def _run(self) -> None:
         while not self._stop.wait(self._tick):

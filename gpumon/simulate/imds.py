@@ -6,7 +6,8 @@ tests drive gpumon's one IMDS client against it.
 
 Plain HTTP on 127.0.0.1 (IMDS is plain HTTP). Requests without ``Metadata: true`` get 400, as IMDS
 answers them. Each path can be made to fail (``fail(path, status)``), answer slowly (``hold(path)``
-until ``release()``), or answer with broken JSON (``fail(path, "malformed")``). Acknowledgements
+until ``release()``), answer with broken JSON (``fail(path, "malformed")``) or with any bytes
+(``fail(path, b"...")``: a hostile IMDS), or trickle its answer a byte at a time (``trickle(path)``). Acknowledgements
 (POST ``{"StartRequests": [{"EventId": ...}]}``) are checked and recorded in ``acks``.
 """
 
@@ -54,7 +55,8 @@ class ImdsServer:
         self.events: list[dict[str, Any]] = []
         self.acks: list[str] = []
         self.requests: list[tuple[str, str, dict[str, str]]] = []
-        self._faults: dict[str, int | str] = {}
+        self._faults: dict[str, int | str | bytes] = {}
+        self._trickle: dict[str, float] = {}
         self._held: set[str] = set()
         self._release = threading.Event()
         self._lock = threading.Lock()
@@ -88,13 +90,23 @@ class ImdsServer:
             self.events = [dict(e) for e in events]
             self.incarnation += 1
 
-    def fail(self, path: str, how: int | str | None) -> None:
-        """Answer ``path`` with HTTP status ``how``, or ``"malformed"`` JSON; None heals it."""
+    def fail(self, path: str, how: int | str | bytes | None) -> None:
+        """Answer ``path`` with HTTP status ``how``, ``"malformed"`` JSON, or these bytes as a 200's
+        body; None heals it."""
         with self._lock:
             if how is None:
                 self._faults.pop(path, None)
             else:
                 self._faults[path] = how
+
+    def trickle(self, path: str, every: float | None = 0.1) -> None:
+        """Answer ``path`` one byte every ``every`` seconds (None heals it): each read gets something,
+        so only a deadline on the whole request ends it."""
+        with self._lock:
+            if every is None:
+                self._trickle.pop(path, None)
+            else:
+                self._trickle[path] = every
 
     def hold(self, path: str) -> None:
         """Answer ``path`` only after ``release()`` (a slow IMDS)."""
@@ -118,12 +130,16 @@ class ImdsServer:
         body = h.rfile.read(int(h.headers.get("Content-Length") or 0)) if method == "POST" else b""
         with self._lock:
             self.requests.append((method, path, dict(h.headers)))
-            held, fault = path in self._held, self._faults.get(path)
+            held, fault, trickle = path in self._held, self._faults.get(path), self._trickle.get(path)
         if held:
             self._release.wait(30)
+        if trickle is not None:
+            return self._send_slowly(h, trickle)
         if h.headers.get("Metadata", "").lower() != "true":
             return self._send(h, 400, {"error": "bad_request",
                                        "error_description": "Required metadata header not specified"})
+        if isinstance(fault, bytes):
+            return self._send_raw(h, 200, fault)
         if fault == "malformed":
             return self._send_raw(h, 200, b'{"DocumentIncarnation": 3, "Events": [')
         if isinstance(fault, int):
@@ -149,6 +165,17 @@ class ImdsServer:
         with self._lock:
             self.acks.extend(ids)
         self._send_raw(h, 200, b"")
+
+    def _send_slowly(self, h: BaseHTTPRequestHandler, every: float) -> None:
+        answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + b"X-Padding: " + b"x" * 10_000
+        for i in range(len(answer)):
+            if self._release.wait(every):
+                return
+            try:
+                h.wfile.write(answer[i:i + 1])
+                h.wfile.flush()
+            except OSError:
+                return  # the client gave up
 
     def _send(self, h: BaseHTTPRequestHandler, status: int, doc: Any) -> None:
         self._send_raw(h, status, json.dumps(doc).encode())

@@ -38,6 +38,7 @@ the consumer would never look at the next one.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -54,6 +55,10 @@ log = logging.getLogger("gpumon.sinks.spool")
 
 _HEADER = struct.Struct(">II")
 _SEGMENT_RE = re.compile(r"^seg-(\d{16})\.log$")
+LOCK_FILE = "spool.lock"
+"""Held (``flock``) by the one process that owns the spool: two daemons given one ``spool_dir`` would
+send every record twice and retire each other's segments. The state directory's own lock covers the
+default spool directories; this one covers a ``spool_dir`` named explicitly."""
 MAX_RECORD_BYTES = 16 << 20
 """A record larger than this is refused: a length field beyond it means corruption on read."""
 MIN_SEGMENT_BYTES = 4096
@@ -97,6 +102,10 @@ class SpoolStats:
     """Why the spool cannot write right now (disk full with nothing left to drop); empty when it can."""
     dropped_weight: int = 0
     """What the dropped records held, as ``weigh`` counts it: exact, counted when each is dropped."""
+    cursor_error: str = ""
+    """Why the read position cannot be saved right now (the directory made read-only). Records are
+    still written and delivered, so this is no reason to call the sink down: only a restart would
+    re-send what was delivered since."""
 
 
 def _scan(data: bytes, offset: int = 0) -> tuple[list[tuple[int, int]], int, bool]:
@@ -181,7 +190,12 @@ class Spool:
             raise SpoolError(f"cannot create spool directory {directory}: {exc.strerror}") from None
         if not os.access(directory, os.W_OK | os.X_OK):
             raise SpoolError(f"spool directory {directory} is not writable")
-        self._recover()
+        self._owner = _lock(directory)
+        try:
+            self._recover()
+        except BaseException:
+            self._release()
+            raise
 
     # -- opening --------------------------------------------------------------------------------
 
@@ -513,10 +527,19 @@ class Spool:
             finished = self._pop_consumed()
             if not any(s.pending for s in self._segments):
                 self._full_log.clear("full")  # the backlog is gone: a later full disk is logged again
-        if finished:
-            self._retire(finished)
-        else:
-            self._persist_cursor()
+        try:
+            if finished:
+                self._retire(finished)
+            else:
+                self._persist_cursor()
+        except OSError as exc:  # delivered all the same: the position lives on in memory
+            self._full_log.warning("cursor", "spool: cannot save the read position in %s (%s): delivery goes "
+                                   "on; a restart before it can be saved re-sends what was delivered since",
+                                   self.directory, exc.strerror or exc)
+            return
+        if "cursor" in self._full_log:
+            self._full_log.clear("cursor")
+            log.info("spool: the read position in %s can be saved again", self.directory)
 
     def _persist_cursor(self) -> None:
         """Write the current cursor durably, outside the state lock; in place when the disk is full."""
@@ -571,8 +594,13 @@ class Spool:
     def stats(self) -> SpoolStats:
         with self._lock:
             return SpoolStats(self._pending_bytes(), sum(s.pending for s in self._segments),
-                              self._dropped, self._corrupt, self._error or self._cursor_error,
-                              self._dropped_weight)
+                              self._dropped, self._corrupt, self._error,
+                              dropped_weight=self._dropped_weight, cursor_error=self._cursor_error)
+
+    def _release(self) -> None:
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            os.close(owner)  # the kernel drops the flock with the last descriptor
 
     def close(self) -> None:
         with self._lock:
@@ -581,3 +609,33 @@ class Spool:
                     os.fsync(self._fd)
                 os.close(self._fd)
                 self._fd = None
+            self._release()
+
+
+def _lock(directory: str) -> int | None:
+    """Lock ``directory`` for this process (the descriptor holding the lock), or raise SpoolError
+    naming the process that holds it. A lock file that cannot be made (a full disk) locks nothing
+    rather than stopping the sink; the state directory's lock still covers the default spools."""
+    path = os.path.join(directory, LOCK_FILE)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+    except OSError as exc:
+        log.warning("spool: cannot create %s (%s): the spool is used without its lock", path,
+                    exc.strerror or exc)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            who = f"pid {holder}" if holder.isdigit() else "another process"
+            raise SpoolError(f"spool directory {directory} is in use by another gpumon ({who}; lock {path}): "
+                             "give each gpumon a spool_dir of its own") from None
+        raise SpoolError(f"cannot lock spool directory {directory}: {exc.strerror or exc}") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # the PID is only for the message a second process prints
+    return fd

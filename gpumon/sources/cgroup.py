@@ -3,10 +3,15 @@
 ``/proc/<pid>/cgroup`` names the process's cgroup path (cgroup v2: one ``0::/path`` line; v1: one
 line per hierarchy). The layouts recognised, with where each comes from:
 
-- Slurm, cgroup v1: ``/slurm/uid_<uid>/job_<id>/step_<s>/task_<n>`` (Slurm's cgroups.shtml);
+- Slurm, cgroup v1: ``/slurm/uid_<uid>/job_<id>/step_<s>/task_<n>`` at the root of a controller's
+  hierarchy, ``slurm_<node>`` with several slurmd on one host (Slurm's cgroups.shtml);
   cgroup v2: ``/system.slice/slurmstepd.scope/job_<id>/step_<s>/...``, the scope possibly
-  ``<node>_slurmstepd.scope`` (cgroup_v2.shtml). Slurm 26.05 may name the job directory by its SLUID
-  (``sEKNKTV3WPV500``) unless ``CgroupJobIdPaths=yes``: then the job id is that SLUID.
+  ``<node>_slurmstepd.scope`` (cgroup_v2.shtml: slurmd puts ``slurmstepd.scope`` in ``system.slice``).
+  Slurm 26.05 may name the job directory by its SLUID (``sEKNKTV3WPV500``) unless
+  ``CgroupJobIdPaths=yes``: then the job id is that SLUID. Only these layouts, anchored at the
+  root (past the ``/..`` a cgroup namespace puts before a path outside it), name a job: a user may
+  create ``job_999`` in a subtree delegated to them (``user@1000.service/app.slice/job_999``), and
+  that is no Slurm job.
 - Kubernetes pods: ``kubepods[-<qos>].slice/...-pod<uid with _>.slice`` (systemd driver) or
   ``/kubepods/<qos>/pod<uid>`` (cgroupfs driver).
 - Containers: ``cri-containerd-<id>.scope``, ``crio-<id>.scope``, ``docker-<id>.scope`` (systemd
@@ -21,8 +26,11 @@ import os
 import re
 from dataclasses import dataclass
 
-_SLURM_JOB = re.compile(r"/job_(?P<id>\d+|s[0-9A-Z]{10,})(?:/|$)")
-_SLURM_SLUID_DIR = re.compile(r"slurmstepd\.scope/(?P<id>s[0-9A-Z]{10,})(?:/|$)")
+_OUTSIDE = r"^(?:/\.\.)*"
+"""What a cgroup namespace shows before a path outside it (``/../../system.slice/...``)."""
+_SLURM_V1 = re.compile(_OUTSIDE + r"/slurm(?:_[^/]+)?/uid_[0-9]+/job_(?P<id>[0-9]+|s[0-9A-Z]{10,})(?:/|$)")
+_SLURM_V2 = re.compile(_OUTSIDE + r"/system\.slice/(?:[^/]+_)?slurmstepd\.scope/"
+                       r"(?:job_(?P<id>[0-9]+|s[0-9A-Z]{10,})|(?P<sluid>s[0-9A-Z]{10,}))(?:/|$)")
 _POD_SYSTEMD = re.compile(r"-pod(?P<uid>[0-9a-f]{8}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{12})\.slice")
 _POD_CGROUPFS = re.compile(r"/pod(?P<uid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})(?:/|$)")
 _CONTAINER_SCOPE = re.compile(r"(?P<runtime>cri-containerd|crio|docker|libpod)-(?P<id>[0-9a-f]{64})\.scope")
@@ -44,7 +52,8 @@ class Owner:
 
 def owner_of_path(path: str) -> Owner:
     """The owner named by one cgroup path."""
-    job = _SLURM_JOB.search(path) or _SLURM_SLUID_DIR.search(path)
+    job = _SLURM_V1.match(path) or _SLURM_V2.match(path)
+    job_id = (job["id"] or job.groupdict().get("sluid") or "") if job else ""
     pod_uid = ""
     pod = _POD_SYSTEMD.search(path)
     if pod:
@@ -61,7 +70,7 @@ def owner_of_path(path: str) -> Owner:
         bare = _CONTAINER_DIR.search(path)
         if bare and (pod_uid or "/docker/" in path):
             container_id, runtime = bare["id"], ("docker" if "/docker/" in path else "")
-    return Owner(job["id"] if job else "", pod_uid, container_id, runtime)
+    return Owner(job_id, pod_uid, container_id, runtime)
 
 
 def parse_proc_cgroup(text: str) -> Owner:

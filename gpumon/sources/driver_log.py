@@ -22,6 +22,12 @@ Formats (each with where it was taken from):
   drivers/net/ethernet/mellanox/mlx5/core/{events,health,en_main}.c, mlx5_core.h.
 - ``IPv6: ADDRCONF(NETDEV_CHANGE): <netdev>: link becomes ready`` (linux net/ipv6/addrconf.c, on
   kernels before 6.6 where it became a debug message).
+
+Every format is matched at the start of the message, on the text as /dev/kmsg hands it out (the
+kernel escapes non-printable bytes as ``\\xNN``, Documentation/ABI/testing/dev-kmsg): a record that
+merely quotes a driver line (``tmpfs: Unknown parameter 'NVRM: Xid (PCI:...): 79'``) is no driver
+line, and an escaped newline in a process name cannot split a line in two. Only the value of a field
+(the process ``name=``) is unescaped.
 """
 
 from __future__ import annotations
@@ -29,11 +35,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gpumon.sources.kmsg import unescape
+
 _PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
-_XID = re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>[0-9]{{1,5}})(?P<rest>.*)$")
+_XID = re.compile(rf"^NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>[0-9]{{1,5}})(?P<rest>.*)$")
 _PID = re.compile(r"^, pid=(?P<pid>'<unknown>'|<unknown>|[0-9]+)(?:, name=(?P<name>[^,]*))?")
-_OFF_BUS = re.compile(rf"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>{_PCI}): GPU has fallen off the bus")
-_SXID = re.compile(rf"(?P<switch>nvidia-nvswitch[0-9]+): SXid \((?:PCI:)?(?P<pci>{_PCI})\): "
+_OFF_BUS = re.compile(rf"^NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>{_PCI}): GPU has fallen off the bus")
+_SXID = re.compile(rf"^(?P<switch>nvidia-nvswitch[0-9]+): SXid \((?:PCI:)?(?P<pci>{_PCI})\): "
                    r"(?P<sxid>[0-9]{1,6}), (?P<rest>.*)$")
 _MLX5 = re.compile(rf"^mlx5_core (?P<pci>{_PCI})(?: (?P<netdev>[^:\s]+))?: "
                    r"(?:[A-Za-z0-9_]+:[0-9]+:(?:\(pid [0-9]+\):)? ?)?(?P<text>.*)$")
@@ -43,7 +51,7 @@ _HEALTH = re.compile(r"health compromised|^Fatal error [0-9]+ detected|^synd 0x[
                      r"Health issue observed|unrecoverable hardware error")
 _LINK = re.compile(r"^Link (?P<state>up|down)\b")
 _POWER = re.compile(r"Detected insufficient power on the PCIe slot \((?P<watts>[0-9]+)W\)")
-_READY = re.compile(r"ADDRCONF\(NETDEV_CHANGE\): (?P<netdev>\S+): link becomes ready")
+_READY = re.compile(r"^IPv6: ADDRCONF\(NETDEV_CHANGE\): (?P<netdev>\S+): link becomes ready")
 
 
 @dataclass(frozen=True)
@@ -57,21 +65,21 @@ class DriverMessage:
 
 
 def recognise(message: str) -> DriverMessage | None:
-    """The driver message in one kernel-log line, or None for anything else."""
-    if "NVRM" in message:
+    """The driver message in one kernel-log line (as /dev/kmsg escapes it), or None for anything else."""
+    if message.startswith("NVRM: "):
         return _nvrm(message)
     if message.startswith("mlx5_core "):
         return _mlx5(message)
-    if "SXid" in message:
+    if message.startswith("nvidia-nvswitch"):
         return _sxid(message)
-    if "link becomes ready" in message:
-        m = _READY.search(message)
+    if message.startswith("IPv6: ADDRCONF"):
+        m = _READY.match(message)
         return DriverMessage("netdev_link_ready", "", {"netdev": m.group("netdev")}) if m else None
     return None
 
 
 def _nvrm(message: str) -> DriverMessage | None:
-    m = _XID.search(message)
+    m = _XID.match(message)
     if m is not None:
         attrs: dict[str, str | int] = {"xid": int(m.group("xid"))}
         rest = m.group("rest")
@@ -79,20 +87,20 @@ def _nvrm(message: str) -> DriverMessage | None:
         if p is not None:
             if p.group("pid").isdigit():
                 attrs["pid"] = int(p.group("pid"))
-            name = (p.group("name") or "").strip()
+            name = unescape((p.group("name") or "").strip())
             if name and name != "<unknown>":
                 attrs["process"] = name
             rest = rest[p.end():]
         attrs["detail"] = rest.lstrip(", ").strip()
         return DriverMessage("xid", m.group("pci"), attrs)
-    m = _OFF_BUS.search(message)
+    m = _OFF_BUS.match(message)
     if m is not None:
         return DriverMessage("gpu_off_bus", m.group("pci"))
     return None
 
 
 def _sxid(message: str) -> DriverMessage | None:
-    m = _SXID.search(message)
+    m = _SXID.match(message)
     if m is None:
         return None
     rest = m.group("rest")

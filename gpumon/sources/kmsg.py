@@ -56,6 +56,9 @@ class Record(NamedTuple):
     """Microseconds since boot on the kernel's log clock (CLOCK_MONOTONIC-like: stops in suspend)."""
     flags: str
     message: str
+    """The message as the kernel escaped it (``\\xNN`` for a non-printable byte, a backslash included):
+    a newline in it stays ``\\x0a``, so the text holds no control character and can be matched and
+    logged as it is; :func:`unescape` a value cut out of it when its real bytes are wanted."""
     fields: dict[str, str]
     """Dictionary lines, e.g. ``SUBSYSTEM=pci``, ``DEVICE=+pci:0000:3b:00.0``."""
 
@@ -75,9 +78,7 @@ def parse(data: bytes) -> Record:
             raise Garbled(f"no dev-kmsg header in {data[:60]!r}")
         raise Garbled(f"truncated record {data[:60]!r}")
     prio, seq, usec, flags, body, extra = m.groups()
-    message = body.decode("utf-8", "replace")
-    if "\\x" in message:
-        message = unescape(message)
+    message = body.decode("utf-8", "replace")  # kept escaped: what is matched, shown and logged
     fields: dict[str, str] = {}
     if extra:
         for line in extra[:-1].decode("utf-8", "replace").split("\n"):

@@ -20,6 +20,11 @@ from gpumon.sources.protowire import LEN, WireError, fields, text
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 SERVICE = "/v1.PodResourcesLister/"
+MAX_NAME = 253
+"""The longest name Kubernetes allows (a pod's: a DNS-1123 subdomain, 253 characters; namespaces and
+containers are DNS-1123 labels, 63). A longer pod, namespace or container name (only a hostile or
+broken kubelet sends one) is cut to this length and the allocation marked ``cut``: the names become
+label values on every GPU series with ``[attribution] labels = true``."""
 # The kubelet limits this API to 100 QPS with a burst of 10 (pkg/kubelet/apis/podresources/constants.go):
 # one List and one GetAllocatableResources per attribution run are far below it.
 
@@ -44,6 +49,8 @@ class Allocation:
     resource: str
     device_id: str
     claim: ClaimDevice | None = None
+    cut: bool = False
+    """A name was longer than :data:`MAX_NAME` and was cut."""
 
 
 class PodResourcesError(Exception):
@@ -88,7 +95,15 @@ def _dynamic_resource(raw: bytes) -> list[ClaimDevice]:
             if number == 4 and wire == LEN and isinstance(value, bytes)]
 
 
-def _container(raw: bytes, namespace: str, pod: str) -> list[Allocation]:
+def _name(raw: bytes) -> tuple[str, bool]:
+    """A pod, namespace or container name, and whether it had to be cut to :data:`MAX_NAME`
+    (decoding only what is kept: a 4 MB name costs no 4 MB string)."""
+    if len(raw) <= MAX_NAME:
+        return text(raw), False
+    return raw[:MAX_NAME].decode("utf-8", "ignore"), True  # "ignore": a character split by the cut
+
+
+def _container(raw: bytes, namespace: str, pod: str, cut: bool) -> list[Allocation]:
     """ContainerResources{name=1, devices=2, cpu_ids=3, memory=4, dynamic_resources=5}."""
     name = ""
     devices: list[tuple[str, list[str]]] = []
@@ -97,14 +112,15 @@ def _container(raw: bytes, namespace: str, pod: str) -> list[Allocation]:
         if wire != LEN or not isinstance(value, bytes):
             continue
         if number == 1:
-            name = text(value)
+            name, long_name = _name(value)
+            cut = cut or long_name
         elif number == 2:
             devices.append(_container_devices(value))
         elif number == 5:
             claims += _dynamic_resource(value)
-    out = [Allocation(namespace, pod, name, resource, device_id)
+    out = [Allocation(namespace, pod, name, resource, device_id, cut=cut)
            for resource, ids in devices for device_id in ids]
-    out += [Allocation(namespace, pod, name, claim.driver, claim.device, claim) for claim in claims]
+    out += [Allocation(namespace, pod, name, claim.driver, claim.device, claim, cut) for claim in claims]
     return out
 
 
@@ -116,18 +132,21 @@ def parse_list_response(raw: bytes) -> list[Allocation]:
             if number != 1 or wire != LEN or not isinstance(pod_raw, bytes):
                 continue
             pod = namespace = ""
+            cut = long_name = False
             containers: list[bytes] = []
             for n, w, value in fields(pod_raw):
                 if w != LEN or not isinstance(value, bytes):
                     continue
                 if n == 1:
-                    pod = text(value)
+                    pod, long_name = _name(value)
+                    cut = cut or long_name
                 elif n == 2:
-                    namespace = text(value)
+                    namespace, long_name = _name(value)
+                    cut = cut or long_name
                 elif n == 3:
                     containers.append(value)
             for container in containers:
-                out += _container(container, namespace, pod)
+                out += _container(container, namespace, pod, cut)
     except WireError as exc:
         raise PodResourcesError(f"malformed ListPodResourcesResponse: {exc}") from exc
     return out

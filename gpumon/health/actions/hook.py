@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from gpumon.health.actions.process import ActionError, run_bounded
+from gpumon.health.actions.process import ActionError, clean_environment, run_bounded
 from gpumon.health.actions.settings import ActionSettings
 from gpumon.health.stage import Verdict
 
@@ -25,8 +25,8 @@ class HookAction:
     def act(self, verdict: Verdict) -> None:
         stdin = (json.dumps(verdict.as_dict(), sort_keys=True) + "\n").encode()
         out = run_bounded([self.path], self.timeout, stdin=stdin,
-                          env={**os.environ, "GPUMON_HEALTH_STATUS": verdict.as_dict()["status"],
-                               "GPUMON_HEALTH_ACTION": verdict.action})
+                          env=clean_environment(extra={"GPUMON_HEALTH_STATUS": verdict.as_dict()["status"],
+                                                       "GPUMON_HEALTH_ACTION": verdict.action}))
         if out.returncode != 0:
             last = out.stderr.strip().splitlines()
             raise ActionError(f"hook {self.path} exited {out.returncode}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import ssl
 import time
@@ -94,6 +95,10 @@ class KubernetesAction:
         self.timeout = settings.timeout
         self.since: dict[str, tuple[str, str]] = {}
         self._clock = clock or time.time
+        if self.api.startswith("http://"):  # only with [health] kube_api_allow_http (checked with the config)
+            logging.getLogger("gpumon.health.actions").warning(
+                "health: kube_api %s is plain http: the service-account token is sent in cleartext "
+                "(kube_api_allow_http = true)", self.api)
 
     def act(self, verdict: Verdict) -> None:
         if not self.node or not self.api:

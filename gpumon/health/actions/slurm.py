@@ -13,7 +13,7 @@ import re
 import shutil
 from dataclasses import dataclass
 
-from gpumon.health.actions.process import ActionError, run_bounded
+from gpumon.health.actions.process import ActionError, clean_environment, run_bounded
 from gpumon.health.actions.settings import ActionSettings
 from gpumon.health.catalogue import Level
 from gpumon.health.stage import Verdict
@@ -93,7 +93,7 @@ class SlurmAction:
         return parse_show_node(self._scontrol("show", "node", self.node))
 
     def _scontrol(self, *args: str) -> str:
-        out = run_bounded([self.scontrol, *args], self.timeout)
+        out = run_bounded([self.scontrol, *args], self.timeout, env=clean_environment(("SLURM_",)))
         if out.returncode != 0:
             detail = (out.stderr or out.stdout).strip().splitlines()
             raise ActionError(f"scontrol {args[0]} {self.node} exited {out.returncode}: "
