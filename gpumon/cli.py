@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     health = sub.add_parser("health", help="the node's health verdict (exit 0 healthy, 1 degraded or "
                             "unhealthy); 'health clear RULE|--all' clears sticky verdicts")
     _common(health)
-    health.add_argument("--format", choices=("table", "json"), default="table")
+    health.add_argument("--format", choices=("table", "json", "nhc"), default="table",
+                        help="nhc: NHC's own lines ('<host> | Healthy' or 'ERROR:  nhc:  Health check "
+                        "failed: ... FaultCode: NHCxxxx')")
     health.add_argument("action", nargs="?", choices=("clear",), help="clear sticky verdicts")
     health.add_argument("rule", nargs="?", help="the rule id (or rule|subject key) to clear")
     health.add_argument("--all", action="store_true", help="with clear: every sticky verdict")
@@ -243,7 +245,10 @@ def cmd_health(args: argparse.Namespace, config: Config) -> int:
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    sys.stdout.write(report.health_json(verdict) if args.format == "json" else report.health_table(verdict))
+    if args.format == "nhc":
+        sys.stdout.write(report.health_nhc(verdict, daemon.hostname(config).split(".")[0]))
+    else:
+        sys.stdout.write(report.health_json(verdict) if args.format == "json" else report.health_table(verdict))
     return EXIT_OK if verdict.level == 0 else EXIT_FAILED
 
 

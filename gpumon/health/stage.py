@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.health.catalogue import Level, worst_action
+from gpumon.health.faultcodes import with_code
 from gpumon.health.rules import Evaluator, Finding, History, Thresholds
 from gpumon.health.skus import Expected, expected_for
 from gpumon.health.state import Active, HealthState, StateStore, boot_id
@@ -226,10 +227,12 @@ class HealthStage:
         if previous == key:
             return ()
         was = Level(previous[0]) if previous else Level.OK
-        reasons = "; ".join(f["reason"] for f in verdict.findings) or "all rules ok"
+        reasons = "; ".join(with_code(f["reason"], f.get("fault_code")) for f in verdict.findings) or "all rules ok"
         message = f"node health {was.label} -> {verdict.level.label} (action {verdict.action}): {reasons}"
         return (Event("health_changed", _SEVERITY[verdict.level], {}, message,
                       {"previous": was.label, "current": verdict.level.label, "action": verdict.action,
+                       "fault_codes": list(dict.fromkeys(f["fault_code"] for f in verdict.findings
+                                                         if f.get("fault_code"))),
                        "findings": [dict(f) for f in verdict.findings]}),)
 
     def _save(self, now: float) -> None:
