@@ -275,7 +275,7 @@ def _check_health_actions(config: Config) -> bool:
     section = config.sections.get("health")
     if section is None or not section["enabled"]:
         return False
-    settings = action_settings(section)
+    settings = daemon.with_imds(action_settings(section), config)
     if not actions_on(settings):
         return False
     from gpumon.health.actions import check
@@ -285,7 +285,7 @@ def _check_health_actions(config: Config) -> bool:
         print(f"health    {'actions':<28} FAIL  {problem}")
     if not problems:
         on = [name for name, flag in (("slurm", settings.slurm), ("kubernetes", settings.kubernetes),
-                                      ("hook", bool(settings.hook))) if flag]
+                                      ("hook", bool(settings.hook)), ("azure_ghr", settings.azure_ghr)) if flag]
         print(f"health    {'actions':<28} ok    {', '.join(on)}")
     return bool(problems)
 

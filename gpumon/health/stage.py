@@ -47,6 +47,10 @@ class Verdict:
     findings: tuple[dict[str, Any], ...]
     sku: str
     time: float
+    facts: dict[str, Any] = field(default_factory=dict, compare=False)
+    """What the actions may tell others about the hardware, not part of the verdict itself:
+    ``gpus`` (index -> uuid, serial, pci_bus_id, as last seen: a lost GPU drops out of NVML's
+    answers) and ``physical_host`` (the KVP pool's name of the Azure host)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": {Level.OK: "healthy"}.get(self.level, self.level.label), "level": int(self.level),
@@ -92,6 +96,8 @@ class HealthStage:
         self._node_key: tuple[int, tuple[str, ...]] | None = None
         self._actions: Any = None
         self._last_levels: tuple[dict, tuple[MetricFamily, ...]] | None = None
+        self._gpus: dict[str, dict[str, str]] = {}
+        self._physical_host = ""
 
     def attach(self, actions: Any) -> None:
         """Hand every verdict to ``actions`` (``on_verdict``, ``stats``, ``close``: the health actions'
@@ -135,6 +141,7 @@ class HealthStage:
             if self._store.changed_elsewhere():
                 self._reload_active()
             self._clear_reset_gpus(snapshot)
+            self._learn_facts(snapshot)
             # the baseline is taken from a run with nothing unhealthy (judged by the rules that need
             # no inventory), so a node that starts broken is not taken as the norm
             self._evaluator.expected, sku = self._expected(snapshot, self._verdict.level is Level.UNHEALTHY
@@ -217,7 +224,16 @@ class HealthStage:
         active = sorted(self._state.active.values(), key=lambda a: (-a.level, a.key))
         level = Level(max((a.level for a in active), default=0))
         action = worst_action([a.action for a in active if a.level == level]) if active else "none"
-        return Verdict(level, action, tuple(a.as_dict() for a in active), sku, now)
+        facts = {"gpus": {k: dict(v) for k, v in self._gpus.items()}, "physical_host": self._physical_host}
+        return Verdict(level, action, tuple(a.as_dict() for a in active), sku, now, facts)
+
+    def _learn_facts(self, snapshot: Snapshot) -> None:
+        info = snapshot.family("gpumon_gpu_info")
+        for s in info.samples if info else ():
+            self._gpus[s.label("gpu") or ""] = {k: s.label(k) or "" for k in ("uuid", "serial", "pci_bus_id")}
+        host = snapshot.family("gpumon_host_info")
+        for s in host.samples if host else ():
+            self._physical_host = s.label("physical_host") or self._physical_host
 
     def _transition(self, verdict: Verdict) -> tuple[Event, ...]:
         key = (int(verdict.level), tuple(sorted(self._state.active)))
