@@ -276,3 +276,30 @@ def test_the_daemon_builds_the_action_with_the_managed_identity_and_azure_imds(t
     assert len(arm.impacts) == 1
     assert os.path.exists(tmp_path / "state" / "azure-ghr.json")
     assert json.loads((tmp_path / "state" / "azure-ghr.json").read_text())["filed"]
+
+
+def test_an_xid_79_on_a_simulated_host_is_reported_with_its_gpu_serial_and_counted(tmp_path, arm, imds) -> None:
+    from tests.test_health_stage import Clock, Host, stage, until
+
+    host = Host(tmp_path)
+    s = stage(tmp_path, Clock())
+    r = runner(tmp_path, arm, imds)
+    s.attach(r)
+    try:
+        healthy = s.update(host.snapshot())
+        assert healthy.verdict.level is Level.OK
+        info = next(f for f in host.snapshot().families if f.name == "gpumon_gpu_info")
+        gpu3 = next(x for x in info.samples if x.label("gpu") == "3")
+        host.sim.apply({"action": "xid", "gpu": 3, "xid": 79})  # GPU 3 leaves NVML's answers: its facts stay
+        until(s, host, lambda res: any(f["rule"] == "gpu.xid.79" for f in res.verdict.findings))
+        wait_for(lambda: r.stats()["azure_ghr"]["runs"] >= 1 and not r._workers["azure_ghr"]._pending, timeout=10)
+        # gpu.lost and gpu.xid.79 on GPU 3 are one XID79FallenOffBus; the missing GPU is HpcMissingGpu
+        wait_for(lambda: sorted(d["properties"]["impactCategory"] for d in arm.impacts.values()) == [
+            "Resource.Hpc.Unhealthy.HpcMissingGpu", "Resource.Hpc.Unhealthy.XID79FallenOffBus"], timeout=10)
+        extra = [d["properties"]["additionalProperties"] for d in arm.impacts.values()]
+        assert any(e.get("SerialNumber") == gpu3.label("serial") and e.get("PciBusId") == gpu3.label("pci_bus_id")
+                   for e in extra), extra
+        fam = next(f for f in s.update(host.snapshot()).families if f.name == "gpumon_health_azure_ghr_reports_total")
+        assert {x.label("outcome"): x.value for x in fam.samples}["filed"] == len(arm.impacts)
+    finally:
+        s.close()

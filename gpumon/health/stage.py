@@ -35,7 +35,10 @@ ACTION_RUNS = MetricSpec("gpumon_health_action_runs_total", MetricType.COUNTER,
 ACTION_FAILURES = MetricSpec("gpumon_health_action_failures_total", MetricType.COUNTER,
                              "Failed attempts of a health action (each retried with backoff).",
                              labels=("action",))
-SPECS = (STATE, NODE, ACTION_RUNS, ACTION_FAILURES)
+GHR_REPORTS = MetricSpec("gpumon_health_azure_ghr_reports_total", MetricType.COUNTER,
+                         "Guest Health Reports by outcome: filed, already_filed (409), rate_limited, rejected "
+                         "(400), not_onboarded (403), unauthorized (401), dry_run.", labels=("outcome",))
+SPECS = (STATE, NODE, ACTION_RUNS, ACTION_FAILURES, GHR_REPORTS)
 SAVE_EVERY = 60.0
 _SEVERITY = {Level.OK: Severity.INFO, Level.DEGRADED: Severity.WARNING, Level.UNHEALTHY: Severity.CRITICAL}
 
@@ -164,9 +167,16 @@ class HealthStage:
 
     def _action_families(self) -> tuple[MetricFamily, ...]:
         stats = self._actions.stats()
-        return (MetricFamily(ACTION_RUNS, tuple(ACTION_RUNS.sample(v["runs"], k) for k, v in sorted(stats.items()))),
-                MetricFamily(ACTION_FAILURES, tuple(ACTION_FAILURES.sample(v["failures"], k)
-                                                    for k, v in sorted(stats.items()))))
+        families: tuple[MetricFamily, ...] = (
+            MetricFamily(ACTION_RUNS, tuple(ACTION_RUNS.sample(v["runs"], k) for k, v in sorted(stats.items()))),
+            MetricFamily(ACTION_FAILURES, tuple(ACTION_FAILURES.sample(v["failures"], k)
+                                                for k, v in sorted(stats.items()))))
+        outcomes_of = getattr(self._actions, "outcomes", None)
+        outcomes = outcomes_of().get("azure_ghr") if outcomes_of is not None else None
+        if outcomes:
+            families += (MetricFamily(GHR_REPORTS, tuple(GHR_REPORTS.sample(n, outcome)
+                                                         for outcome, n in sorted(outcomes.items()))),)
+        return families
 
     def _unhealthy_without_inventory(self, snapshot: Snapshot, now: float) -> bool:
         if self._state.baseline is not None or self._evaluator.expected is not None:

@@ -70,6 +70,11 @@ class HealthActions:
     def stats(self) -> dict[str, dict[str, int]]:
         return {kind: worker.stats() for kind, worker in self._workers.items()}
 
+    def outcomes(self) -> dict[str, dict[str, int]]:
+        """Per action kind that counts them, what its attempts came to (azure_ghr: filed, rejected, ...)."""
+        return {kind: dict(counts) for kind, worker in self._workers.items()
+                if isinstance(counts := getattr(worker.action, "counts", None), dict)}
+
     def close(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
         for worker in self._workers.values():

@@ -123,7 +123,9 @@ class GuestHealthReportAction:
         doc = self._load()
         self.filed: dict[str, dict[str, Any]] = doc.get("filed", {})
         self.sent: dict[str, list[float]] = doc.get("sent", {})
-        self._open: dict[str, str] = {}  # name -> finding key, of findings filed and still present
+        self._open: dict[str, tuple[str, str]] = {}
+        """name -> (finding key, impact), of findings filed and still present; ``impact`` (category and
+        subject) is what Azure is told: gpu.lost and gpu.xid.79 on one GPU are one XID79FallenOffBus."""
         self._unfiled: dict[str, str] = {}  # name -> finding key, of findings whose report failed so far
         self._dry: set[str] = set()
         self._tls = ssl.create_default_context()
@@ -150,14 +152,18 @@ class GuestHealthReportAction:
         for finding in findings:
             name = report_name(instance.vm_id, finding)
             if name in self.filed or name in self._dry:
-                self._open[name] = _key(finding)
+                self._open[name] = (_occurrence(finding), _impact(finding))
+                continue
+            told = next((n for n, (_, impact) in self._open.items() if impact == _impact(finding)), None)
+            if told is not None:
+                log.info("azure_ghr: %s is the impact report %s already filed; not filed again", _key(finding), told)
                 continue
             try:
                 self._report(instance, name, finding, verdict.facts, now)
             except _Rejected:
                 self.filed[name] = {"key": _key(finding), "rejected": True, "at": now}  # never sent again
             except ActionError as exc:
-                self._unfiled[name] = _key(finding)
+                self._unfiled[name] = _occurrence(finding)
                 errors.append(exc)
             else:
                 self._unfiled.pop(name, None)
@@ -167,13 +173,13 @@ class GuestHealthReportAction:
             raise ActionError("; ".join(str(e) for e in errors), wait or None)
 
     def _note_cleared(self, verdict: Verdict) -> None:
-        present = {_key(f) for f in verdict.findings}
-        for name, key in list(self._open.items()):
-            if key not in present:
+        occurrences = {_occurrence(f) for f in verdict.findings}
+        for name, (key, _) in list(self._open.items()):
+            if key not in occurrences:
                 del self._open[name]
                 log.info("azure_ghr: %s cleared; its impact report %s stays filed (no second report)", key, name)
         for name, key in list(self._unfiled.items()):
-            if key not in present:
+            if key not in occurrences:
                 del self._unfiled[name]
                 log.info("azure_ghr: %s cleared before its impact report %s could be filed; none filed", key, name)
 
@@ -195,12 +201,12 @@ class GuestHealthReportAction:
         if self.dry_run:
             self.counts["dry_run"] += 1
             self._dry.add(name)
-            self._open[name] = _key(finding)
+            self._open[name] = (_occurrence(finding), _impact(finding))
             log.warning("azure_ghr: dry run, not sent: PUT %s %s", url, payload)
             return
         status = self._put(url, payload.encode(), _key(finding))
         self.filed[name] = {"key": _key(finding), "category": category, "at": now}
-        self._open[name] = _key(finding)
+        self._open[name] = (_occurrence(finding), _impact(finding))
         recent.append(now)
         if status == 409:
             self.counts["already_filed"] += 1
@@ -284,6 +290,17 @@ class _Rejected(Exception):
 
 def _path(url: str) -> str:
     return urllib.parse.urlsplit(url).path
+
+
+def _impact(finding: dict[str, Any]) -> str:
+    return str(finding.get("impact_category", "")) + "".join(
+        f"|{k}={v}" for k, v in sorted(dict(finding.get("subject") or {}).items()))
+
+
+def _occurrence(finding: dict[str, Any]) -> str:
+    """One occurrence of a finding: its key and when it started (the same rule on the same GPU
+    after it cleared is a new one)."""
+    return f"{_key(finding)}@{float(finding.get('since') or 0):.3f}"
 
 
 def _key(finding: dict[str, Any]) -> str:
