@@ -111,3 +111,9 @@ def test_format_nhc_prints_healthy_then_nhc_error_lines_with_the_fault_code(tmp_
     assert failed.returncode == 1, failed.stderr
     assert failed.stdout == f"{host} | ERROR:  nhc:  Health check failed:  gpu.xid.79: GPU 3: XID 79. " \
                             "FaultCode: NHC2013\n"
+
+
+def test_the_fault_code_table_in_the_docs_is_the_generated_one() -> None:
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "health-actions.md")
+    with open(path, encoding="utf-8") as fh:
+        assert faultcodes.markdown() in fh.read(), "regenerate with python -m gpumon.health.faultcodes"

@@ -88,3 +88,21 @@ def nhc_line(rule: str, reason: str) -> str:
     fc = for_rule(rule)
     line = f"ERROR:  nhc:  Health check failed:  {rule}: {reason.rstrip('.')}."
     return line + (f" FaultCode: {fc.code}" if fc else "")
+
+
+def markdown() -> str:
+    """The rule -> fault code table of docs/health-actions.md (a test keeps it in sync):
+    ``python -m gpumon.health.faultcodes``."""
+    rows = ["| gpumon rule | AzNHC fault code | Guest Health Reporting impact category |", "|---|---|---|"]
+    for rule, code in sorted(RULE_CODES.items(), key=lambda item: (item[1], _order(item[0]))):
+        rows.append(f"| `{rule}` | {code} | `{FAULT_CODES[code].category}` |")
+    return "\n".join(rows) + "\n"
+
+
+def _order(rule: str) -> tuple[str, int]:
+    head, _, tail = rule.rpartition(".")
+    return (head, int(tail)) if tail.isdigit() else (rule, 0)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
