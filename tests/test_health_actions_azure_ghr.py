@@ -303,3 +303,16 @@ def test_an_xid_79_on_a_simulated_host_is_reported_with_its_gpu_serial_and_count
         assert {x.label("outcome"): x.value for x in fam.samples}["filed"] == len(arm.impacts)
     finally:
         s.close()
+
+
+def test_a_damaged_memory_file_costs_at_most_a_409(tmp_path, arm, imds) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "azure-ghr.json").write_text('{"filed": {"x": 3, "y": {"at": "soon"}}, "sent": {"c": ["a", 1]}}')
+    a = action(tmp_path, arm, imds)
+    a.act(verdict(XID79))
+    assert len(arm.impacts) == 1
+    (state / "azure-ghr.json").write_text("not json")
+    arm.faults = [(409, {})]
+    action(tmp_path, arm, imds).act(verdict(XID79))  # forgotten: asked again, ARM has it
+    assert len(arm.puts()) == 2 and len(arm.impacts) == 1

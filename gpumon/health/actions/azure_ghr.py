@@ -121,8 +121,13 @@ class GuestHealthReportAction:
         self.disabled = ""
         """Why the action does nothing on this host (IMDS names no subscription or resource); "" while on."""
         doc = self._load()
-        self.filed: dict[str, dict[str, Any]] = doc.get("filed", {})
-        self.sent: dict[str, list[float]] = doc.get("sent", {})
+        filed, sent = doc.get("filed"), doc.get("sent")
+        self.filed: dict[str, dict[str, Any]] = {
+            str(k): v for k, v in (filed.items() if isinstance(filed, dict) else ())
+            if isinstance(v, dict) and isinstance(v.get("at"), (int, float))}
+        self.sent: dict[str, list[float]] = {
+            str(k): [float(t) for t in v if isinstance(t, (int, float))]
+            for k, v in (sent.items() if isinstance(sent, dict) else ()) if isinstance(v, list)}
         self._open: dict[str, tuple[str, str]] = {}
         """name -> (finding key, impact), of findings filed and still present; ``impact`` (category and
         subject) is what Azure is told: gpu.lost and gpu.xid.79 on one GPU are one XID79FallenOffBus."""
