@@ -316,3 +316,17 @@ def test_a_damaged_memory_file_costs_at_most_a_409(tmp_path, arm, imds) -> None:
     arm.faults = [(409, {})]
     action(tmp_path, arm, imds).act(verdict(XID79))  # forgotten: asked again, ARM has it
     assert len(arm.puts()) == 2 and len(arm.impacts) == 1
+
+
+def test_a_clock_that_jumps_back_neither_lifts_nor_sticks_the_rate_limit(tmp_path, arm, imds) -> None:
+    now = [1_732_467_700.0]
+    a = GuestHealthReportAction(settings(arm, imds, azure_ghr_rate_limit=1, azure_ghr_rate_window=3600.0),
+                                str(tmp_path / "state"), credential(), clock=lambda: now[0])
+    a.act(verdict(XID79))
+    now[0] -= 10 * 86400  # the clock steps back ten days
+    later = finding("gpu.xid.79", "GPU 5: XID 79", {"gpu": "5"})
+    a.act(verdict(XID79, later))
+    assert len(arm.puts()) == 1 and a.counts["rate_limited"] == 1  # the report just filed still counts
+    now[0] += 3601  # and ages out one window later, not ten days later
+    a.act(verdict(XID79, later))
+    assert len(arm.puts()) == 2
