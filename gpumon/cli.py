@@ -165,8 +165,9 @@ def build_parser() -> _Parser:
         "moment's signals; exit 0 healthy, 1 degraded or unhealthy. 'health clear RULE' or "
         "'health clear --all' clears sticky verdicts (after a repair)."))
     _common(health)
-    health.add_argument("--format", choices=("table", "json"), default="table",
-                        help="table for people (default) or json")
+    health.add_argument("--format", choices=("table", "json", "nhc"), default="table",
+                        help="table for people (default), json, or nhc: NHC's own lines ('<host> | Healthy' or "
+                        "'ERROR:  nhc:  Health check failed: ... FaultCode: NHCxxxx')")
     health.add_argument("action", nargs="?", choices=("clear",), help="clear sticky verdicts")
     health.add_argument("rule", nargs="?", help="the rule id (or rule|subject key) to clear")
     health.add_argument("--all", action="store_true", help="with clear: every sticky verdict")
@@ -387,7 +388,10 @@ def cmd_health(args: argparse.Namespace, config: Config) -> int:
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    sys.stdout.write(report.health_json(verdict) if args.format == "json" else report.health_table(verdict))
+    if args.format == "nhc":
+        sys.stdout.write(report.health_nhc(verdict, daemon.hostname(config).split(".")[0]))
+    else:
+        sys.stdout.write(report.health_json(verdict) if args.format == "json" else report.health_table(verdict))
     return EXIT_OK if verdict.level == 0 else EXIT_FAILED
 
 
@@ -472,7 +476,7 @@ def _check_health_actions(config: Config) -> bool:
     section = config.sections.get("health")
     if section is None or not section["enabled"]:
         return False
-    settings = action_settings(section)
+    settings = daemon.with_imds(action_settings(section), config)
     if not actions_on(settings):
         return False
     from gpumon.health.actions import check
@@ -482,7 +486,7 @@ def _check_health_actions(config: Config) -> bool:
         print(f"health    {'actions':<28} FAIL  {problem}")
     if not problems:
         on = [name for name, flag in (("slurm", settings.slurm), ("kubernetes", settings.kubernetes),
-                                      ("hook", bool(settings.hook))) if flag]
+                                      ("hook", bool(settings.hook)), ("azure_ghr", settings.azure_ghr)) if flag]
         print(f"health    {'actions':<28} ok    {', '.join(on)}")
     return bool(problems)
 

@@ -16,7 +16,7 @@ from ``gpumon.daemon``.
 from __future__ import annotations
 
 from gpumon.daemon.context import host_state_dir, hostname, make_context, simulation_dir, sink_context
-from gpumon.daemon.health import health_stage
+from gpumon.daemon.health import health_stage, with_imds
 from gpumon.daemon.loop import CollectorRunner, Loop, log_event, run_collect
 from gpumon.daemon.once import collect_once
 from gpumon.daemon.plan import (
@@ -40,6 +40,7 @@ __all__ = [
     "collect_once",
     "collector_deadline",
     "health_stage",
+    "with_imds",
     "host_state_dir",
     "hostname",
     "log_event",

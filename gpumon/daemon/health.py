@@ -3,14 +3,17 @@ IMDS, and the verdict the Prometheus endpoint serves."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from gpumon import imds
 from gpumon.collectors.base import Context
 from gpumon.config import Config
+from gpumon.health.actions.settings import ActionSettings
 from gpumon.health.settings import action_settings, actions_on, health_settings
 from gpumon.health.stage import HealthStage
 
@@ -31,12 +34,36 @@ def health_stage(config: Config, ctx: Context, persist: bool = True, act: bool =
     # daemon then reloads, with a new stage: see Daemon._health_for)
     stage = HealthStage(state_dir or ctx.state_dir, health_settings(section), vm_size=_vm_size_of(ctx),
                         persist=persist, boot=ctx.simulation.boot_id if ctx.simulation is not None else None)
-    settings = action_settings(section)
+    settings = with_imds(action_settings(section), config)
     if act and actions_on(settings):
         from gpumon.health.actions import HealthActions
 
-        stage.attach(HealthActions(settings, ctx.state_dir))
+        stage.attach(HealthActions(settings, ctx.state_dir, _ghr_credential(settings)))
     return stage
+
+
+def with_imds(settings: ActionSettings, config: Config) -> ActionSettings:
+    """The actions' settings with ``[azure]``'s IMDS (the one shared client ``azure_ghr`` asks)."""
+    azure = imds.OPTIONS.settings_of(config.sections.get("azure"))
+    return dataclasses.replace(settings, imds_url=azure.imds_url, imds_timeout=azure.imds_timeout)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ManagedIdentity:
+    """The credential options of ``azure_ghr``: always the VM's managed identity."""
+
+    client_id: str
+    credential: str = "managed_identity"
+    tenant_id: str = ""
+    client_secret: str = ""
+
+
+def _ghr_credential(settings: ActionSettings) -> Any:
+    if not settings.azure_ghr:
+        return None
+    from gpumon.sinks.azure_identity import make_credential
+
+    return make_credential(_ManagedIdentity(settings.azure_ghr_client_id), "[health]")
 
 
 class _VmSize:

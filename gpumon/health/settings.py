@@ -3,6 +3,7 @@ node to. Parsed once into :class:`~gpumon.health.stage.HealthSettings`."""
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +41,20 @@ def check_config(config: Config) -> None:
                           "https://, or set [health] kube_api_allow_http = true to accept that")
 
 
+def _client_id(value: Any) -> str | None:
+    """A managed identity's client id is a GUID (Entra ID application ids are)."""
+    if value and not re.fullmatch(r"[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}", str(value)):
+        return f"must be a client id (a GUID such as 6f1c43b5-6a1b-4c53-9d0e-2f8b7c1e9a40), got {value!r}"
+    return None
+
+
+def _https_url(value: Any) -> str | None:
+    parts = urllib.parse.urlsplit(str(value))
+    if parts.scheme != "https" or not parts.hostname:
+        return f"must be an https:// URL such as https://management.azure.com (got {value!r})"
+    return None
+
+
 @dataclass(frozen=True)
 class HealthSectionSettings:
     """The ``[health]`` section as parsed, one field per option; :func:`health_settings` and
@@ -63,6 +78,12 @@ class HealthSectionSettings:
     kube_token_file: str
     kube_ca_file: str
     hook: str
+    azure_ghr: bool
+    azure_ghr_client_id: str
+    azure_ghr_dry_run: bool
+    azure_ghr_arm: str
+    azure_ghr_rate_limit: int
+    azure_ghr_rate_window: float
     action_timeout: float
     action_backoff_initial: float
     action_backoff_max: float
@@ -102,6 +123,18 @@ HEALTH = SectionSchema("health", "The node's health verdict: rules over every sn
            "call (it rotates)."),
     Option("kube_ca_file", str, ActionSettings.kube_ca_file, "CA bundle that verifies the API server."),
     Option("hook", str, "", "An executable run on each change of the verdict, the verdict as JSON on stdin."),
+    Option("azure_ghr", bool, False, "File a Guest Health Report (Azure Impact Reporting API) for each new "
+           "unhealthy finding that has an AzNHC fault code, as the VM's managed identity (needs the Impact "
+           "Reporter role). docs/health-actions.md."),
+    Option("azure_ghr_client_id", str, "", "Client id of the user-assigned managed identity that files the "
+           "reports; empty: the system-assigned identity.", check=_client_id),
+    Option("azure_ghr_dry_run", bool, False, "Log each report's request instead of sending it."),
+    Option("azure_ghr_arm", str, ActionSettings.azure_ghr_arm, "The Azure Resource Manager endpoint (another "
+           "cloud's, such as https://management.usgovcloudapi.net).", check=_https_url),
+    Option("azure_ghr_rate_limit", int, ActionSettings.azure_ghr_rate_limit, "Reports per impact category "
+           "within `azure_ghr_rate_window`; more are logged and counted, not filed.", min=1, max=1000),
+    Option("azure_ghr_rate_window", float, ActionSettings.azure_ghr_rate_window, "Seconds of the rate "
+           "limit's window.", min=60.0, max=86400.0 * 30),
     Option("action_timeout", float, 10.0, "Seconds an action (scontrol, an API call, the hook) may take "
            "before it is killed.", min=0.1, max=600.0),
     Option("action_backoff_initial", float, 1.0, "Seconds before retrying a failed action; doubles with "
@@ -125,9 +158,12 @@ def action_settings(section: Mapping[str, Any] | None) -> ActionSettings:
         slurm=bool(v.slurm), slurm_node=str(v.slurm_node), scontrol=str(v.scontrol),
         kubernetes=bool(v.kubernetes), node_name=str(v.node_name), kube_api=str(v.kube_api),
         kube_token_file=str(v.kube_token_file), kube_ca_file=str(v.kube_ca_file), hook=str(v.hook),
+        azure_ghr=bool(v.azure_ghr), azure_ghr_client_id=str(v.azure_ghr_client_id),
+        azure_ghr_dry_run=bool(v.azure_ghr_dry_run), azure_ghr_arm=str(v.azure_ghr_arm),
+        azure_ghr_rate_limit=int(v.azure_ghr_rate_limit), azure_ghr_rate_window=float(v.azure_ghr_rate_window),
         timeout=float(v.action_timeout), backoff_initial=float(v.action_backoff_initial),
         backoff_max=float(v.action_backoff_max))
 
 
 def actions_on(settings: ActionSettings) -> bool:
-    return settings.slurm or settings.kubernetes or bool(settings.hook)
+    return settings.slurm or settings.kubernetes or bool(settings.hook) or settings.azure_ghr

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.health.catalogue import Level, worst_action
+from gpumon.health.faultcodes import with_code
 from gpumon.health.rules import Evaluator, Finding, History, Thresholds
 from gpumon.health.skus import Expected, expected_for
 from gpumon.health.state import Active, HealthState, StateStore, boot_id
@@ -34,7 +35,10 @@ ACTION_RUNS = MetricSpec("gpumon_health_action_runs_total", MetricType.COUNTER,
 ACTION_FAILURES = MetricSpec("gpumon_health_action_failures_total", MetricType.COUNTER,
                              "Failed attempts of a health action (each retried with backoff).",
                              labels=("action",))
-SPECS = (STATE, NODE, ACTION_RUNS, ACTION_FAILURES)
+GHR_REPORTS = MetricSpec("gpumon_health_azure_ghr_reports_total", MetricType.COUNTER,
+                         "Guest Health Reports by outcome: filed, already_filed (409), rate_limited, rejected "
+                         "(400), not_onboarded (403), unauthorized (401), dry_run.", labels=("outcome",))
+SPECS = (STATE, NODE, ACTION_RUNS, ACTION_FAILURES, GHR_REPORTS)
 SAVE_EVERY = 60.0
 _SEVERITY = {Level.OK: Severity.INFO, Level.DEGRADED: Severity.WARNING, Level.UNHEALTHY: Severity.CRITICAL}
 
@@ -49,6 +53,10 @@ class Verdict:
     #: findings (sticky ones, mostly) about a GPU this host no longer has (another UUID at that index,
     #: or none): listed for the operator to read and clear, counted in neither the level nor the action
     stale: tuple[dict[str, Any], ...] = ()
+    facts: dict[str, Any] = field(default_factory=dict, compare=False)
+    """What the actions may tell others about the hardware, not part of the verdict itself:
+    ``gpus`` (index -> uuid, serial, pci_bus_id, as last seen: a lost GPU drops out of NVML's
+    answers) and ``physical_host`` (the KVP pool's name of the Azure host)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": {Level.OK: "healthy"}.get(self.level, self.level.label), "level": int(self.level),
@@ -98,6 +106,8 @@ class HealthStage:
         self._node_key: tuple[int, tuple[str, ...]] | None = None
         self._actions: Any = None
         self._last_levels: tuple[dict, tuple[MetricFamily, ...]] | None = None
+        self._gpus: dict[str, dict[str, str]] = {}
+        self._physical_host = ""
 
     def attach(self, actions: Any) -> None:
         """Hand every verdict to ``actions`` (``on_verdict``, ``stats``, ``close``: the health actions'
@@ -155,6 +165,7 @@ class HealthStage:
             if self._store.changed_elsewhere():
                 self._reload_active()
             self._clear_reset_gpus(snapshot)
+            self._learn_facts(snapshot)
             # the baseline is taken from a run with nothing unhealthy (judged by the rules that need
             # no inventory), so a node that starts broken is not taken as the norm
             self._evaluator.expected, sku = self._expected(snapshot, self._verdict.level is Level.UNHEALTHY
@@ -179,9 +190,16 @@ class HealthStage:
 
     def _action_families(self) -> tuple[MetricFamily, ...]:
         stats = self._actions.stats()
-        return (MetricFamily(ACTION_RUNS, tuple(ACTION_RUNS.sample(v["runs"], k) for k, v in sorted(stats.items()))),
-                MetricFamily(ACTION_FAILURES, tuple(ACTION_FAILURES.sample(v["failures"], k)
-                                                    for k, v in sorted(stats.items()))))
+        families: tuple[MetricFamily, ...] = (
+            MetricFamily(ACTION_RUNS, tuple(ACTION_RUNS.sample(v["runs"], k) for k, v in sorted(stats.items()))),
+            MetricFamily(ACTION_FAILURES, tuple(ACTION_FAILURES.sample(v["failures"], k)
+                                                for k, v in sorted(stats.items()))))
+        outcomes_of = getattr(self._actions, "outcomes", None)
+        outcomes = outcomes_of().get("azure_ghr") if outcomes_of is not None else None
+        if outcomes:
+            families += (MetricFamily(GHR_REPORTS, tuple(GHR_REPORTS.sample(n, outcome)
+                                                         for outcome, n in sorted(outcomes.items()))),)
+        return families
 
     def _unhealthy_without_inventory(self, snapshot: Snapshot, now: float) -> bool:
         if self._state.baseline is not None or self._evaluator.expected is not None:
@@ -268,8 +286,17 @@ class HealthStage:
         active = [a for a in ordered if not a.stale]
         level = Level(max((a.level for a in active), default=0))
         action = worst_action([a.action for a in active if a.level == level]) if active else "none"
+        facts = {"gpus": {k: dict(v) for k, v in self._gpus.items()}, "physical_host": self._physical_host}
         return Verdict(level, action, tuple(a.as_dict(now) for a in active), sku, now,
-                       tuple(a.as_dict(now) for a in ordered if a.stale))
+                       tuple(a.as_dict(now) for a in ordered if a.stale), facts)
+
+    def _learn_facts(self, snapshot: Snapshot) -> None:
+        info = snapshot.family("gpumon_gpu_info")
+        for s in info.samples if info else ():
+            self._gpus[s.label("gpu") or ""] = {k: s.label(k) or "" for k in ("uuid", "serial", "pci_bus_id")}
+        host = snapshot.family("gpumon_host_info")
+        for s in host.samples if host else ():
+            self._physical_host = s.label("physical_host") or self._physical_host
 
     def _transition(self, verdict: Verdict) -> tuple[Event, ...]:
         key = (int(verdict.level), tuple(sorted(k for k, a in self._state.active.items() if not a.stale)))
@@ -279,12 +306,15 @@ class HealthStage:
         if previous == key:
             return ()
         was = Level(previous[0]) if previous else Level.OK
-        reasons = "; ".join(f["reason"] + (f" (restored from the state directory, first seen "
-                                           f"{age_text(f['age_seconds'])} ago)" if f["restored"] else "")
+        reasons = "; ".join(with_code(f["reason"], f.get("fault_code"))
+                            + (f" (restored from the state directory, first seen "
+                               f"{age_text(f['age_seconds'])} ago)" if f["restored"] else "")
                             for f in verdict.findings) or "all rules ok"
         message = f"node health {was.label} -> {verdict.level.label} (action {verdict.action}): {reasons}"
         return (Event("health_changed", _SEVERITY[verdict.level], {}, message,
                       {"previous": was.label, "current": verdict.level.label, "action": verdict.action,
+                       "fault_codes": list(dict.fromkeys(f["fault_code"] for f in verdict.findings
+                                                         if f.get("fault_code"))),
                        "findings": [dict(f) for f in verdict.findings]}),)
 
     def _save(self, now: float) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.health import faultcodes
 from gpumon.health.catalogue import Level
 from gpumon.sources.kmsg import boot_id as boot_id  # the stage compares it with the saved one
 
@@ -52,9 +53,11 @@ class Active:
         return self.rule + "".join(f"|{k}={v}" for k, v in self.subject)
 
     def as_dict(self, now: float | None = None) -> dict[str, Any]:
+        fc = faultcodes.for_rule(self.rule)
         out = {"rule": self.rule, "subject": {k: v for k, v in self.subject}, "severity": Level(self.level).label,
                "action": self.action, "reason": self.reason, "sticky": self.sticky,
-               "since": self.since, "last_seen": self.last_seen, "restored": self.restored}
+               "since": self.since, "last_seen": self.last_seen, "restored": self.restored,
+               "fault_code": fc.code if fc else None, "impact_category": fc.category if fc else None}
         if now is not None:
             out["age_seconds"] = round(max(0.0, now - self.since), 1)
         if self.uuid:

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Iterable
 
 from gpumon import registry
+from gpumon.health.faultcodes import nhc_line
 from gpumon.health.stage import Verdict, age_text
 from gpumon.model import Snapshot
 from gpumon.render import Renderer
@@ -93,6 +94,15 @@ def _summarizer(name: str) -> Callable[[Snapshot], Table | None] | None:
 
 def health_json(verdict: Verdict) -> str:
     return json.dumps(verdict.as_dict(), indent=2) + "\n"
+
+
+def health_nhc(verdict: Verdict, host: str) -> str:
+    """``gpumon health --format nhc``: NHC's own lines, as distributed NHC collects them per host:
+    ``<host> | Healthy``, or one ``ERROR:  nhc:  Health check failed:  ...`` line per finding."""
+    doc = verdict.as_dict()
+    if not doc["findings"]:
+        return f"{host} | Healthy\n"
+    return "".join(f"{host} | {nhc_line(f['rule'], f['reason'])}\n" for f in doc["findings"])
 
 
 def health_table(verdict: Verdict, width: int = WIDTH) -> str:

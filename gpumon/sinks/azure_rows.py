@@ -76,7 +76,7 @@ HOLDER_COLUMNS: tuple[tuple[str, str], ...] = (
 EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("Kind", "string"), ("Severity", "string"), ("Message", "string"), ("Subject", "dynamic"),
     ("Attributes", "dynamic"), ("Gpu", "int"), ("Uuid", "string"), ("Device", "string"), ("Port", "int"),
-    ("Collector", "string"), *((column, "string") for _, column in HOLDER_COLUMNS),
+    ("Collector", "string"), *((column, "string") for _, column in HOLDER_COLUMNS), ("FaultCode", "string"),
 )
 
 GENERIC_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -447,6 +447,9 @@ class RowBuilder:
                 if value is not None:
                     row[column] = value
         row.update(_holder_columns(event.attributes))
+        codes = event.attributes.get("fault_codes")
+        if isinstance(codes, (list, tuple)) and codes:  # health_changed: AzNHC codes of the findings
+            row["FaultCode"] = ",".join(str(c) for c in codes)
         return row
 
 

@@ -1,5 +1,5 @@
 """Acting on the health verdict (opt-in, every action off by default): drain the node in Slurm, set
-NodeConditions on its Kubernetes node, run an operator's hook.
+NodeConditions on its Kubernetes node, run an operator's hook, file Guest Health Reports with Azure.
 
 :class:`HealthActions` is fed every verdict by the loop and returns at once. It acts once per
 *transition* (a change of the level or of the set of findings), on one worker thread per action
@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from gpumon.backoff import Backoff
-from gpumon.health.actions import hook, kubernetes, slurm
+from gpumon.health.actions import azure_ghr, hook, kubernetes, slurm
 from gpumon.health.actions.settings import ActionSettings
 from gpumon.health.actions.worker import Action, Worker
 from gpumon.health.stage import Verdict
@@ -39,14 +39,15 @@ def transition_key(verdict: Verdict) -> list[Any]:
 class HealthActions:
     """The runner the loop calls: ``on_verdict`` after every health update, ``close`` at shutdown."""
 
-    def __init__(self, settings: ActionSettings, state_dir: str) -> None:
+    def __init__(self, settings: ActionSettings, state_dir: str, credential: Any = None) -> None:
+        """``credential``: the azure-identity credential ``azure_ghr`` takes its ARM token from."""
         self.settings = settings
         self._path = os.path.join(state_dir, STATE_FILE)
         self._lock = threading.Lock()
         self._done = self._load()
         self._seen: list[Any] | None = None
         self._workers: dict[str, Worker] = {}
-        for action in _actions(settings):
+        for action in _actions(settings, state_dir, credential):
             backoff = Backoff(settings.backoff_initial, settings.backoff_max)
             self._workers[action.kind] = Worker(action, backoff, self._recorder(action.kind))
 
@@ -62,12 +63,17 @@ class HealthActions:
             # At start, an action whose last carried-out transition is this one has nothing to do; the
             # hook, never run before, treats a healthy start as no change. Slurm and Kubernetes
             # reconcile at start: the node may have been left drained or its conditions stale.
-            last = done.get(kind, HEALTHY_KEY if kind == "hook" else None)
+            last = done.get(kind, HEALTHY_KEY if kind in ("hook", "azure_ghr") else None)
             if not first or key != last:
                 worker.submit(verdict)
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {kind: worker.stats() for kind, worker in self._workers.items()}
+
+    def outcomes(self) -> dict[str, dict[str, int]]:
+        """Per action kind that counts them, what its attempts came to (azure_ghr: filed, rejected, ...)."""
+        return {kind: dict(counts) for kind, worker in self._workers.items()
+                if isinstance(counts := getattr(worker.action, "counts", None), dict)}
 
     def close(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
@@ -104,7 +110,7 @@ class HealthActions:
             log.debug("health actions: cannot save %s: %s", self._path, exc)
 
 
-def _actions(settings: ActionSettings) -> list[Action]:
+def _actions(settings: ActionSettings, state_dir: str, credential: Any) -> list[Action]:
     out: list[Action] = []
     if settings.slurm:
         out.append(slurm.SlurmAction(settings))
@@ -112,12 +118,14 @@ def _actions(settings: ActionSettings) -> list[Action]:
         out.append(kubernetes.KubernetesAction(settings))
     if settings.hook:
         out.append(hook.HookAction(settings))
+    if settings.azure_ghr:
+        out.append(azure_ghr.GuestHealthReportAction(settings, state_dir, credential))
     return out
 
 
 def check(settings: ActionSettings) -> list[str]:
     """Problems ``gpumon check`` prints: an action that is on but cannot work on this host."""
-    return slurm.check(settings) + kubernetes.check(settings) + hook.check(settings)
+    return slurm.check(settings) + kubernetes.check(settings) + hook.check(settings) + azure_ghr.check(settings)
 
 
 __all__ = ["ActionSettings", "HealthActions", "check", "transition_key"]

@@ -25,6 +25,7 @@ from typing import Any
 from gpumon.health.actions.process import ActionError
 from gpumon.health.actions.settings import ActionSettings
 from gpumon.health.catalogue import Level
+from gpumon.health.faultcodes import with_code
 from gpumon.health.stage import Verdict
 from gpumon.sinks.common import retry_after_from_headers
 
@@ -76,7 +77,8 @@ def conditions(verdict: Verdict, since: dict[str, tuple[str, str]], now: float) 
         since[ctype] = (status, transition)
         if found:
             reason = camel(str(found[0].get("rule", "")))
-            message = "; ".join(str(f.get("reason", "")) for f in found)
+            message = "; ".join(with_code(str(f.get("reason", "")), f.get("fault_code"))
+                                for f in found)
         else:
             reason, message = f"No{ctype}", f"gpumon: no {ctype} problem"
         out.append({"type": ctype, "status": status, "reason": reason, "message": message[:1024],

@@ -38,7 +38,12 @@ def clean_environment(prefixes: tuple[str, ...] = (), extra: Mapping[str, str] |
 
 
 class ActionError(Exception):
-    """An attempt that failed and is worth retrying; its text is what gets logged."""
+    """An attempt that failed and is worth retrying; its text is what gets logged. ``retry_after``:
+    the seconds the server asked to wait (Retry-After), which the worker's backoff honours."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,14 @@ class ActionSettings:
     kube_token_file: str = f"{SERVICE_ACCOUNT}/token"
     kube_ca_file: str = f"{SERVICE_ACCOUNT}/ca.crt"
     hook: str = ""  # an executable given the verdict as JSON on stdin
+    azure_ghr: bool = False  # file Guest Health Reports (Impact Reporting API) for unhealthy findings
+    azure_ghr_client_id: str = ""  # a user-assigned managed identity; empty: the system-assigned one
+    azure_ghr_dry_run: bool = False  # log the requests instead of sending them
+    azure_ghr_arm: str = "https://management.azure.com"
+    azure_ghr_rate_limit: int = 5  # reports per impact category ...
+    azure_ghr_rate_window: float = 86400.0  # ... within this many seconds
+    imds_url: str = "http://169.254.169.254"  # [azure] imds_url: the one shared IMDS client
+    imds_timeout: float = 0.5
     timeout: float = 10.0
     backoff_initial: float = 1.0
     backoff_max: float = 300.0

@@ -77,7 +77,7 @@ class Worker:
             try:
                 self.action.act(verdict)
             except ActionError as exc:
-                self._failed(verdict, str(exc), retry)
+                self._failed(verdict, str(exc), retry, exc.retry_after)
             except Exception as exc:  # a bug must not end the thread: count it like any failure
                 log.debug("health action %s raised", self.action.kind, exc_info=True)
                 self._failed(verdict, f"{type(exc).__name__}: {exc}", retry)
@@ -85,14 +85,14 @@ class Worker:
                 self._succeeded(retry)
                 self._on_done(verdict)
 
-    def _failed(self, verdict: Verdict, error: str, retry: bool) -> None:
+    def _failed(self, verdict: Verdict, error: str, retry: bool, retry_after: float | None = None) -> None:
         with self._cond:
             self.counts["runs"] += 1
             self.counts["failures"] += 1
             self.counts["retries"] += retry
             if self._pending is None:  # a newer transition, if any, replaces this retry
                 self._pending = verdict
-            delay = self._backoff.failed(time.monotonic())
+            delay = self._backoff.failed(time.monotonic(), retry_after)
         self._logged.warning(self.action.kind, "health action %s failed (%s); retrying with backoff, "
                              "next in %.1f s, logged once until it succeeds", self.action.kind, error, delay)
 
