@@ -47,7 +47,7 @@ FLAP = finding("ib.port.flapping", "mlx5_ib0/1 flapped 5 times in 24 h", {"devic
 
 def verdict(*findings: dict) -> Verdict:
     level = Level.UNHEALTHY if findings else Level.OK
-    return Verdict(level, "reboot" if findings else "none", tuple(findings), "ND H100 v5", 1_732_467_601.0, FACTS)
+    return Verdict(level, "reboot" if findings else "none", tuple(findings), "ND H100 v5", 1_732_467_601.0, facts=FACTS)
 
 
 @pytest.fixture
