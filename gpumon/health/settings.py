@@ -36,6 +36,8 @@ class HealthSectionSettings:
     slurm_node: str
     scontrol: str
     kubernetes: bool
+    kube_events: bool
+    kube_taint: bool
     node_name: str
     kube_api: str
     kube_token_file: str
@@ -70,6 +72,12 @@ HEALTH = SectionSchema("health", "The node's health verdict: rules over every sn
     Option("scontrol", str, "scontrol", "The scontrol command (a path, or a name on PATH)."),
     Option("kubernetes", bool, False, "Set NodeConditions on this pod's node (needs the node-conditions "
            "component: RBAC patch on nodes/status)."),
+    Option("kube_events", bool, False, "Post a Kubernetes Event on this pod's node for each change of the "
+           "verdict, repeats aggregated as the kubelet does (needs the node-events component: RBAC create "
+           "and patch on events in `default`)."),
+    Option("kube_taint", bool, False, "Taint this pod's node `gpumon.io/unhealthy=<rule>:NoSchedule` while the "
+           "verdict is unhealthy, untaint it once it clears (needs the node-taint component: RBAC get and "
+           "patch on nodes)."),
     Option("node_name", str, "", "The Kubernetes node name; empty: the NODE_NAME variable (downward API)."),
     Option("kube_api", str, "", "The API server URL; empty: in-cluster (KUBERNETES_SERVICE_HOST/PORT)."),
     Option("kube_token_file", str, ActionSettings.kube_token_file, "Service account token, re-read on each "
@@ -97,11 +105,13 @@ def action_settings(section: Mapping[str, Any] | None) -> ActionSettings:
     v = HEALTH.settings_of(section)
     return ActionSettings(
         slurm=bool(v.slurm), slurm_node=str(v.slurm_node), scontrol=str(v.scontrol),
-        kubernetes=bool(v.kubernetes), node_name=str(v.node_name), kube_api=str(v.kube_api),
+        kubernetes=bool(v.kubernetes), kube_events=bool(v.kube_events), kube_taint=bool(v.kube_taint),
+        node_name=str(v.node_name), kube_api=str(v.kube_api),
         kube_token_file=str(v.kube_token_file), kube_ca_file=str(v.kube_ca_file), hook=str(v.hook),
         timeout=float(v.action_timeout), backoff_initial=float(v.action_backoff_initial),
         backoff_max=float(v.action_backoff_max))
 
 
 def actions_on(settings: ActionSettings) -> bool:
-    return settings.slurm or settings.kubernetes or bool(settings.hook)
+    return (settings.slurm or settings.kubernetes or settings.kube_events or settings.kube_taint
+            or bool(settings.hook))
