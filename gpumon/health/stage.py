@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.health.catalogue import Level, worst_action
+from gpumon.health.catalogue import REMEDIATION_ACTIONS, Level, worst_action
 from gpumon.health.rules import Evaluator, Finding, History, Thresholds
 from gpumon.health.skus import Expected, expected_for
 from gpumon.health.state import Active, HealthState, StateStore, boot_id
@@ -88,6 +88,8 @@ class HealthStage:
         self._energy: dict[str, float] = {}
         self._saved_at = 0.0
         self._verdict = Verdict(Level.OK, "none", (), "", 0.0)
+        # a verdict restored from the state file asked for its remediation before the restart
+        self._remediating = _remediation(self._make_verdict("", 0.0))
         self._node_key: tuple[int, tuple[str, ...]] | None = None
         self._actions: Any = None
         self._last_levels: tuple[dict, tuple[MetricFamily, ...]] | None = None
@@ -133,7 +135,7 @@ class HealthStage:
             now = self._clock()
             if self._store.changed_elsewhere():
                 self._reload_active()
-            self._clear_reset_gpus(snapshot)
+            self._clear_reset_gpus(snapshot, now)
             # the baseline is taken from a run with nothing unhealthy (judged by the rules that need
             # no inventory), so a node that starts broken is not taken as the norm
             self._evaluator.expected, sku = self._expected(snapshot, self._verdict.level is Level.UNHEALTHY
@@ -141,6 +143,7 @@ class HealthStage:
             findings = self._evaluator.evaluate(snapshot, now)
             changed = self._apply(findings, now)
             verdict = self._make_verdict(sku, now)
+            changed |= self._count_remediation(verdict, now)
             events = self._transition(verdict)
             self._verdict = verdict
             if changed or events or now - self._saved_at >= SAVE_EVERY:
@@ -190,9 +193,20 @@ class HealthStage:
                 changed = True
         return changed
 
-    def _clear_reset_gpus(self, snapshot: Snapshot) -> None:
+    def _count_remediation(self, verdict: Verdict, now: float) -> bool:
+        """Remember each verdict that newly asks for the node to be taken out (a drain, a report), for
+        the remediation budget; none once the budget is spent (nothing is filed again)."""
+        wants, was = _remediation(verdict), self._remediating
+        self._remediating = wants
+        if not wants or was or any(a.rule == "node.remediation_budget" for a in self._state.active.values()):
+            return False
+        self._evaluator.history.remediations.append(now)
+        return True
+
+    def _clear_reset_gpus(self, snapshot: Snapshot, now: float) -> None:
         """A GPU whose energy counter went backwards was reset (or its driver reloaded): its sticky
-        verdicts are repaired."""
+        verdicts are repaired, and the repair is remembered (a fault that keeps coming back after
+        resets is ``gpu.reset.repeated``)."""
         fam = snapshot.family("gpumon_gpu_energy_joules_total")
         if fam is None:
             return
@@ -206,6 +220,8 @@ class HealthStage:
                     del self._state.active[key]
                 if gone:
                     log.info("health: GPU %s was reset; cleared %s", gpu, ", ".join(gone))
+                    if any(not k.startswith("gpu.reset.repeated|") for k in gone):
+                        self._evaluator.history.reset_times.setdefault(gpu, []).append(now)
 
     def _reload_active(self) -> None:
         with self._store.locked():
@@ -264,6 +280,11 @@ class HealthStage:
         families = (MetricFamily(STATE, samples), MetricFamily(NODE, (Sample((), float(verdict.level)),)))
         self._last_levels = (levels, families)
         return families
+
+
+def _remediation(verdict: Verdict) -> bool:
+    """Whether ``verdict`` takes the node out of service (Slurm drains it; a report files it)."""
+    return verdict.level is Level.UNHEALTHY and verdict.action in REMEDIATION_ACTIONS
 
 
 def _settled(snapshot: Snapshot) -> bool:
