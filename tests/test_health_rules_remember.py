@@ -144,10 +144,10 @@ def test_xid_13_and_31_on_the_same_gpc_twice_is_the_gpc(tmp_path) -> None:
 def test_a_fault_that_keeps_coming_back_after_resets_is_replace_hardware(tmp_path) -> None:
     clock = Clock()
     s = make(tmp_path, clock)
-    energy, count = 1000.0, 0
+    energy = 1000.0
     s.update(snap({("0", "48"): 0}, energy=energy))
     for cycle in range(3):
-        count += 1
+        count = cycle + 1
         energy += 100
         clock.now += 600
         assert "gpu.xid.48" in rules(s.update(snap({("0", "48"): count}, energy=energy)))
