@@ -181,3 +181,21 @@ def test_more_than_five_remediations_in_a_week_is_replace_hardware_and_stops_cou
     assert result.verdict.action == "replace_hardware"
     state = json.loads((tmp_path / "state" / "health.json").read_text())
     assert len(state["history"]["remediations"]) == 6  # spent: nothing counted (or filed) again
+
+
+def test_clearing_the_budget_after_the_repair_starts_the_count_again_in_the_running_daemon(tmp_path) -> None:
+    clock = Clock()
+    s = make(tmp_path, clock, hold_seconds=0.0, remediation_budget=1)
+    s.update(snap({("0", "79"): 0}))
+    for count in (1, 2):
+        clock.now += 3600
+        s.update(snap({("0", "79"): count}))
+        clear(str(tmp_path / "state"), "gpu.xid.79")
+        clock.now += 1
+        s.update(snap({("0", "79"): count}))
+    assert "node.remediation_budget" in rules(s.update(snap({("0", "79"): 2})))
+    assert clear(str(tmp_path / "state"), "node.remediation_budget") == ["node.remediation_budget"]
+    clock.now += 1
+    assert rules(s.update(snap({("0", "79"): 2}))) == {}
+    state = json.loads((tmp_path / "state" / "health.json").read_text())
+    assert state["history"]["remediations"] == []

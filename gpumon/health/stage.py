@@ -226,6 +226,14 @@ class HealthStage:
     def _reload_active(self) -> None:
         with self._store.locked():
             saved = self._store.load()
+        self._adopt_clearing(saved)
+
+    def _adopt_clearing(self, saved: HealthState) -> None:
+        """Take ``gpumon health clear`` from the file: the verdicts it removed are gone, and clearing
+        the remediation budget (after the hardware was replaced) starts its count again."""
+        budget = [k for k, a in self._state.active.items() if a.rule == "node.remediation_budget"]
+        if any(k not in saved.active for k in budget):
+            self._evaluator.history.remediations.clear()
         self._state.active = {k: a for k, a in self._state.active.items() if k in saved.active}
 
     def _make_verdict(self, sku: str, now: float) -> Verdict:
@@ -256,6 +264,9 @@ class HealthStage:
             with self._store.locked():
                 if self._store.changed_elsewhere():
                     saved = self._store.load()
+                    if any(a.rule == "node.remediation_budget" and k not in saved.active
+                           for k, a in self._state.active.items()):
+                        self._evaluator.history.remediations.clear()
                     self._state.active = {k: a for k, a in self._state.active.items()
                                           if k in saved.active or not a.sticky}
                 self._store.save(self._state)

@@ -154,6 +154,8 @@ def clear(state_dir: str, rule_or_key: str | None) -> list[str]:
                 if rule_or_key is None or rule_or_key in (a.rule, k)]
         for key in gone:
             del state.active[key]
+        if any(k.startswith("node.remediation_budget") for k in gone):
+            state.history["remediations"] = []  # the hardware was replaced: the budget starts again
         if gone:
             store.save(state)
     return gone
