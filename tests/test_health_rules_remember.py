@@ -178,7 +178,7 @@ def test_more_than_five_remediations_in_a_week_is_replace_hardware_and_stops_cou
     assert found["node.remediation_budget"]["action"] == "replace_hardware"
     assert "6 times in 7 days (budget 5)" in found["node.remediation_budget"]["reason"]
     result = s.update(snap({("0", "79"): count + 1}))
-    assert result.verdict.action == "replace_hardware"
+    assert result.verdict.action == "replace_hardware" and result.verdict.budget_spent
     state = json.loads((tmp_path / "state" / "health.json").read_text())
     assert len(state["history"]["remediations"]) == 6  # spent: nothing counted (or filed) again
 

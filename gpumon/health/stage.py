@@ -47,6 +47,12 @@ class Verdict:
     sku: str
     time: float
 
+    @property
+    def budget_spent(self) -> bool:
+        """Whether the node's remediation budget is spent: an action that files (a report, a ticket)
+        files nothing more; the node waits for its hardware to be replaced."""
+        return any(f.get("rule") == "node.remediation_budget" for f in self.findings)
+
     def as_dict(self) -> dict[str, Any]:
         return {"status": {Level.OK: "healthy"}.get(self.level, self.level.label), "level": int(self.level),
                 "action": self.action, "sku": self.sku, "time": self.time, "findings": list(self.findings)}
