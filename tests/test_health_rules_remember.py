@@ -199,3 +199,21 @@ def test_clearing_the_budget_after_the_repair_starts_the_count_again_in_the_runn
     assert rules(s.update(snap({("0", "79"): 2}))) == {}
     state = json.loads((tmp_path / "state" / "health.json").read_text())
     assert state["history"]["remediations"] == []
+
+
+def test_the_kmsg_collectors_xid_31_lines_reach_the_gpc_rule(tmp_path) -> None:
+    """End to end from dev-kmsg records: the collector's gpu_xid events carry the GPC, and the stage
+    judges the GPU the PCI address names."""
+    from tests.test_kmsg_collector import rig, usec_ago
+
+    log, collector = rig(tmp_path)
+    log.record(1, XID31_GPC1, prio=4, usec=usec_ago(20))
+    log.record(2, XID13_GPC3.replace("GPC 3", "GPC 1"), prio=4, usec=usec_ago(10))
+    out = collector.collect()
+    assert [e.attributes.get("gpc") for e in out.events if e.kind == "gpu_xid"] == [1, 1]
+    info = MetricFamily(MetricSpec("gpumon_gpu_info", MetricType.INFO, "i", labels=("gpu", "pci_bus_id")),
+                        (Sample((("gpu", "5"), ("pci_bus_id", "00000000:00:06.0")), 1.0),))
+    clock = Clock()
+    s = make(tmp_path, clock)
+    found = rules(s.update(Snapshot("node-1", 0.0, (info,), tuple(out.events), ())))
+    assert found["gpu.xid.same_gpc"]["subject"] == {"gpu": "5"}
