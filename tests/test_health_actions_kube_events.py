@@ -139,3 +139,30 @@ def test_the_stand_in_rejects_the_events_the_real_api_server_would(tmp_path, api
     assert post({**good, "metadata": {"name": "n.4", "namespace": "gpumon"}}) == 422
     assert post({**good, "metadata": {"name": "n.5"}, "severity": "high"}) == 422  # not an Event field
     assert post({**good, "metadata": {"name": "n.6"}, "lastTimestamp": "now"}) == 422
+
+
+def test_a_403_on_events_is_retried_counted_and_logged_once_and_check_names_the_missing_node(
+        tmp_path, api, caplog, monkeypatch) -> None:
+    import logging
+
+    from gpumon.health.actions import check
+    from gpumon.health.settings import HEALTH, action_settings, actions_on
+
+    assert actions_on(action_settings(HEALTH.values({"kube_events": True})))
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    problems = check(ActionSettings(kube_events=True, kube_taint=True))
+    assert any("no node name" in p for p in problems) and any("no API server" in p for p in problems)
+
+    caplog.set_level(logging.WARNING, "gpumon.health.actions")
+    api.fault = "forbidden"  # the node-events component not applied
+    runner = HealthActions(settings(tmp_path, api), str(tmp_path / "state"))
+    try:
+        runner.on_verdict(verdict("unhealthy", ("gpu.lost", "reboot")))
+        wait_for(lambda: runner.stats()["kube_events"]["failures"] >= 3)
+        api.fault = None
+        wait_for(lambda: len(api.events) == 1)
+        logged = [r.getMessage() for r in caplog.records if "health action kube_events failed" in r.getMessage()]
+        assert len(logged) == 1 and "HTTP 403" in logged[0]
+    finally:
+        runner.close()
