@@ -83,8 +83,18 @@ class Option:
         return value
 
 
+class TableList(list):
+    """The type of an option that is an array of TOML tables (``xids = [{ xid = 999, ... }]``); in
+    the environment, the same array in TOML's inline syntax. Its ``check`` validates each table."""
+
+
+class IntList(list):
+    """The type of an option that is a list of integers (``[13, 31, 43]``; ``13,31,43`` in the
+    environment)."""
+
+
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-          list: "a list of strings"}
+          list: "a list of strings", TableList: "an array of tables", IntList: "a list of integers"}
 """How an error message names a type without showing the value."""
 
 
@@ -119,6 +129,15 @@ def _coerce(kind: type, value: Any) -> Any:
         if "\x00" in value:
             raise ValueError("must not contain NUL characters")
         return value
+    if kind is TableList:
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise ValueError(f"must be an array of tables (got {shown(value)})")
+        return [dict(v) for v in value]
+    if kind is IntList:
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                  and -INT_LIMIT <= v < INT_LIMIT for v in value):
+            raise ValueError(f"must be a list of integers (got {shown(value)})")
+        return list(value)
     if kind is list:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -147,6 +166,16 @@ def _from_text(kind: type, text: str) -> Any:
             return float(text.strip())
         except ValueError:
             raise ValueError(f"must be a number (got {text!r})") from None
+    if kind is IntList:
+        try:
+            return [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise ValueError(f"must be integers separated by commas (got {text!r})") from None
+    if kind is TableList:
+        try:
+            return tomllib.loads(f"v = {text}")["v"]
+        except (tomllib.TOMLDecodeError, RecursionError, ValueError) as exc:
+            raise ValueError(f"must be an array of tables in TOML's inline syntax: {exc}") from None
     return text
 
 

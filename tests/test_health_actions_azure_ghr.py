@@ -89,6 +89,17 @@ def runner(tmp_path, arm, imds, **extra) -> HealthActions:
     return HealthActions(settings(arm, imds, **extra), str(tmp_path / "state"), credential())
 
 
+def test_a_spent_remediation_budget_files_nothing_more(tmp_path, arm, imds, caplog) -> None:
+    a = action(tmp_path, arm, imds)
+    budget = finding("node.remediation_budget", "6 remediations in 7 days", {})
+    a.act(verdict(XID79, budget))
+    a.act(verdict(XID79, FLAP, budget))
+    assert arm.puts() == []
+    assert sum("remediation budget is spent" in r.getMessage() for r in caplog.records) == 1  # logged once
+    a.act(verdict(XID79))  # the budget cleared (hardware replaced): reports are filed again
+    assert len(arm.puts()) == 1
+
+
 def test_one_report_per_finding_with_the_spec_body_never_filed_twice(tmp_path, arm, imds) -> None:
     a = action(tmp_path, arm, imds)
     degraded = finding("gpu.xid.94", "GPU 1: XID 94", {"gpu": "1"}, level=Level.DEGRADED)

@@ -1,7 +1,9 @@
-"""deploy/kubernetes/components/node-conditions: composed with the base and with an overlay that
-patches the same container, it builds, validates against the strict Kubernetes schemas of the
-oldest and newest AKS versions, passes the policy scan, and grants no more than `patch` on
-`nodes/status`, with the node's name from the downward API and a projected token."""
+"""deploy/kubernetes/components/node-conditions, node-events and node-taint: composed with the base
+and with an overlay that patches the same container (and all three together), they build, validate
+against the strict Kubernetes schemas of the oldest and newest AKS versions, pass the policy scan,
+and grant no more than each action needs (`patch` on `nodes/status`; `create` and `patch` on events
+in `default`; `get` and `patch` on nodes), with the node's name from the downward API and a
+projected token."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from tests.test_deploy_kubernetes import K8S_VERSIONS, KUSTOMIZE, docs, find, ku
 
 COMPONENT = KUSTOMIZE / "components" / "node-conditions"
 BASES = ["base", "overlays/azure-logs"]
+ALL = "base+node-conditions+node-events+node-taint"
+ACTIONS = [KUSTOMIZE / "components" / c for c in ("node-conditions", "node-events", "node-taint")]
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 pytestmark = pytest.mark.timeout(300)
@@ -35,6 +39,13 @@ def built(tmp_path_factory) -> dict[str, Path]:
         path = combo / "rendered.yaml"
         path.write_text(kustomize(combo))
         out[base] = path
+    combo = tmp_path_factory.mktemp("all-actions")
+    (combo / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(KUSTOMIZE / "overlays/azure-logs", combo)],
+        "components": [os.path.relpath(c, combo) for c in ACTIONS]}))
+    (combo / "rendered.yaml").write_text(kustomize(combo))
+    out[ALL] = combo / "rendered.yaml"
     return out
 
 
@@ -94,3 +105,38 @@ def test_the_pod_knows_its_node_and_gets_a_rotating_token_and_the_cluster_ca(bui
     ca = next(s["configMap"] for s in sources if "configMap" in s)
     assert ca == {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_events_rbac_is_create_and_patch_on_events_in_default_only(built):
+    role = find(built[ALL], "Role", "gpumon-node-events")
+    assert role["metadata"]["namespace"] == "default"  # where the API server keeps a Node's events
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+    binding = find(built[ALL], "RoleBinding", "gpumon-node-events")
+    assert binding["metadata"]["namespace"] == "default"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "gpumon-node-events"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpumon", "namespace": "gpumon"}]
+
+
+def test_taint_rbac_is_get_and_patch_on_nodes_held_to_its_own_node_and_taint(built):
+    role = find(built[ALL], "ClusterRole", "gpumon-node-taint")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    binding = find(built[ALL], "ClusterRoleBinding", "gpumon-node-taint")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpumon", "namespace": "gpumon"}]
+    policy = find(built[ALL], "ValidatingAdmissionPolicy", "gpumon-own-node-taint")
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]
+    checks = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    assert "authentication.kubernetes.io/node-name" in checks and "variables.others == variables.othersBefore" in checks
+    assert find(built[ALL], "ValidatingAdmissionPolicyBinding", "gpumon-own-node-taint")["spec"]["policyName"] \
+        == "gpumon-own-node-taint"
+
+
+def test_all_three_actions_share_one_node_name_and_one_token_volume(built):
+    spec = pod_spec(built[ALL])
+    (container,) = spec["containers"]
+    names = [e["name"] for e in container["env"]]
+    assert names.count("NODE_NAME") == 1
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUMON_HEALTH_KUBERNETES"] == env["GPUMON_HEALTH_KUBE_EVENTS"] == env["GPUMON_HEALTH_KUBE_TAINT"] == "true"
+    assert [v["name"] for v in spec["volumes"]].count("kube-api-access") == 1
+    assert [m["mountPath"] for m in container["volumeMounts"]].count(TOKEN_DIR) == 1
+    assert container["envFrom"][0]["configMapRef"]["name"].startswith("gpumon-azure")

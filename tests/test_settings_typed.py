@@ -12,12 +12,13 @@ import pytest
 from gpumon import imds, registry
 from gpumon.collectors.aer import AerCollector
 from gpumon.collectors.base import Collector, Context
-from gpumon.config import Option, Section, SectionSchema, load
+from gpumon.config import IntList, Option, Section, SectionSchema, TableList, load
 from gpumon.health.settings import HEALTH
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.prometheus import PrometheusSink
 
-FIELD_TYPE = {float: "float", int: "int", str: "str", bool: "bool", list: "tuple[str, ...]"}
+FIELD_TYPE = {float: "float", int: "int", str: "str", bool: "bool", list: "tuple[str, ...]",
+              IntList: "tuple[int, ...]", TableList: "tuple[dict[str, Any], ...]"}
 """The annotation a settings field has for each option type (lists are held as tuples)."""
 
 
@@ -35,7 +36,7 @@ SCHEMAS = builtin_schemas()
 
 
 def typed(opt: Option, value):
-    return tuple(value) if opt.type is list else value
+    return tuple(value) if isinstance(value, list) else value
 
 
 @pytest.mark.parametrize("schema", SCHEMAS, ids=lambda s: s.name)
@@ -58,7 +59,7 @@ def test_defaults_give_the_typed_defaults(schema):
     for opt in schema.options:
         value = getattr(settings, opt.key)
         assert value == typed(opt, opt.default), opt.key
-        assert type(value) is {list: tuple}.get(opt.type, opt.type), opt.key
+        assert type(value) is {list: tuple, IntList: tuple, TableList: tuple}.get(opt.type, opt.type), opt.key
 
 
 def test_every_collector_and_sink_narrows_self_settings_to_its_schemas_type():
@@ -73,7 +74,12 @@ def _other_value(opt: Option, readable: str):
     elif opt.type in (int, float):
         candidates = [opt.default + 1, opt.min, opt.max]
     elif opt.type is str:
-        candidates = [*(opt.choices or ()), "127.0.0.1:9999", "http://127.0.0.1:1", readable, "x"]
+        candidates = [*(opt.choices or ()), "127.0.0.1:9999", "http://127.0.0.1:1", "https://127.0.0.1:1", readable,
+                      "6f1c43b5-6a1b-4c53-9d0e-2f8b7c1e9a40", "x"]
+    elif opt.type is IntList:
+        candidates = [[7]]
+    elif opt.type is TableList:
+        candidates = [[{"xid": 999, "level": "unhealthy"}]]
     else:
         candidates = [[c] for c in opt.choices or ()] + [["k=v"], ["gpu.thermal_slowdown"]]
     for raw in candidates:
@@ -91,6 +97,8 @@ def _toml(value) -> str:
         return "true" if value else "false"
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(value)
@@ -115,7 +123,8 @@ def test_a_config_file_section_gives_the_typed_values(tmp_path):
             value = getattr(settings, opt.key)
             assert value == typed(opt, expected[schema.name][opt.key]), (schema.name, opt.key)
             assert value != typed(opt, opt.default), (schema.name, opt.key)
-            assert type(value) is {list: tuple}.get(opt.type, opt.type), (schema.name, opt.key)
+            assert type(value) is {list: tuple, IntList: tuple, TableList: tuple}.get(opt.type, opt.type), \
+                (schema.name, opt.key)
 
 
 def test_a_collector_and_a_sink_hold_the_section_parsed_once(tmp_path):

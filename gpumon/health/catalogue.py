@@ -73,7 +73,19 @@ RULES: tuple[Rule, ...] = (
     Rule("collector.down", Level.DEGRADED, "none", False,
          "A hardware collector is down: the verdict cannot see that hardware."),
     Rule("gpu.xid", Level.UNHEALTHY, "reset_gpu", True,
-         "An XID the catalogue below counts as a hardware fault (rule id gpu.xid.<n>)."),
+         "An XID the catalogue below (or `[health] xids`) counts as a hardware fault (rule id gpu.xid.<n>)."),
+    Rule("gpu.xid.repeated", Level.UNHEALTHY, "reset_gpu", False,
+         "The same application-class XID (`[health] xid_repeat`: 13, 31, 43) on one GPU "
+         "xid_repeat_threshold times within xid_repeat_window: the GPU, not the application."),
+    Rule("gpu.xid.same_gpc", Level.UNHEALTHY, "reset_gpu", False,
+         "XID 13 or 31 on the same GPC of one GPU xid_gpc_threshold times within xid_repeat_window "
+         "(the kernel log names the GPC): one failing GPC, not the application."),
+    Rule("gpu.reset.repeated", Level.UNHEALTHY, "replace_hardware", True,
+         "A GPU reset cleared a hardware fault on the same GPU reset_repeat_threshold times within "
+         "reset_repeat_window: the fault keeps coming back."),
+    Rule("node.remediation_budget", Level.UNHEALTHY, "replace_hardware", True,
+         "The verdict asked for a drain or a report (an unhealthy verdict with a drain-worthy action) more "
+         "than remediation_budget times within remediation_window: replace the hardware, stop re-filing."),
 )
 RULE_BY_ID = {rule.id: rule for rule in RULES}
 
@@ -101,6 +113,9 @@ XID_POLICY: dict[int, XidPolicy] = {
     140: XidPolicy(Level.UNHEALTHY, "reset_gpu", True),    # unrecovered ECC error
     **{x: XidPolicy(Level.UNHEALTHY, "check_fabric", False) for x in range(144, 151)},  # GB200 NVLink
 }
+
+REMEDIATION_ACTIONS = frozenset({"drain", "reset_gpu", "reboot", "replace_hardware"})
+"""Actions that take the node out of service (Slurm drains it; a report files it)."""
 
 # NVML recovery actions (nvmlDeviceGetGpuRecoveryAction / NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) -> ours
 RECOVERY_ACTIONS: dict[int, str] = {

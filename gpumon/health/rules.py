@@ -12,7 +12,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpumon.health.catalogue import RECOVERY_ACTIONS, RULE_BY_ID, XID_POLICY, Level
+from gpumon.health.catalogue import RECOVERY_ACTIONS, RULE_BY_ID, XID_POLICY, Level, XidPolicy
 from gpumon.health.skus import Expected
 from gpumon.model import MetricFamily, Sample, Snapshot
 
@@ -48,6 +48,19 @@ class Thresholds:
     ib_error_threshold: float = 100.0
     ib_error_window: float = 3600.0
     disabled: frozenset[str] = frozenset()
+    xids: Mapping[int, XidPolicy | None] = field(default_factory=dict)  # [health] xids; None: not a fault
+    xid_repeat: frozenset[int] = frozenset({13, 31, 43})
+    xid_repeat_threshold: int = 5
+    xid_repeat_window: float = 86400.0
+    xid_gpc_threshold: int = 2
+    reset_repeat_threshold: int = 3
+    reset_repeat_window: float = 7 * 86400.0
+    remediation_budget: int = 5
+    remediation_window: float = 7 * 86400.0
+
+    def xid_policy(self, xid: int) -> XidPolicy | None:
+        """The operator's classification of ``xid`` if any, else the catalogue's."""
+        return self.xids[xid] if xid in self.xids else XID_POLICY.get(xid)
 
 
 @dataclass
@@ -58,9 +71,16 @@ class History:
     flap_totals: dict[str, float] = field(default_factory=dict)
     flap_times: dict[str, list[float]] = field(default_factory=dict)
     ib_errors: dict[str, collections.deque] = field(default_factory=dict)
+    # the rules that remember: when each repeat happened, kept across restarts
+    xid_times: dict[str, list[float]] = field(default_factory=dict)  # "<gpu>|<xid>"
+    gpc_times: dict[str, list[float]] = field(default_factory=dict)  # "<gpu>|<gpc>"
+    reset_times: dict[str, list[float]] = field(default_factory=dict)  # "<gpu>": resets that cleared a fault
+    remediations: list[float] = field(default_factory=list)  # verdicts that asked for a drain or a report
 
     def as_dict(self) -> dict:
-        return {"xid_totals": self.xid_totals, "flap_totals": self.flap_totals, "flap_times": self.flap_times}
+        return {"xid_totals": self.xid_totals, "flap_totals": self.flap_totals, "flap_times": self.flap_times,
+                "xid_times": self.xid_times, "gpc_times": self.gpc_times, "reset_times": self.reset_times,
+                "remediations": self.remediations}
 
     def forget(self, rule: str, subject: Iterable[Iterable[str]]) -> None:
         """A cleared finding starts its window afresh: the flaps or errors counted so far are forgotten
@@ -76,10 +96,20 @@ class History:
         def floats(value: object) -> dict[str, float]:
             return {str(k): float(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
-        times = doc.get("flap_times")
-        flap_times = ({str(k): [float(t) for t in v] for k, v in times.items() if isinstance(v, list)}
-                      if isinstance(times, dict) else {})
-        return cls(floats(doc.get("xid_totals")), floats(doc.get("flap_totals")), flap_times)
+        def times(value: object) -> dict[str, list[float]]:
+            return ({str(k): [float(t) for t in v] for k, v in value.items() if isinstance(v, list)}
+                    if isinstance(value, dict) else {})
+
+        remediations = doc.get("remediations")
+        return cls(floats(doc.get("xid_totals")), floats(doc.get("flap_totals")), times(doc.get("flap_times")),
+                   xid_times=times(doc.get("xid_times")), gpc_times=times(doc.get("gpc_times")),
+                   reset_times=times(doc.get("reset_times")),
+                   remediations=[float(t) for t in remediations] if isinstance(remediations, list) else [])
+
+
+def _recent(times: list[float], now: float, window: float) -> list[float]:
+    """The times within ``window`` seconds before ``now``; a clock that jumped back drops none."""
+    return [t for t in times if now - t <= window]
 
 
 def _families(snapshot: Snapshot) -> dict[str, MetricFamily]:
@@ -118,7 +148,9 @@ class Evaluator:
         fams = _families(snapshot)
         out: list[Finding] = []
         out += self._gpu_rules(fams)
-        out += self._xids(fams)
+        out += self._xids(fams, now)
+        out += self._gpcs(snapshot, fams, now)
+        out += self._remembered(now)
         out += self._ib_rules(fams, now)
         out += self._inventory(fams, _judgeable(snapshot))
         out += self._collectors(snapshot)
@@ -212,12 +244,11 @@ class Evaluator:
                                   f"x{exp.pcie_width} Gen{exp.pcie_gen}"))
         return out
 
-    def _xids(self, fams: Mapping[str, MetricFamily]) -> list[Finding]:
+    def _xids(self, fams: Mapping[str, MetricFamily], now: float) -> list[Finding]:
         """An XID whose count rose since the last look (NVML's and the kernel log's counters)."""
         out = []
-        # the kernel log names a GPU by its PCI address: gpumon_gpu_info maps it to the index
-        by_bus = {(s.label("pci_bus_id") or "").lower(): s.label("gpu") or ""
-                  for s in _samples(fams, "gpumon_gpu_info")}
+        t = self.thresholds
+        by_bus = _by_bus(fams)
         for name in ("gpumon_gpu_xid_errors_total", "gpumon_kmsg_xid_errors_total"):
             for s in _samples(fams, name):
                 xid_text = s.label("xid") or ""
@@ -228,12 +259,73 @@ class Evaluator:
                 self.history.xid_totals[key] = s.value
                 if not xid_text.isdigit() or s.value <= before:
                     continue
-                policy = XID_POLICY.get(int(xid_text))
+                where = f"GPU {gpu}" if gpu else f"the GPU at PCI {bus}"
+                if int(xid_text) in t.xid_repeat:
+                    times = self.history.xid_times.setdefault(f"{gpu or bus or ''}|{xid_text}", [])
+                    times += [now] * int(min(s.value - before, t.xid_repeat_threshold))
+                policy = t.xid_policy(int(xid_text))
                 if policy is None:
                     continue
-                where = f"GPU {gpu}" if gpu else f"the GPU at PCI {bus}"
                 out.append(Finding(f"gpu.xid.{xid_text}", (("gpu", gpu or bus or ""),), policy.level,
                                    policy.action, f"{where}: XID {xid_text}", policy.sticky))
+        return out
+
+    def _gpcs(self, snapshot: Snapshot, fams: Mapping[str, MetricFamily], now: float) -> list[Finding]:
+        """XID 13/31 lines of the kernel log that name a GPC (``gpu_xid`` events with ``gpc``)."""
+        by_bus = _by_bus(fams)
+        for event in snapshot.events:
+            attrs = event.attributes or {}
+            if event.kind != "gpu_xid" or "gpc" not in attrs or int(attrs.get("xid", 0)) not in (13, 31):
+                continue
+            bus = str(event.subject.get("pci_bus_id", ""))
+            gpu = str(event.subject.get("gpu", "")) or by_bus.get(bus.lower(), "") or bus
+            self.history.gpc_times.setdefault(f"{gpu}|{attrs['gpc']}", []).append(event.time or now)
+        return []
+
+    def _remembered(self, now: float) -> list[Finding]:
+        """The rules over what the history remembers: repeats of an XID or on a GPC, faults that come
+        back after a GPU reset, and the node's remediation budget."""
+        t = self.thresholds
+        h = self.history
+        out = []
+        repeated: dict[str, list[str]] = {}
+        for key, times in list(h.xid_times.items()):
+            h.xid_times[key] = times = _recent(times, now, t.xid_repeat_window)
+            gpu, xid = key.rsplit("|", 1)
+            if not times:
+                del h.xid_times[key]
+            elif len(times) >= t.xid_repeat_threshold:
+                repeated.setdefault(gpu, []).append(f"XID {xid} {len(times)} times")
+            else:
+                repeated.setdefault(gpu, [])
+        for gpu, what in sorted(repeated.items()):
+            out.append(self._flag("gpu.xid.repeated", (("gpu", gpu),), bool(what),
+                                  f"GPU {gpu}: {', '.join(what)} in {t.xid_repeat_window / 3600:g} h"))
+        gpcs: dict[str, list[str]] = {}
+        for key, times in list(h.gpc_times.items()):
+            h.gpc_times[key] = times = _recent(times, now, t.xid_repeat_window)
+            gpu, gpc = key.rsplit("|", 1)
+            if not times:
+                del h.gpc_times[key]
+            elif len(times) >= t.xid_gpc_threshold:
+                gpcs.setdefault(gpu, []).append(f"GPC {gpc} {len(times)} times")
+            else:
+                gpcs.setdefault(gpu, [])
+        for gpu, what in sorted(gpcs.items()):
+            out.append(self._flag("gpu.xid.same_gpc", (("gpu", gpu),), bool(what),
+                                  f"GPU {gpu}: XID 13/31 on {', '.join(what)} in {t.xid_repeat_window / 3600:g} h"))
+        for gpu, times in sorted(h.reset_times.items()):
+            h.reset_times[gpu] = times = _recent(times, now, t.reset_repeat_window)
+            out.append(self._flag("gpu.reset.repeated", (("gpu", gpu),), len(times) >= t.reset_repeat_threshold,
+                                  f"GPU {gpu}: a reset cleared a hardware fault {len(times)} times in "
+                                  f"{t.reset_repeat_window / 86400:g} days"))
+        h.reset_times = {g: v for g, v in h.reset_times.items() if v}
+        h.remediations = _recent(h.remediations, now, t.remediation_window)
+        if h.remediations:
+            n = len(h.remediations)
+            out.append(self._flag("node.remediation_budget", (), n > t.remediation_budget,
+                                  f"the node was taken out of service (drain or report) {n} times in "
+                                  f"{t.remediation_window / 86400:g} days (budget {t.remediation_budget})"))
         return out
 
     # -- InfiniBand ---------------------------------------------------------------------------
@@ -330,6 +422,11 @@ class Evaluator:
                 out.append(self._flag("collector.down", (("collector", status.name),), not status.ok,
                                       f"collector {status.name} is down: {status.error}"))
         return out
+
+
+def _by_bus(fams: Mapping[str, MetricFamily]) -> dict[str, str]:
+    """The kernel log names a GPU by its PCI address: gpumon_gpu_info maps it to the index."""
+    return {(s.label("pci_bus_id") or "").lower(): s.label("gpu") or "" for s in _samples(fams, "gpumon_gpu_info")}
 
 
 def _judgeable(snapshot: Snapshot) -> set[str]:

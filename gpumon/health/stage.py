@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.health.catalogue import Level, worst_action
+from gpumon.health.catalogue import REMEDIATION_ACTIONS, Level, worst_action
 from gpumon.health.faultcodes import with_code
 from gpumon.health.rules import Evaluator, Finding, History, Thresholds
 from gpumon.health.skus import Expected, expected_for
@@ -57,6 +57,12 @@ class Verdict:
     """What the actions may tell others about the hardware, not part of the verdict itself:
     ``gpus`` (index -> uuid, serial, pci_bus_id, as last seen: a lost GPU drops out of NVML's
     answers) and ``physical_host`` (the KVP pool's name of the Azure host)."""
+
+    @property
+    def budget_spent(self) -> bool:
+        """Whether the node's remediation budget is spent: an action that files (a report, a ticket)
+        files nothing more; the node waits for its hardware to be replaced."""
+        return any(f.get("rule") == "node.remediation_budget" for f in self.findings)
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": {Level.OK: "healthy"}.get(self.level, self.level.label), "level": int(self.level),
@@ -103,11 +109,13 @@ class HealthStage:
         self._energy: dict[str, float] = {}
         self._saved_at = 0.0
         self._verdict = Verdict(Level.OK, "none", (), "", 0.0)
+        self._gpus: dict[str, dict[str, str]] = {}
+        self._physical_host = ""
+        # a verdict restored from the state file asked for its remediation before the restart
+        self._remediating = _remediation(self._make_verdict("", 0.0))
         self._node_key: tuple[int, tuple[str, ...]] | None = None
         self._actions: Any = None
         self._last_levels: tuple[dict, tuple[MetricFamily, ...]] | None = None
-        self._gpus: dict[str, dict[str, str]] = {}
-        self._physical_host = ""
 
     def attach(self, actions: Any) -> None:
         """Hand every verdict to ``actions`` (``on_verdict``, ``stats``, ``close``: the health actions'
@@ -164,7 +172,7 @@ class HealthStage:
             now = self._clock()
             if self._store.changed_elsewhere():
                 self._reload_active()
-            self._clear_reset_gpus(snapshot)
+            self._clear_reset_gpus(snapshot, now)
             self._learn_facts(snapshot)
             # the baseline is taken from a run with nothing unhealthy (judged by the rules that need
             # no inventory), so a node that starts broken is not taken as the norm
@@ -175,6 +183,7 @@ class HealthStage:
             changed = self._apply(findings, now, gpus or {})
             self._mark_stale(gpus)
             verdict = self._make_verdict(sku, now)
+            changed |= self._count_remediation(verdict, now)
             events = self._transition(verdict)
             self._verdict = verdict
             if changed or events or now - self._saved_at >= SAVE_EVERY:
@@ -233,9 +242,20 @@ class HealthStage:
                 changed = True
         return changed
 
-    def _clear_reset_gpus(self, snapshot: Snapshot) -> None:
+    def _count_remediation(self, verdict: Verdict, now: float) -> bool:
+        """Remember each verdict that newly asks for the node to be taken out (a drain, a report), for
+        the remediation budget; none once the budget is spent (nothing is filed again)."""
+        wants, was = _remediation(verdict), self._remediating
+        self._remediating = wants
+        if not wants or was or any(a.rule == "node.remediation_budget" for a in self._state.active.values()):
+            return False
+        self._evaluator.history.remediations.append(now)
+        return True
+
+    def _clear_reset_gpus(self, snapshot: Snapshot, now: float) -> None:
         """A GPU whose energy counter went backwards was reset (or its driver reloaded): its sticky
-        verdicts are repaired."""
+        verdicts are repaired, and the repair is remembered (a fault that keeps coming back after
+        resets is ``gpu.reset.repeated``)."""
         fam = snapshot.family("gpumon_gpu_energy_joules_total")
         if fam is None:
             return
@@ -249,6 +269,8 @@ class HealthStage:
                     del self._state.active[key]
                 if gone:
                     log.info("health: GPU %s was reset; cleared %s", gpu, ", ".join(gone))
+                    if any(not k.startswith("gpu.reset.repeated|") for k in gone):
+                        self._evaluator.history.reset_times.setdefault(gpu, []).append(now)
 
     def _mark_stale(self, gpus: dict[str, str] | None) -> None:
         """A finding about a GPU index this host no longer has, or that now holds a GPU with another
@@ -272,7 +294,10 @@ class HealthStage:
 
     def _drop_cleared(self, saved: HealthState, keep_unsaved: bool) -> None:
         """Take ``gpumon health clear`` from the saved file: the verdicts it removed go, and their
-        windows start afresh (a cleared ib.port.flapping comes back only on new flaps)."""
+        windows start afresh (a cleared ib.port.flapping comes back only on new flaps; clearing the
+        remediation budget, after the hardware was replaced, starts its count again)."""
+        if any(a.rule == "node.remediation_budget" and k not in saved.active for k, a in self._state.active.items()):
+            self._evaluator.history.remediations.clear()
         kept = {}
         for key, a in self._state.active.items():
             if key in saved.active or (keep_unsaved and not a.sticky):
@@ -380,6 +405,11 @@ def age_text(seconds: float) -> str:
     if s >= 60:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s}s"
+
+
+def _remediation(verdict: Verdict) -> bool:
+    """Whether ``verdict`` takes the node out of service (Slurm drains it; a report files it)."""
+    return verdict.level is Level.UNHEALTHY and verdict.action in REMEDIATION_ACTIONS
 
 
 def _settled(snapshot: Snapshot) -> bool:

@@ -180,6 +180,8 @@ def clear(state_dir: str, rule_or_key: str | None) -> list[str]:
         for key in gone:
             history.forget(state.active[key].rule, state.active[key].subject)
             del state.active[key]
+        if any(k.startswith("node.remediation_budget") for k in gone):
+            state.history["remediations"] = []  # the hardware was replaced: the budget starts again
         if gone:
             state.history = {**state.history, **history.as_dict()}
             store.save(state)

@@ -40,6 +40,12 @@ from gpumon.sources.kmsg import unescape
 _PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 _XID = re.compile(rf"^NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>[0-9]{{1,5}})(?P<rest>.*)$")
 _PID = re.compile(r"^, pid=(?P<pid>'<unknown>'|<unknown>|[0-9]+)(?:, name=(?P<name>[^,]*))?")
+# The graphics processing cluster an XID 13 or 31 names, where the driver prints one: "Graphics SM Warp
+# Exception on (GPC 1, TPC 3, SM 0): ..." (XID 13, and XID 31 on some drivers; NVIDIA's XID catalog and
+# the NVRM lines gpud and NVSentinel test with) and "MMU Fault: ENGINE GRAPHICS GPC1 GPCCLIENT_T1_8"
+# (XID 31, read from a real H100 host: tests/fixtures/kmsg/driver_lines.txt [R]). "ENGINE GRAPHICS
+# GPCCLIENT_T1_0" names no GPC.
+_GPC = re.compile(r"\(GPC (?P<a>[0-9]{1,3})[,)]|\bGPC(?P<b>[0-9]{1,3}) ")
 _OFF_BUS = re.compile(rf"^NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>{_PCI}): GPU has fallen off the bus")
 _SXID = re.compile(rf"^(?P<switch>nvidia-nvswitch[0-9]+): SXid \((?:PCI:)?(?P<pci>{_PCI})\): "
                    r"(?P<sxid>[0-9]{1,6}), (?P<rest>.*)$")
@@ -92,6 +98,9 @@ def _nvrm(message: str) -> DriverMessage | None:
                 attrs["process"] = name
             rest = rest[p.end():]
         attrs["detail"] = rest.lstrip(", ").strip()
+        g = _GPC.search(rest)
+        if g is not None:
+            attrs["gpc"] = int(g.group("a") or g.group("b"))
         return DriverMessage("xid", m.group("pci"), attrs)
     m = _OFF_BUS.match(message)
     if m is not None:

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from gpumon.backoff import Backoff
-from gpumon.health.actions import azure_ghr, hook, kubernetes, slurm
+from gpumon.health.actions import azure_ghr, hook, kube_events, kube_taint, kubernetes, slurm
 from gpumon.health.actions.settings import ActionSettings
 from gpumon.health.actions.worker import Action, Worker
 from gpumon.health.stage import Verdict
@@ -26,6 +26,8 @@ from gpumon.health.stage import Verdict
 log = logging.getLogger("gpumon.health.actions")
 STATE_FILE = "health-actions.json"
 HEALTHY_KEY: list[Any] = [0, []]
+NOTHING_AT_HEALTHY_START = ("hook", "kube_events", "azure_ghr")
+"""Actions that report a change (a healthy first start is none); the others reconcile at start."""
 
 
 def transition_key(verdict: Verdict) -> list[Any]:
@@ -61,9 +63,10 @@ class HealthActions:
             done = dict(self._done)
         for kind, worker in self._workers.items():
             # At start, an action whose last carried-out transition is this one has nothing to do; the
-            # hook, never run before, treats a healthy start as no change. Slurm and Kubernetes
-            # reconcile at start: the node may have been left drained or its conditions stale.
-            last = done.get(kind, HEALTHY_KEY if kind in ("hook", "azure_ghr") else None)
+            # hook and the Events, never run before, treat a healthy start as no change. Slurm,
+            # NodeConditions and the taint reconcile at start: the node may have been left drained,
+            # tainted or its conditions stale.
+            last = done.get(kind, HEALTHY_KEY if kind in NOTHING_AT_HEALTHY_START else None)
             if not first or key != last:
                 worker.submit(verdict)
 
@@ -116,6 +119,10 @@ def _actions(settings: ActionSettings, state_dir: str, credential: Any) -> list[
         out.append(slurm.SlurmAction(settings))
     if settings.kubernetes:
         out.append(kubernetes.KubernetesAction(settings))
+    if settings.kube_events:
+        out.append(kube_events.KubeEventsAction(settings))
+    if settings.kube_taint:
+        out.append(kube_taint.KubeTaintAction(settings))
     if settings.hook:
         out.append(hook.HookAction(settings))
     if settings.azure_ghr:

@@ -120,6 +120,7 @@ class GuestHealthReportAction:
                        "unauthorized": 0, "dry_run": 0}
         self.disabled = ""
         """Why the action does nothing on this host (IMDS names no subscription or resource); "" while on."""
+        self._budget_logged = False
         doc = self._load()
         filed, sent = doc.get("filed"), doc.get("sent")
         self.filed: dict[str, dict[str, Any]] = {
@@ -144,6 +145,13 @@ class GuestHealthReportAction:
         self._note_cleared(verdict)
         if not findings:
             return
+        if verdict.budget_spent:  # the node waits for its hardware to be replaced: nothing more is filed
+            if not self._budget_logged:
+                log.warning("azure_ghr: the node's remediation budget is spent (node.remediation_budget); "
+                            "no more impact reports are filed until it is cleared")
+                self._budget_logged = True
+            return
+        self._budget_logged = False
         try:
             instance = self.imds.instance()
         except imds.ImdsError as exc:

@@ -18,6 +18,8 @@ class ActionSettings:
     slurm_node: str = ""  # default: the short hostname, as slurmd names itself
     scontrol: str = "scontrol"
     kubernetes: bool = False
+    kube_events: bool = False  # a core/v1 Event on the node for each change of the verdict
+    kube_taint: bool = False  # gpumon.io/unhealthy=<rule>:NoSchedule while unhealthy
     node_name: str = ""  # default: env NODE_NAME (the downward API's spec.nodeName)
     kube_api: str = ""  # default: in-cluster, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
     kube_token_file: str = f"{SERVICE_ACCOUNT}/token"

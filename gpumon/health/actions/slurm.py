@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 from gpumon.health.actions.process import ActionError, clean_environment, run_bounded
 from gpumon.health.actions.settings import ActionSettings
-from gpumon.health.catalogue import Level
+from gpumon.health.catalogue import REMEDIATION_ACTIONS, Level
 from gpumon.health.stage import Verdict
 
 log = logging.getLogger("gpumon.health.actions")
 PREFIX = "gpumon:"
-DRAIN_ACTIONS = frozenset({"drain", "reset_gpu", "reboot", "replace_hardware"})
+DRAIN_ACTIONS = REMEDIATION_ACTIONS
 REASON_MAX = 200  # Slurm keeps longer reasons, but sinfo and squeue users read the first words
 _REASON_LINE = re.compile(r"^\s*Reason=(?P<reason>.*?)(?: \[[^\[\]]*@[^\[\]]*\])?\s*$")
 
