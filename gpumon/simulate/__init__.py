@@ -19,7 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.simulate import job
+
 log = logging.getLogger("gpumon.simulate")
+JOB_ACTIONS = frozenset({"throttle", "restore", "congest", "stall", "resume"})
 _sequence = itertools.count()
 
 
@@ -93,6 +96,8 @@ class Simulation:
         #: who holds which GPU, as the control directory set it: dicts with ``gpu`` and any of
         #: ``namespace``, ``pod``, ``container``, ``job_id`` (read by the attribution collector)
         self.allocations: list[dict[str, Any]] = []
+        #: jobs a ``stall`` control hung (their GPUs near idle until ``resume``)
+        self.stalled: set[str] = set()
         from gpumon.simulate.azure import SimulatedAzure
 
         #: the VM's IMDS on loopback and its KVP pool (host_info and azure_events read them)
@@ -129,14 +134,62 @@ class Simulation:
             except Exception:  # a full disk or EMFILE must not freeze the simulated host for good
                 log.exception("simulate: step failed")
 
-    def step(self, seconds: float) -> None:
-        """Advance the simulated host by ``seconds`` and apply any control files dropped meanwhile."""
+    def step(self, seconds: float, wall: float | None = None) -> None:
+        """Advance the simulated host by ``seconds`` and apply any control files dropped meanwhile;
+        GPUs held by a job follow its rhythm at wall-clock time ``wall`` (default: now)."""
         with self._lock:
+            self._drive_jobs(time.time() if wall is None else wall)
             if self.fabric is not None:
                 self.fabric.tick(seconds)
             if self.nvml is not None:
                 self.nvml.tick(seconds)
             self._read_controls()
+
+    def _drive_jobs(self, wall: float) -> None:
+        """Set each job GPU's level from its job's rhythm and the host's InfiniBand ports from the
+        mean of them (the collectives of the job cross every port); a GPU in no job wanders."""
+        levels: dict[int, float] = {}
+        rhythms: dict[int, Any] = {}
+        for a in self.allocations:
+            key = job.job_key(a)
+            r = job.rhythm(key)
+            rhythms[a["gpu"]] = r
+            levels[a["gpu"]] = job.STALLED_LEVEL if key in self.stalled else job.level(r, wall)
+        if self.nvml is not None:
+            for gpu in range(self.host.gpu_count):
+                self.nvml.set_job_load(gpu, levels.get(gpu), rhythms.get(gpu))
+        if self.fabric is not None:
+            mean = sum(levels.values()) / len(levels) if levels else None
+            for device, number in self.fabric.port_keys:
+                port = self.fabric.port(device, number)
+                if port.link_layer != "InfiniBand":
+                    continue
+                if mean is not None:
+                    port.in_job, port.load = True, job.IB_SHARE * mean
+                elif port.in_job:
+                    port.in_job, port.load = False, 0.35
+
+    def _job_action(self, action: str, command: dict[str, Any]) -> None:
+        """throttle, restore, congest, stall, resume: the faults that slow or hang a job."""
+        if action in ("stall", "resume"):
+            key = str(command["job_id"])
+            self.stalled = self.stalled | {key} if action == "stall" else self.stalled - {key}
+            return
+        if action == "congest" or (action == "restore" and "device" in command):
+            if self.fabric is None:
+                raise ValueError(f"profile {self.profile} has no InfiniBand")
+            factor = float(command.get("factor", 0.5)) if action == "congest" else 1.0
+            self.fabric.congest(str(command["device"]), int(command.get("port", 1)), factor)
+            return
+        if self.nvml is None:
+            raise ValueError(f"profile {self.profile} has no GPU")
+        gpu = int(command["gpu"])
+        if not 0 <= gpu < self.host.gpu_count:
+            raise ValueError(f"no GPU {gpu} (the profile has {self.host.gpu_count})")
+        if action == "throttle":
+            self.nvml.throttle(gpu, str(command.get("reason", "sw_power_cap")), float(command.get("factor", 0.7)))
+        else:
+            self.nvml.unthrottle(gpu)
 
     def _read_controls(self) -> None:
         try:
@@ -180,7 +233,14 @@ class Simulation:
           fabric call reports, in NVML's words: ``health`` maps a NVML_GPU_FABRIC_HEALTH_MASK_<field>
           to one of its values (``degraded_bw``: true/false, ``incorrect_configuration``:
           insufficient_nvlinks, ...), ``state`` is a NVML_GPU_FABRIC_STATE_* (``in_progress``),
-          ``status`` a NVML_ERROR_* name or ``success``, ``summary`` a _HEALTH_SUMMARY_* name.
+          ``status`` a NVML_ERROR_* name or ``success``, ``summary`` a _HEALTH_SUMMARY_* name;
+        - ``{"action": "throttle", "gpu": 5, "reason": "sw_power_cap", "factor": 0.7}``: clocks and
+          activity drop to ``factor``, the reason (``sw_power_cap``, ``hw_thermal_slowdown``,
+          ``hw_slowdown``) is on and its violation time grows; ``{"action": "restore", "gpu": 5}`` ends it;
+        - ``{"action": "congest", "device": "mlx5_ib3", "port": 1, "factor": 0.5}``: the port's traffic
+          drops to ``factor`` and its ``port_xmit_wait`` grows (``restore`` with ``device`` ends it);
+        - ``{"action": "stall", "job_id": "4242"}`` / ``{"action": "resume", "job_id": "4242"}``: the
+          job's GPUs here hang near idle (memory and processes held), then run again.
         """
         action = command["action"]
         if action in ("flap", "port_down", "port_up"):
@@ -197,6 +257,8 @@ class Simulation:
             self.azure.scheduled_event(command)
         elif action in ("allocate", "release"):
             self._allocation(action, command)
+        elif action in JOB_ACTIONS:
+            self._job_action(action, command)
         elif action == "fabric":
             if self.nvml is None:
                 raise ValueError(f"profile {self.profile} has no GPU")
