@@ -372,7 +372,11 @@ def cmd_job(args: argparse.Namespace) -> int:
                 os.environ.get("GPUMON_JOB_CLIENT_SECRET", ""), args.audience or AZURE_AUDIENCE)
     try:
         view = fleet_job.JobView(Client(args.prometheus, auth, args.timeout, args.ca_file))
-    except (ValueError, OSError, ImportError, ConfigError) as exc:   # bad URL or CA file, no azure-identity
+    except ConfigError as exc:   # the credential's settings, named by the flag that gives each
+        flag = "$GPUMON_JOB_CLIENT_SECRET" if exc.key == "client_secret" else "--" + exc.key.replace("_", "-")
+        print(f"gpumon: error: gpumon job: {flag}: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, OSError, ImportError) as exc:   # bad URL or CA file, no azure-identity
         print(f"gpumon: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -1,0 +1,267 @@
+"""``gpumon job`` against a real Prometheus scraping two simulated hosts of one job, one GPU throttled.
+
+The straggler recording rules are written here, in the test's directory: a minimal set that produces
+the contract's names (``gpumon_job:straggler_score{job_id, instance, gpu, signal}``, the per-host
+``gpumon_job_host:straggler_score``) from one signal, activity. The command reads only those names, so
+the shipped rules (deploy/prometheus, docs/job-health.md) are switched in by pointing RULE_FILES at them.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import yaml
+
+from gpumon.simulate import control
+from tests.conftest import REPO, GpumonProcess, PrometheusServer, clean_env, free_port, wait_for
+
+pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server")
+
+JOB = "4242"
+SLOW_HOST, SLOW_GPU = "node-b", "5"
+JOINED = ("max by (instance, gpu) ({metric}) * on (instance, gpu) group_left (job_id) "
+          'group by (instance, gpu, job_id) (gpumon_gpu_allocation_info{{job_id!=""}})')
+ACTIVITY = "gpumon_job:gpu_activity:ratio"
+MEDIAN = f"quantile by (job_id) (0.5, {ACTIVITY})"
+MINIMAL_RULES = {"groups": [{"name": "gpumon-job-minimal", "interval": "1s", "rules": [
+    {"record": ACTIVITY, "expr": JOINED.format(metric='gpumon_gpu_activity_ratio{activity="sm"}')},
+    {"record": "gpumon_job:straggler_score", "expr": (
+        f'label_replace(({MEDIAN} - on (job_id) group_right {ACTIVITY}) / on (job_id) group_left () '
+        f'(quantile by (job_id) (0.5, abs({ACTIVITY} - on (job_id) group_left () {MEDIAN})) + 0.01), '
+        '"signal", "activity", "", "")')},
+    {"record": "gpumon_job_host:straggler_score",
+     "expr": "max by (job_id, instance, signal) (gpumon_job:straggler_score)"},
+    {"alert": "GpumonJobStraggler", "expr": "gpumon_job:straggler_score > 5", "for": "1s"},
+]}]}
+
+
+@dataclass
+class Live:
+    url: str            # Prometheus with the rules
+    bare_url: str       # Prometheus scraping the same hosts without them
+    hosts: dict[str, GpumonProcess]
+
+
+def gpumon_job(*args: str, env: dict[str, str] | None = None, timeout: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpumon", "job", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=clean_env(**(env or {})))
+
+
+def scrape_config(hosts: dict[str, GpumonProcess]) -> dict:
+    return {"global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "gpumon", "static_configs": [
+                {"targets": [f"127.0.0.1:{p.port}"], "labels": {"instance": f"{name}:9470"}}
+                for name, p in hosts.items()]}]}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory) -> Iterator[Live]:
+    tmp = tmp_path_factory.mktemp("job")
+    hosts: dict[str, GpumonProcess] = {}
+    servers: list[PrometheusServer] = []
+    try:
+        for name in ("node-a", "node-b"):
+            env = clean_env(GPUMON_DAEMON_STATE_DIR=str(tmp / name))
+            env.pop("GPUMON_AZURE_IMDS_URL")   # a simulated host answers from its own loopback IMDS
+            hosts[name] = GpumonProcess(["--simulate", "nd-h100-v5", "--interval", "1"], env, free_port())
+        for name, process in hosts.items():
+            process.wait_ready(timeout=30)
+            workdir = str(tmp / name / "simulate" / "nd-h100-v5")
+            for gpu in range(8):
+                control(workdir, {"action": "allocate", "gpu": gpu, "job_id": JOB})
+            if name == SLOW_HOST:
+                control(workdir, {"action": "throttle", "gpu": int(SLOW_GPU), "reason": "hw_thermal_slowdown",
+                                  "factor": 0.7})
+        rules = tmp / "job-rules.yaml"
+        rules.write_text(yaml.safe_dump(MINIMAL_RULES))
+        for with_rules in (True, False):
+            directory = tmp / f"prometheus-{with_rules}"
+            directory.mkdir()
+            config = {**scrape_config(hosts), **({"rule_files": [str(rules)]} if with_rules else {})}
+            servers.append(PrometheusServer(str(directory), config).start())
+        ruled, bare = servers
+        wait_for(lambda: ruled.query(f'ALERTS{{alertstate="firing", gpu="{SLOW_GPU}"}}'), timeout=30, interval=0.2)
+        wait_for(lambda: len(ruled.query(f'gpumon_job:straggler_score{{job_id="{JOB}"}}')) == 16
+                 and ruled.query("count(rate(gpumon_ib_port_data_transmitted_bytes_total[1m]))"), timeout=20,
+                 interval=0.2)
+        wait_for(lambda: bare.query(f'count(gpumon_gpu_allocation_info{{job_id="{JOB}"}}) == 16'), timeout=20,
+                 interval=0.2)
+        yield Live(ruled.url, bare.url, hosts)
+    finally:
+        for server in servers:
+            server.stop()
+        for process in hosts.values():
+            process.stop()
+
+
+def test_rows_rank_the_throttled_gpu_first_as_json(live: Live) -> None:
+    done = gpumon_job(JOB, "--prometheus", live.url, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert len(rows) == 16
+    worst = rows[0]
+    assert (worst["host"], worst["instance"], worst["gpu"], worst["signal"]) == (
+        SLOW_HOST, f"{SLOW_HOST}:9470", SLOW_GPU, "activity")
+    assert worst["score"] > 5 > max(r["score"] for r in rows[1:])
+    assert worst["alerts"] == ["GpumonJobStraggler"]
+    assert worst["sm_clock_ratio"] == pytest.approx(0.7, abs=0.01)
+    assert worst["activity"] < 0.8 * rows[1]["activity"]
+    for row in rows:
+        assert row["verdict"] in ("healthy", "degraded", "unhealthy")
+        assert row["power_watts"] > 100 and row["sm_clock_hertz"] > 1e9
+        assert row["ib_transmit_bytes_per_second"] > 1e9 and row["ib_flaps"] == 0
+        assert row["host_score"] >= row["score"]
+    assert [r["score"] for r in rows] == sorted((r["score"] for r in rows), reverse=True)
+
+
+def test_table_names_the_straggler_on_its_first_row(live: Live) -> None:
+    done = gpumon_job(JOB, "--prometheus", live.url)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"job {JOB}: 2 host(s), 16 GPU(s), worst first"
+    assert lines[1].split()[:5] == ["HOST", "GPU", "VERDICT", "SCORE", "SIGNAL"]
+    assert lines[2].split()[:3] == [SLOW_HOST, SLOW_GPU, "straggler"]
+    assert " Gb/s" in lines[2] and " MHz" in lines[2] and "70%" in lines[2]
+    assert len(lines) == 18
+
+
+def test_list_shows_the_job_with_its_worst_gpu(live: Live) -> None:
+    done = gpumon_job("--list", "--prometheus", live.url, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    (job,) = json.loads(done.stdout)
+    assert (job["job_id"], job["hosts"], job["gpus"]) == (JOB, 2, 16)
+    assert (job["worst_instance"], job["worst_gpu"], job["worst_signal"]) == (f"{SLOW_HOST}:9470", SLOW_GPU,
+                                                                              "activity")
+    assert job["alerts"] == ["GpumonJobStraggler"]
+    table = gpumon_job("--list", "--prometheus", live.url)
+    assert table.returncode == 0 and table.stdout.splitlines()[2].split()[:3] == [JOB, "2", "16"]
+
+
+def test_watch_redraws_in_place(live: Live) -> None:
+    done = gpumon_job(JOB, "--prometheus", live.url, "--watch", "--interval", "0.2", "--iterations", "2")
+    assert done.returncode == 0, done.stderr
+    frames = done.stdout.split("\x1b[H\x1b[2J")
+    assert len(frames) == 3 and frames[0] == ""
+    for frame in frames[1:]:
+        assert frame.startswith(live.url) and f"job {JOB}: 2 host(s)" in frame
+
+
+def test_unknown_job_is_a_usage_error(live: Live) -> None:
+    done = gpumon_job("9999", "--prometheus", live.url)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "no GPU is held by job '9999'" in done.stderr
+
+
+def test_missing_rules_are_named(live: Live) -> None:
+    done = gpumon_job(JOB, "--prometheus", live.bare_url)
+    assert done.returncode == 1
+    assert ("does not evaluate the recording rule(s) gpumon_job:straggler_score, gpumon_job_host:straggler_score"
+            in done.stderr)
+    listed = gpumon_job("--list", "--prometheus", live.bare_url)
+    assert listed.returncode == 1 and "gpumon_job:straggler_score" in listed.stderr
+
+
+def test_unreachable_url_fails_clearly() -> None:
+    port = free_port()   # nothing listens there
+    done = gpumon_job(JOB, "--prometheus", f"http://127.0.0.1:{port}", "--timeout", "2")
+    assert done.returncode == 1
+    assert f"cannot reach http://127.0.0.1:{port}" in done.stderr and "refused" in done.stderr
+
+
+class _BearerGate(http.server.BaseHTTPRequestHandler):
+    """An auth gateway in front of Prometheus (as a Mimir or a proxy would be): one token passes."""
+
+    upstream = ""
+    token = ""
+
+    def _forward(self) -> None:
+        if self.headers.get("Authorization") != f"Bearer {self.token}":
+            self.send_response(401)
+            self.end_headers()
+            return
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+        request = urllib.request.Request(self.upstream + self.path, data=body, method=self.command)
+        if body:
+            request.add_header("Content-Type", self.headers["Content-Type"])
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            data = answer.read()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = _forward
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_bearer_token_from_a_file(live: Live, tmp_path) -> None:
+    gate = type("Gate", (_BearerGate,), {"upstream": live.url, "token": "s3cret"})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), gate)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        token = tmp_path / "token"
+        token.write_text("s3cret\n")
+        done = gpumon_job(JOB, "--prometheus", url, "--auth", "bearer", "--bearer-token-file", str(token),
+                          "--format", "json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)[0]["gpu"] == SLOW_GPU
+        token.write_text("wrong\n")
+        refused = gpumon_job(JOB, "--prometheus", url, "--auth", "bearer", "--bearer-token-file", str(token))
+        assert refused.returncode == 1 and "HTTP 401: the bearer token was refused" in refused.stderr
+        anonymous = gpumon_job(JOB, "--prometheus", url)
+        assert anonymous.returncode == 1 and "--bearer-token-file or --auth azure" in anonymous.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("args, message", [
+    ((), "give a JOB_ID or --list, not both"),
+    ((JOB, "--list", "--prometheus", "http://127.0.0.1:1"), "give a JOB_ID or --list, not both"),
+    ((JOB,), "--prometheus URL (or $GPUMON_PROMETHEUS_URL) is required"),
+    ((JOB, "--prometheus", "prometheus:9090"), "must be an http:// or https:// URL"),
+    ((JOB, "--prometheus", "http://127.0.0.1:1", "--auth", "bearer"), "--bearer-token-file is required"),
+    ((JOB, "--prometheus", "https://ws.eastus.prometheus.monitor.azure.com", "--auth", "azure",
+      "--credential", "service_principal"), "--tenant-id: is required with credential = service_principal"),
+])
+def test_bad_usage_exits_2(args, message) -> None:
+    done = gpumon_job(*args)
+    assert done.returncode == 2, done
+    assert message in done.stderr
+
+
+def test_url_from_the_environment(live: Live) -> None:
+    done = gpumon_job("--list", env={"GPUMON_PROMETHEUS_URL": live.url})
+    assert done.returncode == 0, done.stderr
+    assert JOB in done.stdout
+
+
+def test_rule_file_under_test_is_valid_for_promtool(tmp_path) -> None:
+    if shutil.which("promtool") is None:
+        pytest.skip("needs promtool")
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(MINIMAL_RULES))
+    done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_docs_mention_every_flag() -> None:
+    with open(os.path.join(REPO, "docs", "job-health.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    for flag in ("--prometheus", "--list", "--format json", "--watch", "--auth bearer", "--bearer-token-file",
+                 "--auth azure", "--credential", "--iterations"):
+        assert flag in text, flag
