@@ -166,16 +166,19 @@ class JobView:
                  lambda r, s: setattr(r, "ib_transmit_bytes_per_second", s.value))
         per_host(f"sum by (instance) (increase(gpumon_ib_link_flaps_total[{FLAP_WINDOW}]) {on_host})",
                  lambda r, s: setattr(r, "ib_flaps", s.value))
-        health = {}
-        for s in self.client.query(f"max by (instance) (gpumon_node_health) {on_host}"):
-            health[s.labels.get("instance", "")] = int(s.value) if not math.isnan(s.value) else -1
+        # a GPU's verdict: its own rules', and those about the whole node or its ports (not other GPUs')
+        node: dict[str, int] = {}
+        for s in self.client.query(f'max by (instance) (gpumon_health_state{{gpu=""}}) {on_host} '
+                                   f"or max by (instance) (gpumon_node_health) {on_host}"):
+            if not math.isnan(s.value):
+                node[s.labels.get("instance", "")] = int(s.value)
+        own: dict[tuple[str, str], int] = {}
         for s in self.client.query(f'max by (instance, gpu) (gpumon_health_state{{gpu!=""}}) {on_gpu}'):
-            key = s.labels.get("instance", ""), s.labels.get("gpu", "")
-            if key in rows and not math.isnan(s.value):
-                rows[key].verdict = VERDICTS.get(max(int(s.value), health.get(key[0], 0)), "unknown")
-        for row in rows.values():
-            if row.verdict == "unknown" and row.instance in health:
-                row.verdict = VERDICTS.get(health[row.instance], "unknown")
+            if not math.isnan(s.value):
+                own[(s.labels.get("instance", ""), s.labels.get("gpu", ""))] = int(s.value)
+        for key, row in rows.items():
+            levels = [v for v in (own.get(key), node.get(row.instance)) if v is not None]
+            row.verdict = VERDICTS.get(max(levels), "unknown") if levels else "unknown"
         for s in self.client.query(f'ALERTS{{alertstate="firing", job_id={j}}}'):
             name, gpu = s.labels.get("alertname", ""), s.labels.get("gpu", "")
             for row in rows.values():
