@@ -1,9 +1,9 @@
 """``gpumon job`` against a real Prometheus scraping two simulated hosts of one job, one GPU throttled.
 
-The straggler recording rules are written here, in the test's directory: a minimal set that produces
-the contract's names (``gpumon_job:straggler_score{job_id, instance, gpu, signal}``, the per-host
-``gpumon_job_host:straggler_score``) from one signal, activity. The command reads only those names, so
-the shipped rules (deploy/prometheus, docs/job-health.md) are switched in by pointing RULE_FILES at them.
+The straggler recording rules are tests/job_rules_minimal.py's stand-in, written to the test's
+directory: it produces the contract's names (``gpumon_job:straggler_score{job_id, instance, gpu,
+signal}``, the per-host ``gpumon_job_host:straggler_score``) from one signal, activity. The command
+reads only those names; the shipped rules replace the stand-in by loading deploy/prometheus's file.
 """
 
 from __future__ import annotations
@@ -20,29 +20,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-import yaml
 
 from gpumon.simulate import control
+from tests import job_rules_minimal
 from tests.conftest import REPO, GpumonProcess, PrometheusServer, clean_env, free_port, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server")
 
 JOB = "4242"
 SLOW_HOST, SLOW_GPU = "node-b", "5"
-JOINED = ("max by (instance, gpu) ({metric}) * on (instance, gpu) group_left (job_id) "
-          'group by (instance, gpu, job_id) (gpumon_gpu_allocation_info{{job_id!=""}})')
-ACTIVITY = "gpumon_job:gpu_activity:ratio"
-MEDIAN = f"quantile by (job_id) (0.5, {ACTIVITY})"
-MINIMAL_RULES = {"groups": [{"name": "gpumon-job-minimal", "interval": "1s", "rules": [
-    {"record": ACTIVITY, "expr": JOINED.format(metric='gpumon_gpu_activity_ratio{activity="sm"}')},
-    {"record": "gpumon_job:straggler_score", "expr": (
-        f'label_replace(({MEDIAN} - on (job_id) group_right {ACTIVITY}) / on (job_id) group_left () '
-        f'(quantile by (job_id) (0.5, abs({ACTIVITY} - on (job_id) group_left () {MEDIAN})) + 0.01), '
-        '"signal", "activity", "", "")')},
-    {"record": "gpumon_job_host:straggler_score",
-     "expr": "max by (job_id, instance, signal) (gpumon_job:straggler_score)"},
-    {"alert": "GpumonJobStraggler", "expr": "gpumon_job:straggler_score > 5", "for": "1s"},
-]}]}
 
 
 @dataclass
@@ -82,12 +68,11 @@ def live(tmp_path_factory) -> Iterator[Live]:
             if name == SLOW_HOST:
                 control(workdir, {"action": "throttle", "gpu": int(SLOW_GPU), "reason": "hw_thermal_slowdown",
                                   "factor": 0.7})
-        rules = tmp / "job-rules.yaml"
-        rules.write_text(yaml.safe_dump(MINIMAL_RULES))
+        rules = job_rules_minimal.write(str(tmp))
         for with_rules in (True, False):
             directory = tmp / f"prometheus-{with_rules}"
             directory.mkdir()
-            config = {**scrape_config(hosts), **({"rule_files": [str(rules)]} if with_rules else {})}
+            config = {**scrape_config(hosts), **({"rule_files": [rules]} if with_rules else {})}
             servers.append(PrometheusServer(str(directory), config).start())
         ruled, bare = servers
         wait_for(lambda: ruled.query(f'ALERTS{{alertstate="firing", gpu="{SLOW_GPU}"}}'), timeout=30, interval=0.2)
@@ -253,9 +238,8 @@ def test_url_from_the_environment(live: Live) -> None:
 def test_rule_file_under_test_is_valid_for_promtool(tmp_path) -> None:
     if shutil.which("promtool") is None:
         pytest.skip("needs promtool")
-    path = tmp_path / "rules.yaml"
-    path.write_text(yaml.safe_dump(MINIMAL_RULES))
-    done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=20)
+    path = job_rules_minimal.write(str(tmp_path))
+    done = subprocess.run(["promtool", "check", "rules", path], capture_output=True, text=True, timeout=20)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
