@@ -59,7 +59,8 @@ def live(tmp_path_factory) -> Iterator[Live]:
         for name in ("node-a", "node-b"):
             env = clean_env(GPUMON_DAEMON_STATE_DIR=str(tmp / name))
             env.pop("GPUMON_AZURE_IMDS_URL")   # a simulated host answers from its own loopback IMDS
-            hosts[name] = GpumonProcess(["--simulate", "nd-h100-v5", "--interval", "1"], env, free_port())
+            hosts[name] = GpumonProcess(["--simulate", "nd-h100-v5", "--interval", "1", "--collectors",
+                                          "nvml,infiniband,linkflap,attribution"], env, free_port())
         for name, process in hosts.items():
             process.wait_ready(timeout=30)
             workdir = str(tmp / name / "simulate" / "nd-h100-v5")
