@@ -67,6 +67,10 @@ def counter(sim: Simulation, device: str, name: str) -> int:
         return int(fh.read())
 
 
+def link_errors(sim: Simulation) -> list[int]:
+    return [sim.fabric.port(f"mlx5_ib{i}").counters[c] for i in range(8) for c in ("symbol_error", "port_rcv_errors")]
+
+
 def test_rhythm_is_a_function_of_job_id_and_wall_clock() -> None:
     r = job.rhythm(JOB)
     assert r == job.rhythm(JOB) and r != job.rhythm("4243")
@@ -79,6 +83,7 @@ def test_rhythm_is_a_function_of_job_id_and_wall_clock() -> None:
 def test_healthy_job_moves_in_step_across_two_hosts(hosts) -> None:
     for sim in hosts:
         start_job(sim)
+    errors = [link_errors(sim) for sim in hosts]   # a healthy job's links stay clean
     r = job.rhythm(JOB)
     for minute in range(3):   # the level drifts over minutes; both hosts follow it, together
         start = T0 + 1 + 120 * minute
@@ -90,6 +95,7 @@ def test_healthy_job_moves_in_step_across_two_hosts(hosts) -> None:
         assert max(powers) / min(powers) < 1.05, powers
         assert {sm_clock(sim, gpu) for sim in hosts for gpu in range(8)} == {1980}
         ib = [sim.fabric.port(f"mlx5_ib{i}").load for sim in hosts for i in range(8)]
+        assert [link_errors(sim) for sim in hosts] == errors
         assert max(ib) - min(ib) < 0.02 and abs(statistics.mean(ib) - job.IB_SHARE * expected / 100) < 0.02
 
 

@@ -289,10 +289,11 @@ class Fabric:
             add(p, "port_xmit_wait", int(wait))
         else:
             add(p, "port_xmit_wait", int(octets // 64 * rng.uniform(0.0, 0.05)))
-        if rng.random() < 0.02 * seconds:
-            add(p, "symbol_error", 1)
-        if rng.random() < 0.005 * seconds:
-            add(p, "port_rcv_errors", 1)
+        if not p.in_job:   # a healthy job's links are clean: an error there is a fault (set_counter)
+            if rng.random() < 0.02 * seconds:
+                add(p, "symbol_error", 1)
+            if rng.random() < 0.005 * seconds:
+                add(p, "port_rcv_errors", 1)
         if self.hw_counters and p.hw:
             if p.link_layer == "InfiniBand":
                 self._add_hw(p, "rx_write_requests", packets // 8)
