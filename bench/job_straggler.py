@@ -2,8 +2,8 @@
 
 Eight ``gpumon run --simulate nd-h100-v5 --interval 1`` processes hold all their GPUs for job 4242, so
 they move in the job's step rhythm (gpumon/simulate/job.py); Prometheus scrapes them every second and
-evaluates the job rules every second: the shipped deploy/prometheus/job-rules.yaml where it exists,
-else the stand-in of tests/job_rules_minimal.py (the result says which).
+evaluates the rules every second: deploy/prometheus's rule files (with 1 s groups) where job-rules.yaml
+exists, else the stand-in of tests/job_rules_minimal.py (the result says which).
 
 1. **Healthy window**: after the rules' windows have filled, ``max(gpumon_job:straggler_score)`` is read
    every second for ``--healthy-seconds`` (600 by default, the issue's 10 minutes); a false positive is
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -55,25 +54,13 @@ FAULTS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
 )
 
 
-def rules(tmp: str) -> tuple[str, str, float]:
-    """(rule file, which, alert threshold): the shipped file at 1 s evaluation, else the stand-in."""
+def rules(tmp: str) -> tuple[list[str], str, float]:
+    """(rule files, which, alert threshold): deploy/prometheus's at 1 s evaluation, else the stand-in."""
     from tests import job_rules_minimal
 
-    if not os.path.exists(job_rules_minimal.SHIPPED):
-        return job_rules_minimal.write(tmp), "tests/job_rules_minimal.py (stand-in)", job_rules_minimal.THRESHOLD
-    with open(job_rules_minimal.SHIPPED, encoding="utf-8") as fh:
-        doc = yaml.safe_load(fh)
-    threshold = math.nan
-    for group in doc["groups"]:
-        group["interval"] = "1s"
-        for rule in group["rules"]:
-            if rule.get("alert") == "GpumonJobStraggler":
-                found = re.search(r">\s*([0-9.]+)", str(rule["expr"]))
-                threshold = float(found.group(1)) if found else math.nan
-    path = os.path.join(tmp, "job-rules.yaml")
-    with open(path, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(doc, fh)
-    return path, "deploy/prometheus/job-rules.yaml", threshold if not math.isnan(threshold) else 3.0
+    paths, threshold = job_rules_minimal.rule_files(tmp)
+    shipped = os.path.exists(job_rules_minimal.SHIPPED)
+    return paths, "deploy/prometheus" if shipped else "tests/job_rules_minimal.py (stand-in)", threshold
 
 
 def top(client: Client, metric: str) -> dict[str, str] | None:
@@ -103,9 +90,9 @@ def run(opts: Options) -> dict[str, Any]:
                                               COLLECTORS, "--listen", f"127.0.0.1:{port}"),
                                clean_env(GPUMON_DAEMON_STATE_DIR=state), os.path.join(tmp, f"node-{i}.log")))
             workdirs.append(os.path.join(state, "simulate", "nd-h100-v5"))
-        rule_file, which, threshold = rules(tmp)
+        rule_files, which, threshold = rules(tmp)
         config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-                  "rule_files": [rule_file],
+                  "rule_files": rule_files,
                   "scrape_configs": [{"job_name": "gpumon", "static_configs": [
                       {"targets": [f"127.0.0.1:{p}"], "labels": {"instance": f"node-{i}:9470"}}
                       for i, p in enumerate(ports)]}]}

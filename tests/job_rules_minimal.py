@@ -12,6 +12,7 @@ where they exist: :func:`rule_files`.
 from __future__ import annotations
 
 import os
+import re
 
 import yaml
 
@@ -33,6 +34,34 @@ RULES = {"groups": [{"name": "gpumon-job-minimal", "interval": "1s", "rules": [
      "expr": "max by (job_id, instance, signal) (gpumon_job:straggler_score)"},
     {"alert": "GpumonJobStraggler", "expr": f"gpumon_job:straggler_score > {THRESHOLD:g}", "for": "1s"},
 ]}]}
+
+
+def rule_files(directory: str) -> tuple[list[str], float]:
+    """(rule files, straggler threshold) for a Prometheus that evaluates every second: the shipped
+    rule files with 1 s groups and 1 s ``for:`` where job-rules.yaml exists, else the stand-in."""
+    if not os.path.exists(SHIPPED):
+        return [write(directory)], THRESHOLD
+    paths, threshold = [], THRESHOLD
+    for name in sorted(os.listdir(os.path.dirname(SHIPPED))):
+        if not name.endswith(".yaml"):
+            continue
+        with open(os.path.join(os.path.dirname(SHIPPED), name), encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+        if not isinstance(doc, dict) or "groups" not in doc:
+            continue
+        for group in doc["groups"]:
+            group["interval"] = "1s"
+            for rule in group["rules"]:
+                if "for" in rule:
+                    rule["for"] = "1s"
+                if rule.get("alert") == "GpumonJobStraggler":
+                    found = re.search(r">\s*([0-9.]+)", str(rule["expr"]))
+                    threshold = float(found.group(1)) if found else threshold
+        path = os.path.join(directory, name)
+        with open(path, "w", encoding="utf-8") as fh:
+            yaml.safe_dump(doc, fh)
+        paths.append(path)
+    return paths, threshold
 
 
 def write(directory: str) -> str:

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="need
 
 JOB = "4242"
 SLOW_HOST, SLOW_GPU = "node-b", "5"
+SIGNALS = {"activity", "sm_activity", "sm_clock", "thermal_violation", "power"}
+"""What a GPU throttled by heat to 0.7 may lag on most: the stand-in scores activity only."""
 
 
 @dataclass
@@ -69,15 +71,15 @@ def live(tmp_path_factory) -> Iterator[Live]:
             if name == SLOW_HOST:
                 control(workdir, {"action": "throttle", "gpu": int(SLOW_GPU), "reason": "hw_thermal_slowdown",
                                   "factor": 0.7})
-        rules = job_rules_minimal.write(str(tmp))
+        rules, _ = job_rules_minimal.rule_files(str(tmp))
         for with_rules in (True, False):
             directory = tmp / f"prometheus-{with_rules}"
             directory.mkdir()
-            config = {**scrape_config(hosts), **({"rule_files": [rules]} if with_rules else {})}
+            config = {**scrape_config(hosts), **({"rule_files": rules} if with_rules else {})}
             servers.append(PrometheusServer(str(directory), config).start())
         ruled, bare = servers
         wait_for(lambda: ruled.query(f'ALERTS{{alertstate="firing", gpu="{SLOW_GPU}"}}'), timeout=30, interval=0.2)
-        wait_for(lambda: len(ruled.query(f'gpumon_job:straggler_score{{job_id="{JOB}"}}')) == 16
+        wait_for(lambda: len(ruled.query(f'gpumon_job:straggler_score{{job_id="{JOB}", gpu!=""}}')) == 16
                  and ruled.query("count(rate(gpumon_ib_port_data_transmitted_bytes_total[1m]))"), timeout=20,
                  interval=0.2)
         wait_for(lambda: bare.query(f'count(gpumon_gpu_allocation_info{{job_id="{JOB}"}}) == 16'), timeout=20,
@@ -94,19 +96,22 @@ def test_rows_rank_the_throttled_gpu_first_as_json(live: Live) -> None:
     done = gpumon_job(JOB, "--prometheus", live.url, "--format", "json")
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
-    assert len(rows) == 16
+    assert len([r for r in rows if r["gpu"] is not None]) == 16
     worst = rows[0]
-    assert (worst["host"], worst["instance"], worst["gpu"], worst["signal"]) == (
-        SLOW_HOST, f"{SLOW_HOST}:9470", SLOW_GPU, "activity")
+    assert (worst["host"], worst["instance"], worst["gpu"]) == (SLOW_HOST, f"{SLOW_HOST}:9470", SLOW_GPU)
+    assert worst["signal"] in SIGNALS
     assert worst["score"] > 5 > max(r["score"] for r in rows[1:])
     assert worst["alerts"] == ["GpumonJobStraggler"]
     assert worst["sm_clock_ratio"] == pytest.approx(0.7, abs=0.01)
-    assert worst["activity"] < 0.8 * rows[1]["activity"]
+    assert worst["activity"] < 0.8 * next(r["activity"] for r in rows[1:] if r["gpu"] is not None)
     for row in rows:
         assert row["verdict"] in ("healthy", "degraded", "unhealthy")
-        assert row["power_watts"] > 100 and row["sm_clock_hertz"] > 1e9
         assert row["ib_transmit_bytes_per_second"] > 1e9 and row["ib_flaps"] == 0
         assert row["host_score"] >= row["score"]
+        if row["gpu"] is not None:
+            assert row["power_watts"] > 100 and row["sm_clock_hertz"] > 1e9
+        else:   # a host's InfiniBand ports, scored by the shipped rules
+            assert row["device"].startswith("mlx5_ib") and row["power_watts"] is None
     assert [r["score"] for r in rows] == sorted((r["score"] for r in rows), reverse=True)
 
 
@@ -118,7 +123,7 @@ def test_table_names_the_straggler_on_its_first_row(live: Live) -> None:
     assert lines[1].split()[:5] == ["HOST", "GPU", "VERDICT", "SCORE", "SIGNAL"]
     assert lines[2].split()[:3] == [SLOW_HOST, SLOW_GPU, "straggler"]
     assert " Gb/s" in lines[2] and " MHz" in lines[2] and "70%" in lines[2]
-    assert len(lines) == 18
+    assert len(lines) == 2 + len(json.loads(gpumon_job(JOB, "--prometheus", live.url, "--format", "json").stdout))
 
 
 def test_list_shows_the_job_with_its_worst_gpu(live: Live) -> None:
@@ -126,8 +131,8 @@ def test_list_shows_the_job_with_its_worst_gpu(live: Live) -> None:
     assert done.returncode == 0, done.stderr
     (job,) = json.loads(done.stdout)
     assert (job["job_id"], job["hosts"], job["gpus"]) == (JOB, 2, 16)
-    assert (job["worst_instance"], job["worst_gpu"], job["worst_signal"]) == (f"{SLOW_HOST}:9470", SLOW_GPU,
-                                                                              "activity")
+    assert (job["worst_instance"], job["worst_gpu"]) == (f"{SLOW_HOST}:9470", SLOW_GPU)
+    assert job["worst_signal"] in SIGNALS
     assert job["alerts"] == ["GpumonJobStraggler"]
     table = gpumon_job("--list", "--prometheus", live.url)
     assert table.returncode == 0 and table.stdout.splitlines()[2].split()[:3] == [JOB, "2", "16"]

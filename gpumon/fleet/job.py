@@ -1,9 +1,11 @@
-"""One job's GPUs, worst first, from the straggler recording rules and the hosts' own series.
+"""One job's GPUs (and hosts' InfiniBand ports), worst first, from the straggler recording rules.
 
-The contract with the rules in deploy/prometheus (docs/job-health.md): ``gpumon_job:straggler_score``
-(labels ``job_id``, ``instance``, ``gpu``, ``signal``: how far the GPU sits from its job's median on its
-worst signal) and ``gpumon_job_host:straggler_score`` (``job_id``, ``instance``, ``signal``: the host's
-roll-up). Everything else is read from the series gpumon exports, joined on ``instance`` and ``gpu``.
+The contract with the rules in deploy/prometheus/job-rules.yaml (docs/job-health.md):
+``gpumon_job:straggler_score`` (labels ``job_id``, ``instance``, ``gpu``, ``signal``: how far the GPU sits
+from its job's median on its worst signal; a series with ``device`` and ``port`` and no ``gpu`` scores an
+InfiniBand port of the host) and ``gpumon_job_host:straggler_score`` (``job_id``, ``instance``,
+``signal``: the host's roll-up). GPUs in no job are scored with ``job_id=""``. Everything else is read
+from the series gpumon exports, joined on ``instance`` and ``gpu``.
 """
 
 from __future__ import annotations
@@ -36,11 +38,14 @@ class RulesMissing(QueryFailed):
 
 @dataclass
 class Row:
-    """One GPU of the job; ``score`` and ``signal`` are the GPU's own, the host's roll-up beside them."""
+    """One GPU of the job, or (``gpu`` empty) one host's InfiniBand ports: ``score`` and ``signal`` are
+    the GPU's own (the worst port's, named by ``device`` and ``port``), the host's roll-up beside them."""
 
     instance: str
     host: str
     gpu: str
+    device: str = ""
+    port: str = ""
     verdict: str = "unknown"
     score: float = math.nan
     signal: str = ""
@@ -55,10 +60,11 @@ class Row:
     alerts: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
-        """JSON-ready: NaN (no data) becomes null."""
+        """JSON-ready: NaN (no data) and an empty ``gpu`` (a host's ports), ``device`` or ``port`` become null."""
         out = asdict(self)
         out["alerts"] = list(self.alerts)
-        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+        return {k: (None if (isinstance(v, float) and math.isnan(v)) or (k in ("gpu", "device", "port") and v == "")
+                    else v) for k, v in out.items()}
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,8 @@ class JobSummary:
     worst_signal: str
     worst_instance: str
     worst_gpu: str
+    worst_device: str
+    worst_port: str
     alerts: tuple[str, ...]
 
     def as_dict(self) -> dict[str, object]:
@@ -116,7 +124,7 @@ class JobView:
         missing = self.missing_rules()
         if missing:
             raise RulesMissing(f"{self.client.url} does not evaluate the recording rule(s) {', '.join(missing)}: "
-                               "load deploy/prometheus/job-rules.yaml (docs/job-health.md)")
+                               "load deploy/prometheus/job-rules.yaml and recording-rules.yaml (docs/job-health.md)")
 
     def rows(self, job_id: str) -> list[Row]:
         """Every GPU of ``job_id``, worst first."""
@@ -152,6 +160,8 @@ class JobView:
             if math.isnan(getattr(row, score)) or s.value > getattr(row, score):
                 setattr(row, score, s.value)
                 setattr(row, signal, s.labels.get("signal", ""))
+                if score == "score" and not row.gpu:
+                    row.device, row.port = s.labels.get("device", ""), s.labels.get("port", "")
 
         per_gpu(f"{GPU_SCORE}{{job_id={j}}}", lambda r, s: best(r, s, "score", "signal"))
         per_host(f"{HOST_SCORE}{{job_id={j}}}", lambda r, s: best(r, s, "host_score", "host_signal"))
@@ -180,17 +190,22 @@ class JobView:
             levels = [v for v in (own.get(key), node.get(row.instance)) if v is not None]
             row.verdict = VERDICTS.get(max(levels), "unknown") if levels else "unknown"
         for s in self.client.query(f'ALERTS{{alertstate="firing", job_id={j}}}'):
-            name, gpu = s.labels.get("alertname", ""), s.labels.get("gpu", "")
-            for row in rows.values():
-                if (row.instance == s.labels.get("instance", row.instance) and gpu in ("", row.gpu)
-                        and name not in row.alerts):
+            name, instance, gpu = s.labels.get("alertname", ""), s.labels.get("instance", ""), s.labels.get("gpu", "")
+            for key, row in rows.items():
+                if name == STALLED_ALERT:   # the whole job hangs; the alert names the host that went quiet first
+                    hit = True
+                elif gpu:
+                    hit = key == (instance, gpu)
+                else:   # a port's (or a host's) alert: its host's ports row, else every GPU of the host
+                    hit = row.instance == instance and (not row.gpu or (instance, "") not in rows)
+                if hit and name not in row.alerts:
                     row.alerts = (*row.alerts, name)
         return sorted(rows.values(), key=_sort_key)
 
     def jobs(self) -> list[JobSummary]:
         """Every job holding GPUs now, worst first."""
         held = self.client.query(f'count by (job_id, instance) ({ALLOCATION}{{job_id!=""}})')
-        scored = self.client.query(f"count by (job_id, instance) ({GPU_SCORE})")
+        scored = self.client.query(f'count by (job_id, instance) ({GPU_SCORE}{{job_id!="", gpu!=""}})')
         if not held and not scored:
             return []
         self._require_rules()
@@ -199,7 +214,7 @@ class JobView:
             per = hosts.setdefault(s.labels.get("job_id", ""), {})
             per[s.labels.get("instance", "")] = max(per.get(s.labels.get("instance", ""), 0), int(s.value))
         worst: dict[str, Sample] = {}
-        for s in self.client.query(f"topk by (job_id) (1, {GPU_SCORE})"):
+        for s in self.client.query(f'topk by (job_id) (1, {GPU_SCORE}{{job_id!=""}})'):
             job = s.labels.get("job_id", "")
             if job not in worst or s.value > worst[job].value:
                 worst[job] = s
@@ -209,8 +224,9 @@ class JobView:
         out = []
         for job, per in hosts.items():
             w = worst.get(job)
+            labels = w.labels if w else {}
             out.append(JobSummary(job, len(per), sum(per.values()), w.value if w else math.nan,
-                                  w.labels.get("signal", "") if w else "", w.labels.get("instance", "") if w else "",
-                                  w.labels.get("gpu", "") if w else "", tuple(sorted(alerts.get(job, ())))))
+                                  labels.get("signal", ""), labels.get("instance", ""), labels.get("gpu", ""),
+                                  labels.get("device", ""), labels.get("port", ""), tuple(sorted(alerts.get(job, ())))))
         return sorted(out, key=lambda s: (not s.alerts, -s.worst_score if not math.isnan(s.worst_score)
                                           else math.inf, s.job_id))

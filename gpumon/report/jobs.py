@@ -26,8 +26,15 @@ def verdict(row: Row) -> str:
     return row.verdict
 
 
+def _signal(row: Row) -> str:
+    """The signal, and for a host's ports row the port it came from."""
+    if not row.signal:
+        return "-"
+    return f"{row.signal} {row.device}/{row.port}" if row.device else row.signal
+
+
 def job_table(job_id: str, rows: Sequence[Row], width: int = WIDTH) -> str:
-    cells = tuple((row.host, row.gpu, verdict(row), _num(row.score, ".2f"), row.signal or "-",
+    cells = tuple((row.host, row.gpu or "ports", verdict(row), _num(row.score, ".2f"), _signal(row),
                    _num(row.host_score, ".2f"), _num(row.activity, ".0f", 100, "%"), _num(row.power_watts, ".0f", 1, " W"),
                    _num(row.sm_clock_hertz, ".0f", 1e-6, " MHz"), _num(row.sm_clock_ratio, ".0f", 100, "%"),
                    _num(row.ib_transmit_bytes_per_second, ".1f", 8e-9, " Gb/s"), _num(row.ib_flaps, ".0f"))
@@ -45,11 +52,19 @@ def job_json(rows: Sequence[Row]) -> str:
 
 def jobs_table(jobs: Sequence[JobSummary], width: int = WIDTH) -> str:
     cells = tuple((j.job_id, str(j.hosts), str(j.gpus), _num(j.worst_score, ".2f"), j.worst_signal or "-",
-                   f"{j.worst_instance} gpu {j.worst_gpu}" if j.worst_instance else "-", ", ".join(j.alerts) or "-")
+                   _where(j), ", ".join(j.alerts) or "-")
                   for j in jobs)
     table = Table(f"{len(jobs)} job(s), worst first", ("JOB", "HOSTS", "GPUS", "WORST SCORE", "SIGNAL", "WHERE",
                                                          "FIRING"), cells)
     return format_table(table, width) + "\n"
+
+
+def _where(j: JobSummary) -> str:
+    if not j.worst_instance:
+        return "-"
+    if j.worst_gpu:
+        return f"{j.worst_instance} gpu {j.worst_gpu}"
+    return f"{j.worst_instance} {j.worst_device}/{j.worst_port}" if j.worst_device else j.worst_instance
 
 
 def jobs_json(jobs: Sequence[JobSummary]) -> str:
