@@ -40,7 +40,8 @@ def job_table(job_id: str, rows: Sequence[Row], width: int = WIDTH) -> str:
                    _num(row.ib_transmit_bytes_per_second, ".1f", 8e-9, " Gb/s"), _num(row.ib_flaps, ".0f"))
                   for row in rows)
     hosts = len({row.instance for row in rows})
-    table = Table(f"job {job_id}: {hosts} host(s), {len(rows)} GPU(s), worst first",
+    gpus = sum(1 for row in rows if row.gpu)
+    table = Table(f"job {job_id}: {hosts} host(s), {gpus} GPU(s), worst first",
                   ("HOST", "GPU", "VERDICT", "SCORE", "SIGNAL", "HOST SCORE", "ACTIVITY", "POWER", "SM CLOCK",
                    "OF MAX", "IB TX (HOST)", "FLAPS 1H"), cells)
     return format_table(table, width) + "\n"
