@@ -46,7 +46,8 @@ def gpumon_job(*args: str, env: dict[str, str] | None = None, timeout: float = 2
 
 
 def scrape_config(hosts: dict[str, GpumonProcess]) -> dict:
-    return {"global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+    # 2 s: a scrape that outlives its timeout on a busy machine would blank a host for a second
+    return {"global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": "gpumon", "static_configs": [
                 {"targets": [f"127.0.0.1:{p.port}"], "labels": {"instance": f"{name}:9470"}}
                 for name, p in hosts.items()]}]}
