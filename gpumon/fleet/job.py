@@ -55,7 +55,7 @@ class Row:
     power_watts: float = math.nan
     sm_clock_hertz: float = math.nan
     sm_clock_ratio: float = math.nan    # of the GPU's maximum SM clock
-    ib_transmit_bytes_per_second: float = math.nan   # the host's InfiniBand ports together
+    ib_transmit_bytes_per_second: float = math.nan   # the host's InfiniBand ports together (not Ethernet)
     ib_flaps: float = math.nan          # link flaps on the host's ports in the last hour
     alerts: tuple[str, ...] = ()
 
@@ -172,7 +172,8 @@ class JobView:
         per_gpu(f'gpumon_gpu_clock_hertz{{clock="sm"}} / ignoring(clock) '
                 f'gpumon_gpu_clock_max_hertz{{clock="sm"}} {on_gpu}',
                 lambda r, s: setattr(r, "sm_clock_ratio", s.value))
-        per_host(f"sum by (instance) (rate(gpumon_ib_port_data_transmitted_bytes_total[{IB_WINDOW}]) {on_host})",
+        per_host(f"sum by (instance) (rate(gpumon_ib_port_data_transmitted_bytes_total[{IB_WINDOW}]) "
+                 f'and on (instance, device, port) gpumon_ib_port_info{{link_layer="InfiniBand"}} {on_host})',
                  lambda r, s: setattr(r, "ib_transmit_bytes_per_second", s.value))
         per_host(f"sum by (instance) (increase(gpumon_ib_link_flaps_total[{FLAP_WINDOW}]) {on_host})",
                  lambda r, s: setattr(r, "ib_flaps", s.value))
