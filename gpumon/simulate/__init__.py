@@ -22,7 +22,6 @@ from typing import Any
 from gpumon.simulate import job
 
 log = logging.getLogger("gpumon.simulate")
-JOB_ACTIONS = frozenset({"throttle", "restore", "congest", "stall", "resume"})
 _sequence = itertools.count()
 
 
@@ -138,58 +137,12 @@ class Simulation:
         """Advance the simulated host by ``seconds`` and apply any control files dropped meanwhile;
         GPUs held by a job follow its rhythm at wall-clock time ``wall`` (default: now)."""
         with self._lock:
-            self._drive_jobs(time.time() if wall is None else wall)
+            job.drive(self, time.time() if wall is None else wall)
             if self.fabric is not None:
                 self.fabric.tick(seconds)
             if self.nvml is not None:
                 self.nvml.tick(seconds)
             self._read_controls()
-
-    def _drive_jobs(self, wall: float) -> None:
-        """Set each job GPU's level from its job's rhythm and the host's InfiniBand ports from the
-        mean of them (the collectives of the job cross every port); a GPU in no job wanders."""
-        levels: dict[int, float] = {}
-        rhythms: dict[int, Any] = {}
-        for a in self.allocations:
-            key = job.job_key(a)
-            r = job.rhythm(key)
-            rhythms[a["gpu"]] = r
-            levels[a["gpu"]] = job.STALLED_LEVEL if key in self.stalled else job.level(r, wall)
-        if self.nvml is not None:
-            for gpu in range(self.host.gpu_count):
-                self.nvml.set_job_load(gpu, levels.get(gpu), rhythms.get(gpu))
-        if self.fabric is not None:
-            mean = sum(levels.values()) / len(levels) if levels else None
-            for device, number in self.fabric.port_keys:
-                port = self.fabric.port(device, number)
-                if port.link_layer != "InfiniBand":
-                    continue
-                if mean is not None:
-                    port.in_job, port.load = True, job.IB_SHARE * mean
-                elif port.in_job:
-                    port.in_job, port.load = False, 0.35
-
-    def _job_action(self, action: str, command: dict[str, Any]) -> None:
-        """throttle, restore, congest, stall, resume: the faults that slow or hang a job."""
-        if action in ("stall", "resume"):
-            key = str(command["job_id"])
-            self.stalled = self.stalled | {key} if action == "stall" else self.stalled - {key}
-            return
-        if action == "congest" or (action == "restore" and "device" in command):
-            if self.fabric is None:
-                raise ValueError(f"profile {self.profile} has no InfiniBand")
-            factor = float(command.get("factor", 0.5)) if action == "congest" else 1.0
-            self.fabric.congest(str(command["device"]), int(command.get("port", 1)), factor)
-            return
-        if self.nvml is None:
-            raise ValueError(f"profile {self.profile} has no GPU")
-        gpu = int(command["gpu"])
-        if not 0 <= gpu < self.host.gpu_count:
-            raise ValueError(f"no GPU {gpu} (the profile has {self.host.gpu_count})")
-        if action == "throttle":
-            self.nvml.throttle(gpu, str(command.get("reason", "sw_power_cap")), float(command.get("factor", 0.7)))
-        else:
-            self.nvml.unthrottle(gpu)
 
     def _read_controls(self) -> None:
         try:
@@ -257,8 +210,8 @@ class Simulation:
             self.azure.scheduled_event(command)
         elif action in ("allocate", "release"):
             self._allocation(action, command)
-        elif action in JOB_ACTIONS:
-            self._job_action(action, command)
+        elif action in job.ACTIONS:
+            job.ACTIONS[action](self, command)
         elif action == "fabric":
             if self.nvml is None:
                 raise ValueError(f"profile {self.profile} has no GPU")
