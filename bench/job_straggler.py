@@ -113,7 +113,7 @@ def run(opts: Options) -> dict[str, Any]:
 
         def scored() -> bool:
             try:
-                return len(client.query(f'gpumon_job:straggler_score{{job_id="{JOB}"}}')) == HOSTS * 8
+                return len(client.query(f'gpumon_job:straggler_score{{job_id="{JOB}", gpu!=""}}')) == HOSTS * 8
             except QueryFailed:
                 return False
 
