@@ -388,12 +388,12 @@ def cmd_job(args: argparse.Namespace) -> int:
         return job_report.job_json(rows) if args.format == "json" else job_report.job_table(args.job_id, rows)
 
     try:
-        return _show(args, render)
+        return _show(args, render, view.client.shown)
     except KeyboardInterrupt:   # Ctrl-C ends --watch (or a slow query)
         return EXIT_OK
 
 
-def _show(args: argparse.Namespace, render: Callable[[], str]) -> int:
+def _show(args: argparse.Namespace, render: Callable[[], str], url: str) -> int:
     """Print once, or (``--watch``) redraw every ``--interval`` seconds, errors included, like top."""
     from gpumon.fleet.job import UnknownJob
     from gpumon.fleet.promql import QueryFailed
@@ -412,7 +412,7 @@ def _show(args: argparse.Namespace, render: Callable[[], str]) -> int:
             (sys.stdout if code == EXIT_OK else sys.stderr).write(text)
             return code
         if args.format == "table":   # like top: home, clear, redraw
-            sys.stdout.write(f"\x1b[H\x1b[2J{args.prometheus}  every {args.interval:g} s  {_clock()}\n{text}")
+            sys.stdout.write(f"\x1b[H\x1b[2J{url}  every {args.interval:g} s  {_clock()}\n{text}")
         else:
             sys.stdout.write(text)
         sys.stdout.flush()

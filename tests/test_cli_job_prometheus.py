@@ -8,6 +8,8 @@ reads only those names; the shipped rules replace the stand-in by loading deploy
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import http.server
 import json
 import os
@@ -172,14 +174,14 @@ def test_unreachable_url_fails_clearly() -> None:
     assert f"cannot reach http://127.0.0.1:{port}" in done.stderr and "refused" in done.stderr
 
 
-class _BearerGate(http.server.BaseHTTPRequestHandler):
-    """An auth gateway in front of Prometheus (as a Mimir or a proxy would be): one token passes."""
+class _Gate(http.server.BaseHTTPRequestHandler):
+    """An auth gateway in front of Prometheus (as a Mimir or a proxy would be): one credential passes."""
 
     upstream = ""
-    token = ""
+    accepted = ""   # the Authorization header it lets through
 
     def _forward(self) -> None:
-        if self.headers.get("Authorization") != f"Bearer {self.token}":
+        if self.headers.get("Authorization") != self.accepted:
             self.send_response(401)
             self.end_headers()
             return
@@ -201,12 +203,33 @@ class _BearerGate(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_bearer_token_from_a_file(live: Live, tmp_path) -> None:
-    gate = type("Gate", (_BearerGate,), {"upstream": live.url, "token": "s3cret"})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), gate)
+@contextlib.contextmanager
+def gate(upstream: str, accepted: str) -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("G", (_Gate,), {
+        "upstream": upstream, "accepted": accepted}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_port}"
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_basic_auth_from_the_urls_user_information_never_shown(live: Live) -> None:
+    secret = base64.b64encode(b"alice:s@cret").decode()
+    with gate(live.url, f"Basic {secret}") as port:
+        done = gpumon_job("--list", "--prometheus", f"http://alice:s%40cret@127.0.0.1:{port}", "--format", "json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)[0]["job_id"] == JOB
+        refused = gpumon_job("--list", "--prometheus", f"http://alice:wr0ng@127.0.0.1:{port}")
+        assert refused.returncode == 1
+        assert f"http://127.0.0.1:{port}: HTTP 401: the user name and password in the URL were refused" in refused.stderr
+        assert "wr0ng" not in refused.stderr + refused.stdout
+
+
+def test_bearer_token_from_a_file(live: Live, tmp_path) -> None:
+    with gate(live.url, "Bearer s3cret") as port:
+        url = f"http://127.0.0.1:{port}"
         token = tmp_path / "token"
         token.write_text("s3cret\n")
         done = gpumon_job(JOB, "--prometheus", url, "--auth", "bearer", "--bearer-token-file", str(token),
@@ -218,9 +241,6 @@ def test_bearer_token_from_a_file(live: Live, tmp_path) -> None:
         assert refused.returncode == 1 and "HTTP 401: the bearer token was refused" in refused.stderr
         anonymous = gpumon_job(JOB, "--prometheus", url)
         assert anonymous.returncode == 1 and "--bearer-token-file or --auth azure" in anonymous.stderr
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize("args, message", [

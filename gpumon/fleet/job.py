@@ -123,7 +123,7 @@ class JobView:
     def _require_rules(self) -> None:
         missing = self.missing_rules()
         if missing:
-            raise RulesMissing(f"{self.client.url} does not evaluate the recording rule(s) {', '.join(missing)}: "
+            raise RulesMissing(f"{self.client.shown} does not evaluate the recording rule(s) {', '.join(missing)}: "
                                "load deploy/prometheus/job-rules.yaml and recording-rules.yaml (docs/job-health.md)")
 
     def rows(self, job_id: str) -> list[Row]:
@@ -133,7 +133,7 @@ class JobView:
                    f"or group by (instance, gpu) ({ALLOCATION}{{job_id={j}}})")
         found = self.client.query(members)
         if not found:
-            raise UnknownJob(f"no GPU is held by job {job_id!r} at {self.client.url} "
+            raise UnknownJob(f"no GPU is held by job {job_id!r} at {self.client.shown} "
                              "(no gpumon_gpu_allocation_info{job_id=...} series: unknown, or ended)")
         self._require_rules()
         rows = {(s.labels.get("instance", ""), s.labels.get("gpu", "")): Row(

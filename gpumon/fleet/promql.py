@@ -2,8 +2,8 @@
 
 Any compatible server answers it: Prometheus, Thanos Query, Mimir, VictoriaMetrics and an Azure
 Monitor workspace's query endpoint. Queries are POSTed form-encoded (a job of a thousand hosts makes a
-long expression; the API accepts POST for exactly that). Authentication: none, a bearer token read from
-a file on every request, or an Entra ID token made by the same credential code the remote write sink
+long expression; the API accepts POST for exactly that). Authentication: none, basic from the URL's
+user information, a bearer token read from a file on every request, or an Entra ID token made by the same credential code the remote write sink
 uses (:func:`gpumon.sinks.azure_identity.make_credential`).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 from gpumon import __version__
 from gpumon.sinks.azure_identity import make_credential
 from gpumon.sinks.common import read_regular_file
-from gpumon.sinks.remote_write.transport import tls_context
+from gpumon.sinks.remote_write.transport import basic_authorization, tls_context
 
 AZURE_AUDIENCE = "https://prometheus.monitor.azure.com"
 """The resource an Azure Monitor workspace's query endpoint takes tokens for (Azure docs, "Query
@@ -66,7 +66,12 @@ class Client:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--prometheus must be an http:// or https:// URL, got {url!r}")
-        self.url = url.rstrip("/")
+        #: requests go here and messages show it: without user information (a password in the URL),
+        #: which becomes basic auth instead (Grafana Cloud and Mimir gateways hand out such URLs)
+        self.url = self.shown = urllib.parse.urlunsplit(
+            parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
+        self._basic = basic_authorization(urllib.parse.unquote(parts.username or ""),
+                                          urllib.parse.unquote(parts.password or "")) if parts.username else None
         self.auth = auth or Auth()
         self.timeout = timeout
         self._context: ssl.SSLContext | None = tls_context(ca_file) if parts.scheme == "https" else None
@@ -89,7 +94,7 @@ class Client:
                 except Exception as exc:  # noqa: BLE001 - azure-identity raises its own classes
                     raise QueryFailed(f"no Entra ID token ({self.auth.credential}): {exc}") from None
             return f"Bearer {self._token.token}"
-        return None
+        return self._basic
 
     def _request(self, path: str, form: dict[str, str] | None = None) -> Any:
         """The ``data`` of the API's JSON envelope; QueryFailed with the server's own words otherwise."""
@@ -109,14 +114,14 @@ class Client:
             raise QueryFailed(self._http_error(exc)) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, ssl.SSLError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise Unreachable(f"cannot reach {self.url}: {reason}") from None
+            raise Unreachable(f"cannot reach {self.shown}: {reason}") from None
         try:
             envelope = json.loads(body)
         except ValueError:
-            raise QueryFailed(f"{self.url}{path} did not answer JSON: is it a Prometheus query API?") from None
+            raise QueryFailed(f"{self.shown}{path} did not answer JSON: is it a Prometheus query API?") from None
         if not isinstance(envelope, dict) or envelope.get("status") != "success":
             error = envelope.get("error") if isinstance(envelope, dict) else None
-            raise QueryFailed(f"{self.url}{path}: {error or 'not a Prometheus API answer'}")
+            raise QueryFailed(f"{self.shown}{path}: {error or 'not a Prometheus API answer'}")
         return envelope.get("data")
 
     def _http_error(self, exc: urllib.error.HTTPError) -> str:
@@ -124,13 +129,15 @@ class Client:
             detail = json.loads(exc.read(_SECRET_MAX)).get("error", "")
         except (ValueError, AttributeError, OSError):
             detail = ""
+        if exc.code in (401, 403) and self._basic and self.auth.kind == "none":
+            return f"{self.shown}: HTTP {exc.code}: the user name and password in the URL were refused"
         if exc.code in (401, 403):
             hint = {"none": "the server wants credentials: --bearer-token-file or --auth azure",
                     "bearer": "the bearer token was refused",
                     "azure": "the Entra ID token was refused (does the identity hold Monitoring Data Reader "
                              "on the workspace?)"}[self.auth.kind]
-            return f"{self.url}: HTTP {exc.code}: {hint}"
-        return f"{self.url}: HTTP {exc.code} {exc.reason}{': ' + detail if detail else ''}"
+            return f"{self.shown}: HTTP {exc.code}: {hint}"
+        return f"{self.shown}: HTTP {exc.code} {exc.reason}{': ' + detail if detail else ''}"
 
     def query(self, expr: str) -> list[Sample]:
         """An instant query's vector (a scalar comes back as one sample without labels)."""
