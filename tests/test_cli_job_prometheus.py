@@ -14,6 +14,7 @@ import http.server
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -175,6 +176,16 @@ def test_unreachable_url_fails_clearly() -> None:
     done = gpumon_job(JOB, "--prometheus", f"http://127.0.0.1:{port}", "--timeout", "2")
     assert done.returncode == 1
     assert f"cannot reach http://127.0.0.1:{port}" in done.stderr and "refused" in done.stderr
+
+
+def test_a_server_that_never_answers_times_out() -> None:
+    with socket.socket() as listener:   # the kernel completes the handshake; nobody ever reads or answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        done = gpumon_job("--list", "--prometheus", url, "--timeout", "1")
+    assert done.returncode == 1
+    assert f"cannot reach {url}: " in done.stderr and "timed out" in done.stderr
 
 
 class _Gate(http.server.BaseHTTPRequestHandler):
