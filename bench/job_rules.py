@@ -33,10 +33,10 @@ from bench.common import (
     REPO,
     Options,
     clean_env,
-    free_port,
     gpumon_command,
     http_get,
     median,
+    picked_port,
     rnd,
     say,
     stop,
@@ -127,7 +127,7 @@ class Exporter:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -224,7 +224,7 @@ def run(opts: Options) -> dict[str, Any]:
         }
         with open(os.path.join(tmp, "prometheus.yml"), "w", encoding="utf-8") as fh:
             yaml.safe_dump(config, fh)
-        port = free_port()
+        port = picked_port()  # Prometheus cannot say which port it bound
         url = f"http://127.0.0.1:{port}"
         with open(os.path.join(tmp, "prometheus.log"), "wb") as log:
             prometheus = subprocess.Popen(

@@ -23,6 +23,7 @@ from gpumon.config import DAEMON, Config, ConfigError, SectionSchema, load
 from gpumon.daemon.listen_file import ListenFiles
 from gpumon.health.settings import HEALTH
 from gpumon.health.settings import check_config as check_health_config
+from gpumon.sinks.azure_identity import CREDENTIALS
 
 if TYPE_CHECKING:
     from gpumon.collectors.base import Collector
@@ -172,6 +173,7 @@ def build_parser() -> _Parser:
     health.add_argument("rule", nargs="?", help="the rule id (or rule|subject key) to clear")
     health.add_argument("--all", action="store_true", help="with clear: every sticky verdict")
     _simulate_parser(sub)
+    _job_parser(sub)
     parser.subcommands = dict(sub.choices)
     return parser
 
@@ -200,6 +202,36 @@ def _simulate_parser(sub: Any) -> None:
                           help="wait until a daemon takes the file (exit 1 if none does in time)")
 
 
+def _job_parser(sub: Any) -> None:
+    job = sub.add_parser("job", help="one job's GPUs ranked by straggler score, from Prometheus "
+                         "(--list: every job)", description=(
+        "Ask a Prometheus-compatible query API (Prometheus, Azure Managed Prometheus, Thanos, Mimir) that "
+        "loads deploy/prometheus/job-rules.yaml for one job's hosts and GPUs, ranked worst first: verdict, "
+        "straggler score and its signal, activity, power, clocks, IB rate and flaps (docs/job-health.md). "
+        "Exit 1 when the API cannot be reached or the rules are missing, 2 for bad usage or an unknown job."))
+    job.add_argument("job_id", nargs="?", metavar="JOB_ID", help="the job_id of the job's GPUs")
+    job.add_argument("--list", action="store_true", help="list the jobs holding GPUs, worst first")
+    job.add_argument("--prometheus", metavar="URL", default=os.environ.get("GPUMON_PROMETHEUS_URL", ""),
+                     help="Prometheus-compatible query API (default $GPUMON_PROMETHEUS_URL)")
+    job.add_argument("--auth", choices=("none", "bearer", "azure"), default="none",
+                     help="bearer: --bearer-token-file; azure: an Entra ID token (Azure Managed Prometheus)")
+    job.add_argument("--bearer-token-file", metavar="FILE", default="",
+                     help="with --auth bearer: the file holding the token (re-read on each query)")
+    job.add_argument("--credential", choices=CREDENTIALS, default="default",
+                     help="with --auth azure, as [remote_write] credential (secret: $GPUMON_JOB_CLIENT_SECRET)")
+    job.add_argument("--client-id", default="", help="with --auth azure: the managed identity's or app's client id")
+    job.add_argument("--tenant-id", default="", help="with --auth azure and a client secret: the tenant id")
+    job.add_argument("--audience", default="", help="token audience with --auth azure (default "
+                     "https://prometheus.monitor.azure.com)")
+    job.add_argument("--ca-file", metavar="FILE", default="", help="CAs that verify an https:// URL")
+    job.add_argument("--timeout", type=float, default=10.0, help="seconds each query may take")
+    job.add_argument("--format", choices=("table", "json"), default="table",
+                     help="table for people (default) or json (a list of rows, worst first)")
+    job.add_argument("--watch", action="store_true", help="refresh in place, like top (Ctrl-C ends)")
+    job.add_argument("--interval", type=float, default=5.0, help="seconds between --watch refreshes")
+    job.add_argument("--iterations", type=int, default=0, metavar="N", help="with --watch: stop after N")
+
+
 def load_config(args: argparse.Namespace) -> Config:
     flags = {key: getattr(args, key, None) for key in
              ("collectors", "sinks", "interval", "sysfs_root", "simulate", "log_level", "log_format", "listen",
@@ -223,6 +255,8 @@ def _check_names(config: Config, key: str, known: list[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "job":   # asks Prometheus: no daemon configuration to load
+        return cmd_job(args)
     try:
         config = load_config(args)
     except ConfigError as exc:
@@ -561,3 +595,79 @@ def cmd_check(args: argparse.Namespace, config: Config) -> int:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    """``gpumon job``: exit 0 shown; 1 the server could not answer (unreachable, refused, rules not
+    loaded); 2 bad usage or a job no GPU is held by."""
+    from gpumon.fleet import job as fleet_job
+    from gpumon.fleet.promql import AZURE_AUDIENCE, Auth, Client
+    from gpumon.report import jobs as job_report
+
+    logs.setup("warning", "text")
+    problem = ("give a JOB_ID or --list, not both" if bool(args.job_id) == bool(args.list) else
+               "--prometheus URL (or $GPUMON_PROMETHEUS_URL) is required" if not args.prometheus else
+               "--bearer-token-file is required with --auth bearer"
+               if args.auth == "bearer" and not args.bearer_token_file else
+               "--interval must be at least 0.1 s" if args.interval < 0.1 else "")
+    if problem:
+        print(f"gpumon: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    auth = Auth(args.auth, args.bearer_token_file, args.credential, args.client_id, args.tenant_id,
+                os.environ.get("GPUMON_JOB_CLIENT_SECRET", ""), args.audience or AZURE_AUDIENCE)
+    try:
+        view = fleet_job.JobView(Client(args.prometheus, auth, args.timeout, args.ca_file))
+    except ConfigError as exc:   # the credential's settings, named by the flag that gives each
+        flag = "$GPUMON_JOB_CLIENT_SECRET" if exc.key == "client_secret" else "--" + exc.key.replace("_", "-")
+        print(f"gpumon: error: gpumon job: {flag}: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, OSError, ImportError) as exc:   # bad URL or CA file, no azure-identity
+        print(f"gpumon: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    def render() -> str:
+        if args.list:
+            jobs = view.jobs()
+            return job_report.jobs_json(jobs) if args.format == "json" else job_report.jobs_table(jobs)
+        rows = view.rows(args.job_id)
+        return job_report.job_json(rows) if args.format == "json" else job_report.job_table(args.job_id, rows)
+
+    try:
+        return _show(args, render, view.client.shown)
+    except KeyboardInterrupt:   # Ctrl-C ends --watch (or a slow query)
+        return EXIT_OK
+
+
+def _show(args: argparse.Namespace, render: Callable[[], str], url: str) -> int:
+    """Print once, or (``--watch``) redraw every ``--interval`` seconds, errors included, like top."""
+    from gpumon.fleet.job import UnknownJob
+    from gpumon.fleet.promql import QueryFailed
+
+    done = 0
+    while True:
+        try:
+            text, code = render(), EXIT_OK
+        except UnknownJob as exc:
+            text, code = f"gpumon: error: {exc}\n", EXIT_USAGE
+        except QueryFailed as exc:
+            text, code = f"gpumon: error: {exc}\n", EXIT_FAILED
+        except ConfigError as exc:
+            text, code = f"gpumon: error: {exc}\n", EXIT_USAGE
+        if not args.watch:
+            (sys.stdout if code == EXIT_OK else sys.stderr).write(text)
+            return code
+        if args.format == "table":   # like top: home, clear, redraw
+            sys.stdout.write(f"\x1b[H\x1b[2J{url}  every {args.interval:g} s  {_clock()}\n{text}")
+        else:
+            sys.stdout.write(text)
+        sys.stdout.flush()
+        done += 1
+        if args.iterations and done >= args.iterations:
+            return code
+        threading.Event().wait(args.interval)
+
+
+def _clock() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc).strftime("%H:%M:%S UTC")

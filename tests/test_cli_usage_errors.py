@@ -79,4 +79,4 @@ def test_a_typo_d_command_names_the_closest_one(capsys):
         cli.build_parser().parse_args(["helth"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.startswith("usage: gpumon ")
-    assert "unknown command 'helth' (choose from run, once, check, health, simulate); did you mean health?" in err
+    assert "unknown command 'helth' (choose from run, once, check, health, simulate, job); did you mean health?" in err

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.simulate import job
 from gpumon.simulate.actions import ACTIONS
 
 log = logging.getLogger("gpumon.simulate")
@@ -124,6 +125,8 @@ class Simulation:
         #: who holds which GPU, as the control directory set it: dicts with ``gpu`` and any of
         #: ``namespace``, ``pod``, ``container``, ``job_id`` (read by the attribution collector)
         self.allocations: list[dict[str, Any]] = []
+        #: jobs a ``stall`` control hung (their GPUs near idle until ``resume``)
+        self.stalled: set[str] = set()
         from gpumon.simulate.azure import SimulatedAzure
 
         #: the VM's IMDS on loopback and its KVP pool (host_info and azure_events read them)
@@ -239,9 +242,11 @@ class Simulation:
             except Exception:  # a full disk or EMFILE must not freeze the simulated host for good
                 log.exception("simulate: step failed")
 
-    def step(self, seconds: float) -> None:
-        """Advance the simulated host by ``seconds`` and apply any control files dropped meanwhile."""
+    def step(self, seconds: float, wall: float | None = None) -> None:
+        """Advance the simulated host by ``seconds`` and apply any control files dropped meanwhile;
+        GPUs held by a job follow its rhythm at wall-clock time ``wall`` (default: now)."""
         with self._lock:
+            job.drive(self, time.time() if wall is None else wall)
             if self.fabric is not None:
                 self.fabric.tick(seconds)
             if self.nvml is not None:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpumon.simulate import job
+
 if TYPE_CHECKING:
     from gpumon.simulate import Simulation
 
@@ -191,6 +193,19 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("reboot", _reboot, "the simulated host reboots: a new boot id (sticky health verdicts clear), "
            "every kept hardware fault repaired (lost GPUs answer, ports up, fabric healthy)",
            {"action": "reboot"}),
+    Action("throttle", job.throttle, "clocks and activity drop to `factor`; the reason (sw_power_cap, "
+           "hw_thermal_slowdown, hw_slowdown) is on and its violation time grows; restore ends it",
+           {"action": "throttle", "gpu": 5, "reason": "sw_power_cap", "factor": 0.7}, ("gpu",), "gpu",
+           optional=("reason", "factor")),
+    Action("congest", job.congest, "the port's transmit queue waits: port_xmit_wait grows, its traffic drops "
+           "to `factor`; restore with the device ends it",
+           {"action": "congest", "device": "mlx5_ib3", "port": 1, "factor": 0.5}, ("device",), "ib",
+           optional=("port", "factor")),
+    Action("restore", job.restore, "ends a throttle (gpu) or a congestion (device, port)",
+           {"action": "restore", "gpu": 5}, optional=("gpu", "device", "port")),
+    Action("stall", job.stall, "the job's GPUs on this host hang near idle with memory and processes held "
+           "(a hung collective)", {"action": "stall", "job_id": "4242"}, ("job_id",)),
+    Action("resume", job.resume, "a stalled job runs again", {"action": "resume", "job_id": "4242"}, ("job_id",)),
 )}
 
 

@@ -40,6 +40,8 @@ from typing import Any
 
 import pynvml as _real
 
+from gpumon.simulate import job
+
 _DEVICE_BASE = 0x7E5700000000
 _MIG_BASE = 0x7E5800000000
 _SET_BASE = 0x7E5900000000
@@ -116,6 +118,16 @@ PROFILES["h100-sxm5-80gb"] = dataclasses.replace(PROFILES["h100-sxm5-80gb"], fab
 # Clock-event reason bits (nvmlClocksEventReason*)
 _IDLE, _SW_POWER, _HW_SLOW, _SW_THERM, _HW_THERM = 0x1, 0x4, 0x8, 0x20, 0x40
 
+THROTTLES: dict[str, tuple[int, tuple[int, ...]]] = {
+    "sw_power_cap": (_SW_POWER, (74,)),
+    "hw_thermal_slowdown": (_HW_THERM, (75, 270)),
+    "hw_slowdown": (_HW_SLOW, (79,)),
+}
+"""What :meth:`FakeNVML.throttle` holds on per reason: the nvmlClocksEventReason* bit and the violation
+fields that count the time (74 PERF_POLICY_POWER; 75 PERF_POLICY_THERMAL and, from R580, 270
+CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN; nvml.h has no PERF_POLICY field for HW slowdown, whose causes are
+the board's protection limits: 79 PERF_POLICY_RELIABILITY counts it here)."""
+
 # GPM metric ids the double answers
 _GPM_RATIO_IDS = (1, 2, 3, 5, 10, 11, 12, 13)
 
@@ -159,6 +171,11 @@ class _Gpu:
     serial: str
     bus_id: str
     load: float = 0.85
+    wander: float = 0.85          # the load's own random walk when no job drives it
+    driven: float | None = None   # the job's activity level this tick (set_job_load), else None
+    rhythm: Any = None            # the job's gpumon.simulate.job.Rhythm: power samples follow its steps
+    throttle_bit: int = 0         # clock-event reason bit a throttle control holds on
+    throttle_factor: float = 1.0  # clocks and activity are multiplied by it while throttled
     power_mw: float = 0.0
     energy_mj: float = 0.0
     temp: float = 45.0
@@ -342,7 +359,7 @@ class FakeNVML:
         uuid = "GPU-" + "-".join("".join(f"{rng.randrange(16):x}" for _ in range(n)) for n in (8, 4, 4, 4, 12))
         bus = f"{index + 1:08X}:00:00.0" if p.nvlinks else f"{0x1000 + index * 0x100:08X}:00:00.0"
         gpu = _Gpu(index, p, rng, uuid, f"{p.serial_prefix}{rng.randrange(10**5):05d}", bus)
-        gpu.load = 0.75 + 0.2 * rng.random()
+        gpu.load = gpu.wander = 0.75 + 0.2 * rng.random()
         gpu.energy_mj = 3.6e9 * (5 + index)   # a few days since the driver was loaded
         gpu.used = int(p.memory_total * (0.6 + 0.3 * rng.random()))
         gpu.violation_ns = {fid: rng.random() * 3e12 for fid in (74, 75, 76, 77, 78, 79, 80, 81, 269, 270, 271)}
@@ -378,12 +395,17 @@ class FakeNVML:
                 if g.lost:
                     continue
                 p = g.profile
-                g.load = min(1.0, max(0.05, g.load + g.rng.uniform(-0.08, 0.08)))
+                if g.driven is None:
+                    g.wander = min(1.0, max(0.05, g.wander + g.rng.uniform(-0.08, 0.08)))
+                    g.load = g.wander * g.throttle_factor
+                else:   # a job's GPUs share its level; a little noise of their own
+                    g.load = min(1.0, max(0.01, g.driven * g.throttle_factor * g.rng.uniform(0.99, 1.01)))
                 target = p.idle_power_mw + (p.power_limit_mw - p.idle_power_mw) * (0.15 + 0.85 * g.load)
                 previous = g.power_mw
-                g.power_mw = min(p.power_limit_mw, max(p.idle_power_mw, target * g.rng.uniform(0.95, 1.03)))
+                noise = g.rng.uniform(0.95, 1.03) if g.driven is None else g.rng.uniform(0.99, 1.01)
+                g.power_mw = min(p.power_limit_mw, max(p.idle_power_mw, target * noise))
                 taken = self._take_power_samples(g, start, previous)
-                if taken:
+                if taken and g.rhythm is None:
                     g.power_mw = float(taken[-1])
                 g.energy_mj += (sum(taken) / len(taken) if taken else g.power_mw) * seconds
                 g.temp = 32 + 35 * g.load + g.rng.uniform(-1, 1)
@@ -391,8 +413,14 @@ class FakeNVML:
                 g.reasons = _SW_POWER if g.power_mw >= 0.97 * p.power_limit_mw else 0
                 if g.load < 0.1:
                     g.reasons |= _IDLE
+                g.reasons |= g.throttle_bit
                 if g.reasons & _SW_POWER:
                     g.violation_ns[74] += seconds * 1e9
+                for reason_bit, fields in THROTTLES.values():
+                    if g.throttle_bit & reason_bit:
+                        for fid in fields:
+                            if fid != 74:   # 74 grew above with the SW power cap bit
+                                g.violation_ns[fid] += seconds * 1e9
                 g.pcie_tx += seconds * 2.0e9 * g.load
                 g.pcie_rx += seconds * 3.0e9 * g.load
                 for link in range(p.nvlinks):
@@ -414,7 +442,10 @@ class FakeNVML:
         taken = []
         for k in range(first, last + 1):
             t = k * _POWER_SAMPLE_US / 1e6
-            if self.power_swing is not None:
+            if g.rhythm is not None:   # the job's steps, by the wall clock: every host in phase
+                wall = (self._epoch_us + k * _POWER_SAMPLE_US) / 1e6
+                mw = g.power_mw * (1.1 if job.computing(g.rhythm, wall) else 0.7) * g.sample_rng.uniform(0.99, 1.01)
+            elif self.power_swing is not None:
                 low, high, hz = self.power_swing
                 level = (high if (t * hz) % 1.0 < 0.5 else low) * 1e3
                 mw = level * g.sample_rng.uniform(0.985, 1.0)
@@ -514,6 +545,29 @@ class FakeNVML:
                 raise ValueError(f"{g.profile.name} has no MIG")
             g.mig = [_Mig(7 + i, 0, g.profile.mig_instance_memory, int(g.profile.mig_instance_memory * 0.4))
                      for i in range(instances)] or None
+
+    def set_job_load(self, gpu: int, level: float | None, rhythm: Any = None) -> None:
+        """From the next tick on the GPU works at a job's ``level`` (0..1) and its power samples follow
+        the job's steps (``rhythm``, a :class:`gpumon.simulate.job.Rhythm`); ``None`` lets it wander."""
+        with self._lock:
+            g = self._gpus[gpu]
+            g.driven, g.rhythm = level, rhythm if level is not None else None
+
+    def throttle(self, gpu: int, reason: str, factor: float) -> None:
+        """Hold the GPU's clocks (and so its activity) at ``factor`` of what they were, with
+        ``reason`` (a key of :data:`THROTTLES`) on in the event reasons and its violation time growing."""
+        if reason not in THROTTLES:
+            raise ValueError(f"unknown throttle reason {reason!r} (known: {', '.join(sorted(THROTTLES))})")
+        if not 0.0 < factor <= 1.0:
+            raise ValueError(f"throttle factor must be in (0, 1], got {factor}")
+        with self._lock:
+            g = self._gpus[gpu]
+            g.throttle_bit, g.throttle_factor = THROTTLES[reason][0], factor
+
+    def unthrottle(self, gpu: int) -> None:
+        with self._lock:
+            g = self._gpus[gpu]
+            g.throttle_bit, g.throttle_factor = 0, 1.0
 
     def set_power_swing(self, low_w: float, high_w: float, hz: float = 1.0) -> None:
         """From the next tick on, power samples follow a ``hz`` square wave between the two levels."""
@@ -806,6 +860,8 @@ class FakeNVML:
                 return top
             if g.reasons & _IDLE:
                 return 345
+            if g.throttle_bit:
+                return round(top * g.throttle_factor)
             return round(top * (0.92 if g.reasons & _SW_POWER else 1.0))
         if clock == _real.NVML_CLOCK_MEM:
             return p.mem_max_mhz

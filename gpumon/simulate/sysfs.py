@@ -53,6 +53,11 @@ STATE_NAMES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTI
 PHYS_NAMES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining", 5: "LinkUp",
               6: "LinkErrorRecovery", 7: "Phy Test"}
 
+XMIT_WAIT_TICKS = 4e6
+"""``port_xmit_wait`` ticks per second a port starved of credits all the time adds. The tick length is
+implementation defined (IBA vol. 1, PortXmitWait); the value keeps the 32-bit counter short of
+sticking at its maximum for over half an hour at a congestion factor of 0.5."""
+
 NO_PMA = "N/A (no PMA)"
 
 
@@ -122,6 +127,11 @@ class Port:
     carrier_down: int = 1
     load: float = 0.35
     """Fraction of line rate the simulated job pushes through the port."""
+    in_job: bool = False
+    """A job's collectives drive the port: ``load`` follows the job's level, with little noise."""
+    congestion: float = 1.0
+    """Below 1 the port is congested (:meth:`Fabric.congest`): its traffic is multiplied by it and
+    ``port_xmit_wait`` grows with the credit-starved share of the time."""
 
 
 @dataclass
@@ -259,7 +269,8 @@ class Fabric:
 
     def _grow(self, p: Port, seconds: float) -> None:
         rng = self._rng
-        load = max(0.0, min(1.0, p.load * rng.uniform(0.8, 1.2)))
+        noise = rng.uniform(0.98, 1.02) if p.in_job else rng.uniform(0.8, 1.2)
+        load = max(0.0, min(1.0, p.load * noise * p.congestion))
         octets = int(p.rate_gbps * 1e9 / 8 * load * seconds)
         words = octets // 4
         packets = max(1, octets // 4096)
@@ -272,11 +283,17 @@ class Fabric:
         add(p, "unicast_rcv_packets", packets)
         add(p, "multicast_xmit_packets", int(seconds))
         add(p, "multicast_rcv_packets", int(seconds))
-        add(p, "port_xmit_wait", int(octets // 64 * rng.uniform(0.0, 0.05)))
-        if rng.random() < 0.02 * seconds:
-            add(p, "symbol_error", 1)
-        if rng.random() < 0.005 * seconds:
-            add(p, "port_rcv_errors", 1)
+        if p.in_job or p.congestion < 1.0:
+            # steady in a job; a congested port waits for credits the share of the time it cannot send
+            wait = octets / 64 * 0.0005 * rng.uniform(0.95, 1.05) + (1.0 - p.congestion) * XMIT_WAIT_TICKS * seconds
+            add(p, "port_xmit_wait", int(wait))
+        else:
+            add(p, "port_xmit_wait", int(octets // 64 * rng.uniform(0.0, 0.05)))
+        if not p.in_job:   # a healthy job's links are clean: an error there is a fault (set_counter)
+            if rng.random() < 0.02 * seconds:
+                add(p, "symbol_error", 1)
+            if rng.random() < 0.005 * seconds:
+                add(p, "port_rcv_errors", 1)
         if self.hw_counters and p.hw:
             if p.link_layer == "InfiniBand":
                 self._add_hw(p, "rx_write_requests", packets // 8)
@@ -296,6 +313,12 @@ class Fabric:
     def _add_hw(p: Port, name: str, amount: int) -> None:
         if name in p.hw and amount > 0:
             p.hw[name] = min(p.hw[name] + amount, (1 << HW_WIDTHS[name]) - 1)
+
+    def congest(self, device: str, port: int = 1, factor: float = 0.5) -> None:
+        """The port's traffic drops to ``factor`` of its share and ``port_xmit_wait`` grows (1 undoes it)."""
+        if not 0.0 < factor <= 1.0:
+            raise ValueError(f"congest factor must be in (0, 1], got {factor}")
+        self.port(device, port).congestion = factor
 
     def flap(self, device: str, port: int = 1) -> None:
         """A flap shorter than any poll: the state never shows it, the counters do."""
