@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, str] = {
     "kmsg_aer": "kmsg collector CPU at 1,000 lines/s; AER collector time per run for 16 PCI functions",
     "health": "health rules CPU per ND H100 v5 snapshot; XID 79 to an unhealthy /health at the default interval",
     "tuning": "series and CPU per cycle that each opt-in switch adds on a simulated ND H100 v5 (docs/tuning.md)",
+    "process_util": "CPU per run and series that [nvml] per_process adds, simulated ND H100 v5 with 4 processes per GPU",
 }
 
 MODULES = {"azure_volume": "bench.sink_volume"}
