@@ -251,3 +251,20 @@ def test_the_structs_are_pynvmls_as_the_collector_reads_them() -> None:
         members = {name for name, _ in struct._fields_}
         assert {"pid", "timeStamp"} | {m for _, m in PU.ENGINES} <= members
     assert ctypes.sizeof(pynvml.c_nvmlProcessUtilizationInfo_v1_t) == 40
+
+
+def test_attribution_labels_name_the_pod_holding_the_gpu_on_each_process_series() -> None:
+    from gpumon.attribution_labels import relabel
+    from gpumon.collectors.attribution import ALLOCATION
+    from gpumon.model import MetricFamily
+
+    fake, c, _ = rig(count=2, per_process=True)
+    run(fake, 0, ["python3"] * 2)
+    out = c.collect()
+    c.close()
+    held = MetricFamily(ALLOCATION, (ALLOCATION.sample(1.0, "0", "", "", "ml", "train-0", "main", ""),))
+    (family,) = [f for f in relabel(out.families, held) if f.name == FAMILY]
+    by_gpu = {(s.label("gpu"), s.label("pid")): (s.label("namespace"), s.label("pod")) for s in family.samples}
+    assert {v for (gpu, _), v in by_gpu.items() if gpu == "0"} == {("ml", "train-0")}
+    assert {v for (gpu, _), v in by_gpu.items() if gpu == "1"} == {("", "")}     # nobody holds GPU 1
+    assert len({pid for gpu, pid in by_gpu if gpu == "0"}) == 2
