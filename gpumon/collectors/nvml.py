@@ -78,7 +78,8 @@ OPTIONS = SectionSchema(
                "Processes per GPU with utilization series of their own (the busiest); the others are "
                "summed into one `pid=\"other\"` series: at most (N + 1) x 4 series per GPU.", min=1, max=1000),
         Option("proc_root", str, "/proc",
-               "Where /proc is, for process names (/host/proc in a container, which also needs hostPID)."),
+               "Where the host's /proc is, for process names (in a container: hostPID, or the host's /proc "
+               "mounted here, e.g. /host/proc)."),
         Option("gpm", bool, True, "Profiling metrics through GPM on Hopper and newer (no DCGM, no SYS_ADMIN)."),
         Option("nvlink_per_link", bool, False,
                "Export NVLink state, errors and bytes per link (18 links x 7 series per H100); the "
