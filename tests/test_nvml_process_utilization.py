@@ -268,3 +268,25 @@ def test_attribution_labels_name_the_pod_holding_the_gpu_on_each_process_series(
     assert {v for (gpu, _), v in by_gpu.items() if gpu == "0"} == {("ml", "train-0")}
     assert {v for (gpu, _), v in by_gpu.items() if gpu == "1"} == {("", "")}     # nobody holds GPU 1
     assert len({pid for gpu, pid in by_gpu if gpu == "0"}) == 2
+
+
+def test_allocate_takes_a_process_count_and_name_and_refuses_a_bad_count(tmp_path: Path) -> None:
+    import pytest
+
+    from gpumon.simulate.actions import check, parse_assignments
+
+    command = parse_assignments("allocate", ["gpu=1", "job_id=42", "processes=3", "process=vllm"])
+    check(command, gpu=True, ib=True)
+    sim = Simulation("nd-h100-v5", str(tmp_path))
+    try:
+        sim.apply(command)
+        running = [pid for pid, _ in sim.nvml._gpus[1].processes]
+        assert len(running) == 3
+        assert all((tmp_path / "proc" / str(pid) / "comm").read_text() == "vllm\n" for pid in running)
+        with pytest.raises(ValueError, match="processes"):
+            sim.apply({"action": "allocate", "gpu": 2, "job_id": "43", "processes": 0})
+        assert [a["gpu"] for a in sim.allocations] == [1]     # the bad one changed nothing
+        sim.apply({"action": "release"})
+        assert not any((tmp_path / "proc" / str(pid)).exists() for pid in running)
+    finally:
+        sim.stop()
