@@ -19,7 +19,8 @@ events and no field 230; before R555 no PCIe byte counters (197/198); field ids 
 clock-event counters from R580 on and power-smoothing values in R570/R575.
 
 Faults for tests: :meth:`fail`, :meth:`fail_field`, :meth:`fail_gpm_metric`, :meth:`hang`,
-:meth:`fail_init`, :meth:`set_lost`, :meth:`inject_xid`, :meth:`inject_event`, :meth:`set_mig`.
+:meth:`fail_init`, :meth:`set_lost`, :meth:`inject_xid`, :meth:`inject_event`, :meth:`set_mig`; workloads:
+:meth:`run_processes` / :meth:`restore_processes` (per-process utilization samples follow them).
 Every call is counted (:attr:`calls`, :meth:`calls_for_gpu`) so the benchmark can report calls per GPU;
 GPM sample buffers are tracked (:meth:`gpm_samples_allocated`) so a test can assert none leaks.
 """
