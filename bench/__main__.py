@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, str] = {
     "job_rules": "job rules (straggler, stall, lemons) on a real Prometheus over 1,000 hosts x 8 GPUs: eval time, series",
     "job_straggler": "8 simulated ND H100 v5 hosts in one job, real Prometheus at 1 s: time until a throttled GPU "
                      "scores highest; false positives over a healthy window",
+    "process_util": "CPU per run and series that [nvml] per_process adds, simulated ND H100 v5 with 4 processes per GPU",
 }
 
 MODULES = {"azure_volume": "bench.sink_volume"}

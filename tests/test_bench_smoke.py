@@ -25,6 +25,7 @@ FAST = {
     "scale": ("gpus", "ports"),
     "startup": ("cases", "target_met"),
     "cycle": ("without_health", "with_health"),
+    "process_util": ("cpu_ms_added_per_run", "series_added", "nvml_calls_per_run_on"),
 }
 
 

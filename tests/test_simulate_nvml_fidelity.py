@@ -144,3 +144,73 @@ def test_events_time_out_and_an_xid_arrives_as_the_real_one_did(real: dict[str, 
     xid = [e for e in got["events"] if e.get("eventType") == 8]
     keys = ("eventType", "eventData", "gpuInstanceId", "computeInstanceId", "gpu")
     assert [{k: e[k] for k in keys} for e in xid] == [{k: e[k] for k in keys} for e in want["events"]]
+
+
+# --- per-process utilization ------------------------------------------------------------------------
+# The record has no per-process calls (it was taken without a workload); these hold the double to what
+# shared/reference/wave3.md section 3 documents of the same H100 and driver 580 under two processes,
+# and to the struct layouts of nvml.h as nvidia-ml-py declares them. No value is taken from the record.
+
+def _two_processes() -> tuple[FakeNVML, Any]:
+    fake = FakeNVML("h100-sxm5-80gb", 1, driver_version="580.159.04", cuda_version=13000)
+    fake.nvmlInit()
+    fake.run_processes(0, ["python3", "python3"])
+    fake.tick(40.0)
+    return fake, fake.nvmlDeviceGetHandleByIndex(0)
+
+
+def test_process_utilization_structs_are_nvml_h_layouts() -> None:
+    import ctypes
+
+    import pynvml
+
+    # wave3.md: nvmlProcessUtilizationInfo_v1_t is 40 bytes; the container's version is sizeof | 1 << 24
+    assert ctypes.sizeof(pynvml.c_nvmlProcessUtilizationInfo_v1_t) == 40
+    assert pynvml.ProcessesUtilizationInfo_v1 == ctypes.sizeof(pynvml.c_nvmlProcessesUtilizationInfo_v1_t) | 1 << 24
+    fake, h = _two_processes()
+    assert all(type(s) is pynvml.c_nvmlProcessUtilizationInfo_v1_t
+               for s in fake.nvmlDeviceGetProcessesUtilizationInfo(h, 0))
+    assert all(type(s) is pynvml.c_nvmlProcessUtilizationSample_t for s in fake.nvmlDeviceGetProcessUtilization(h, 0))
+
+
+@pytest.mark.parametrize("fn", ["nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization"])
+def test_process_utilization_answers_as_the_h100_did_under_two_processes(fn: str) -> None:
+    import pynvml
+
+    fake, h = _two_processes()
+    call = getattr(fake, fn)
+    seen = 0
+    stamps: list[int] = []
+    busy: list[int] = []
+    for _ in range(60):                   # asked every 50 ms for 3 s: each new sample is caught
+        fake.tick(0.05)
+        try:
+            got = call(h, seen)
+        except pynvml.NVMLError_NotFound:  # no sample newer than lastSeenTimestamp: common, not an error
+            continue
+        pids = [int(s.pid) for s in got]
+        assert len(pids) == len(set(pids)) == 2            # at most one sample per PID: the newest
+        assert all(int(s.timeStamp) > seen for s in got)
+        seen = max(int(s.timeStamp) for s in got)
+        stamps.append(seen)
+        busy.append(sum(1 for s in got if s.smUtil > 0))
+        with pytest.raises(pynvml.NVMLError_NotFound):     # an immediate second call: no new sample
+            call(h, seen)
+    gaps = {b - a for a, b in zip(stamps, stamps[1:])}
+    assert gaps and all(200_000 <= g <= 400_000 for g in gaps)   # samples 200-400 ms apart
+    assert set(busy) == {1}                # time-sharing: one at 99 % (or the load), the other at 0 %
+
+
+def test_process_utilization_exists_from_r550_and_blackwell_refuses_the_legacy_call() -> None:
+    import pynvml
+
+    old = FakeNVML("h100-sxm5-80gb", 1, driver_version="535.183.01")
+    old.nvmlInit()
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        old.nvmlDeviceGetProcessesUtilizationInfo(old.nvmlDeviceGetHandleByIndex(0), 0)
+    gb200 = FakeNVML("gb200", 1, driver_version="580.159.04")
+    gb200.nvmlInit()
+    h = gb200.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        gb200.nvmlDeviceGetProcessUtilization(h, 0)
+    assert gb200.nvmlDeviceGetProcessesUtilizationInfo(h, 0)

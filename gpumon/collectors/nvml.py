@@ -19,6 +19,7 @@ from typing import Any
 
 from gpumon.cadence import due
 from gpumon.collectors import nvml_metrics as M
+from gpumon.collectors import nvml_process_util as PU
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.collectors.gpu_directory import KEY as DIRECTORY_KEY
 from gpumon.collectors.gpu_directory import GpuDirectory, GpuEntry, GpuProcess
@@ -55,6 +56,8 @@ FABRIC_KEYS = frozenset({FABRIC_ITEM.key, FABRIC_LEGACY_ITEM.key})
 class NvmlSettings:
     interval: float
     per_process: bool
+    per_process_top: int
+    proc_root: str
     gpm: bool
     nvlink_per_link: bool
     reprobe_interval: float
@@ -68,8 +71,15 @@ OPTIONS = SectionSchema(
         Option("interval", float, 0.0, "Collection interval in seconds; 0 uses [daemon] interval.",
                min=0.0, max=3600.0),
         Option("per_process", bool, False,
-               "Export memory per process (`gpumon_gpu_process_memory_bytes{pid}`): one series per "
-               "process, so off by default."),
+               "Export memory per process (`gpumon_gpu_process_memory_bytes{pid}`) and SM, memory, "
+               "encoder and decoder utilization per process (`gpumon_gpu_process_utilization_ratio"
+               "{pid,process,engine}`): series per process, so off by default."),
+        Option("per_process_top", int, 5,
+               "Processes per GPU with utilization series of their own (the busiest); the others are "
+               "summed into one `pid=\"other\"` series: at most (N + 1) x 4 series per GPU.", min=1, max=1000),
+        Option("proc_root", str, "/proc",
+               "Where the host's /proc is, for process names (in a container: hostPID, or the host's /proc "
+               "mounted here, e.g. /host/proc)."),
         Option("gpm", bool, True, "Profiling metrics through GPM on Hopper and newer (no DCGM, no SYS_ADMIN)."),
         Option("nvlink_per_link", bool, False,
                "Export NVLink state, errors and bytes per link (18 links x 7 series per H100); the "
@@ -122,6 +132,8 @@ class _Gpu:
     lost_checked: float = 0.0
     #: The compute processes of the latest processes call (a slow call: kept between its runs).
     processes: tuple[GpuProcess, ...] = ()
+    #: Per-process utilization: the newest sample read and the names reported (per_process only).
+    proc_util: PU.ProcessUtilState = field(default_factory=PU.ProcessUtilState)
     #: Timestamp (µs) of the newest power sample read; 0 before the first read.
     power_seen: int = 0
     #: The fabric rows of the last good read, what the next one is compared with for events.
@@ -276,6 +288,8 @@ class NvmlCollector(Collector):
             rows.extend(result or [])
         if self._power_samples(gpu, rows, out):
             calls += 1
+        if self.settings.per_process:
+            self._process_util(gpu, rows, out)   # asked every run, outside the budget: opt-in
         for mig in gpu.mig:
             rows.extend(self._mig_memory(gpu, mig, out))
         if gpu.gpm is not None:
@@ -433,6 +447,38 @@ class NvmlCollector(Collector):
             rows.extend([(M.POWER_MIN, (), min(watts)), (M.POWER_MAX, (), max(watts)),
                          (M.POWER_MEAN, (), sum(watts) / len(watts))])
         return True
+
+    # --- per-process utilization ---------------------------------------------------------------------
+
+    def _proc_root(self) -> str:
+        sim = self.ctx.simulation
+        return str(sim.proc_root) if sim is not None else self.settings.proc_root
+
+    def _process_util(self, gpu: _Gpu, rows: list[M.Row], out: Collection) -> None:
+        """Per-process utilization since the last run: the R550 call, or the legacy one where the
+        driver refuses it (each refusal counted and logged once, asked again at the re-probe)."""
+        for fn in PU.CALLS:
+            key = ("call", fn)
+            if key in gpu.dropped:
+                continue
+            try:
+                samples = self.session.call(fn, gpu.dev.handle, gpu.proc_util.last_seen)
+            except Exception as exc:  # noqa: BLE001 - every NVML error has an outcome
+                if nvml_code(exc) == NOT_FOUND:
+                    samples = []          # no sample newer than the last run's: not an error
+                else:
+                    self._handle_error(gpu, key, fn, exc, out)
+                    if key in gpu.dropped:
+                        continue          # refused: the next call stands in, this run already
+                    return
+            try:
+                per_pid = PU.aggregate(samples, gpu.proc_util)
+            except (TypeError, ValueError, AttributeError) as exc:
+                out.count_error("nvml_parse")
+                self._log_once.warning(("parse", fn), "%s returned %r: %s", fn, samples, exc)
+                return
+            rows.extend(PU.rows(per_pid, gpu.proc_util, self.settings.per_process_top, self._proc_root()))
+            return
 
     # --- lost GPUs -----------------------------------------------------------------------------------
 

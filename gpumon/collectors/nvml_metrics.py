@@ -220,6 +220,11 @@ PROCS_MEM = _m("gpumon_gpu_compute_processes_memory_bytes", GAUGE, "GPU memory u
                "bytes", azure=(gpu_columns("ComputeProcessesMemoryBytes", ("max",)),))
 PROC_MEM = _m("gpumon_gpu_process_memory_bytes", GAUGE, "GPU memory used per process (opt-in).", "bytes",
               ("pid",), azure=(NoColumns("per process id: unbounded, no fixed column"),))
+PROC_UTIL = _m("gpumon_gpu_process_utilization_ratio", GAUGE,
+               "Utilization per process in the driver's newest sampling period since the previous run "
+               "(sm, memory, encoder, decoder); the top per_process_top processes per GPU by name, the "
+               "rest summed as pid=\"other\" (opt-in).", "ratio", ("pid", "process", "engine"),
+               azure=(NoColumns("per process id: unbounded, no fixed column"),))
 ACTIVITY = _m("gpumon_gpu_activity_ratio", GAUGE,
               "GPM profiling over the run interval (Hopper+): graphics, sm, sm_occupancy, tensor, "
               "dram_bandwidth, fp64, fp32, fp16.", "ratio", ("activity",),
@@ -279,7 +284,7 @@ ALL_SPECS: tuple[MetricSpec, ...] = (
     PCIE_GEN_MAX, PCIE_WIDTH, PCIE_WIDTH_MAX, PCIE_BYTES, PCIE_REPLAY, ECC_MODE, ECC, RETIRED,
     RETIRED_PENDING, REMAP, REMAP_PENDING, REMAP_FAILURE, RECOVERY, NVLINK_LINKS, NVLINK_ACTIVE,
     NVLINK_ERRORS, NVLINK_BYTES, NVLINK_LINK_UP, NVLINK_LINK_ERRORS, NVLINK_LINK_BYTES, FAN, PSTATE, PROCS,
-    PROCS_MEM, PROC_MEM, ACTIVITY, GPM_PCIE, GPM_NVLINK, MIG_MEM_TOTAL, MIG_MEM_USED, MIG_ACTIVITY,
+    PROCS_MEM, PROC_MEM, PROC_UTIL, ACTIVITY, GPM_PCIE, GPM_NVLINK, MIG_MEM_TOTAL, MIG_MEM_USED, MIG_ACTIVITY,
     POWER_MIN, POWER_MAX, POWER_MEAN, FABRIC_INFO, FABRIC_STATE, FABRIC_STATUS, FABRIC_HEALTH, FABRIC_SUMMARY,
     CALLS,
 )

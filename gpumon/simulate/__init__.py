@@ -122,6 +122,10 @@ class Simulation:
 
             self.nvml = nvml.FakeNVML(self.host.gpu_profile, self.host.gpu_count,
                                       driver_version=self.host.driver_version, power_swing=self.host.power_swing)
+        #: the host's /proc as far as GPU processes go: ``<pid>/comm`` of each running GPU process
+        #: (the NVML collector reads process names here under simulation)
+        self.proc_root = os.path.join(workdir, "proc")
+        self.write_processes()
         #: who holds which GPU, as the control directory set it: dicts with ``gpu`` and any of
         #: ``namespace``, ``pod``, ``container``, ``job_id`` (read by the attribution collector)
         self.allocations: list[dict[str, Any]] = []
@@ -199,6 +203,23 @@ class Simulation:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, path)
+
+    def write_processes(self) -> None:
+        """``<proc_root>/<pid>/comm`` for the GPU processes running now; those of ended ones go."""
+        if self.nvml is None:
+            return
+        names = self.nvml.process_names()
+        try:
+            os.makedirs(self.proc_root, exist_ok=True)
+            for entry in os.listdir(self.proc_root):
+                if entry.isdigit() and int(entry) not in names:
+                    shutil.rmtree(os.path.join(self.proc_root, entry), ignore_errors=True)
+            for pid, name in names.items():
+                os.makedirs(os.path.join(self.proc_root, str(pid)), exist_ok=True)
+                with open(os.path.join(self.proc_root, str(pid), "comm"), "w", encoding="utf-8") as fh:
+                    fh.write(name + "\n")
+        except OSError as exc:  # a read-only workdir: names are unknown, the PIDs still exported
+            log.warning("simulate: cannot write process names under %s (%s)", self.proc_root, exc)
 
     def forget(self, match: Callable[[dict[str, Any]], bool]) -> None:
         """Drop the kept faults ``match`` selects (a ``port_up`` ends a held ``port_down``)."""

@@ -109,11 +109,20 @@ def _allocation(sim: Simulation, command: dict[str, Any]) -> bool:
     """Runs under the simulation's lock (from ``step``); the list is replaced whole, so readers on
     other threads see the old one or the new one, never half."""
     if command["action"] == "allocate":
-        sim.allocations = [*sim.allocations, _allocation_of(command)]
-    elif "gpu" in command:
-        sim.allocations = [a for a in sim.allocations if a["gpu"] != int(command["gpu"])]
+        allocation = _allocation_of(command)
+        count = int(command.get("processes", 1))
+        if not 1 <= count <= 64:
+            raise ValueError("allocate: processes is 1 to 64")
+        sim.allocations = [*sim.allocations, allocation]
+        if sim.nvml is not None:
+            _check_gpu(sim.nvml, allocation["gpu"])
+            sim.nvml.run_processes(allocation["gpu"], [str(command.get("process", "python3"))] * count)
     else:
-        sim.allocations = []
+        gone = {a["gpu"] for a in sim.allocations if "gpu" not in command or a["gpu"] == int(command["gpu"])}
+        sim.allocations = [a for a in sim.allocations if a["gpu"] not in gone]
+        for gpu in sorted(gone) if sim.nvml is not None else ():
+            sim.nvml.restore_processes(gpu)
+    sim.write_processes()
     return False
 
 
@@ -186,9 +195,11 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
                                        "status": "Scheduled", "not_before_in": 900}, ("event_id",),
            optional=("type", "status", "not_before_in", "duration", "source", "description")),
     Action("allocate", _allocation, "a Kubernetes pod (namespace, pod, container) or a Slurm job (job_id) "
-           "holds the GPU", {"action": "allocate", "gpu": 0, "namespace": "ml", "pod": "train-0",
-                             "container": "main"}, ("gpu",), optional=("namespace", "pod", "container", "job_id")),
-    Action("release", _allocation, "the GPU's holder ends (no gpu: every GPU's)", {"action": "release", "gpu": 0},
+           "holds the GPU and runs `processes` compute processes (default 1) named `process` (default "
+           "python3) in place of the GPU's idle one", {"action": "allocate", "gpu": 0, "namespace": "ml",
+                                                       "pod": "train-0", "container": "main"}, ("gpu",),
+           optional=("namespace", "pod", "container", "job_id", "processes", "process")),
+    Action("release", _allocation, "the GPU's holder and its processes end (no gpu: every GPU's)", {"action": "release", "gpu": 0},
            optional=("gpu",)),
     Action("reboot", _reboot, "the simulated host reboots: a new boot id (sticky health verdicts clear), "
            "every kept hardware fault repaired (lost GPUs answer, ports up, fabric healthy)",

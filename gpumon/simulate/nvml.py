@@ -19,7 +19,8 @@ events and no field 230; before R555 no PCIe byte counters (197/198); field ids 
 clock-event counters from R580 on and power-smoothing values in R570/R575.
 
 Faults for tests: :meth:`fail`, :meth:`fail_field`, :meth:`fail_gpm_metric`, :meth:`hang`,
-:meth:`fail_init`, :meth:`set_lost`, :meth:`inject_xid`, :meth:`inject_event`, :meth:`set_mig`.
+:meth:`fail_init`, :meth:`set_lost`, :meth:`inject_xid`, :meth:`inject_event`, :meth:`set_mig`; workloads:
+:meth:`run_processes` / :meth:`restore_processes` (per-process utilization samples follow them).
 Every call is counted (:attr:`calls`, :meth:`calls_for_gpu`) so the benchmark can report calls per GPU;
 GPM sample buffers are tracked (:meth:`gpm_samples_allocated`) so a test can assert none leaks.
 """
@@ -91,6 +92,9 @@ class GpuProfile:
     mig_capable: bool
     mig_instance_memory: int
     fabric: str = "none"   # "none": NOT_SUPPORTED; "nvswitch": Hopper + NVSwitch; "mnnvl": multi-node NVLink
+    #: nvmlDeviceGetProcessUtilization answers; Blackwell answers NOT_SUPPORTED and only the
+    #: nvmlDeviceGetProcessesUtilizationInfo path works (shared/reference/wave3.md section 3, [S10])
+    legacy_process_util: bool = True
 
 
 PROFILES: dict[str, GpuProfile] = {
@@ -111,7 +115,7 @@ PROFILES: dict[str, GpuProfile] = {
     "gb200": GpuProfile(
         "NVIDIA GB200", 189471 * 2**20, 1094 * 2**20, 262144 * 2**20, 1_200_000, 160_000, 2062, 3996,
         5, 16, 18, True, True, False, False, {0: 95, 1: 92, 2: 95, 3: 90}, "97.00.82.00.0F", "16550240",
-        0x294110DE, True, 23040 * 2**20, fabric="mnnvl"),
+        0x294110DE, True, 23040 * 2**20, fabric="mnnvl", legacy_process_util=False),
 }
 PROFILES["h100-sxm5-80gb"] = dataclasses.replace(PROFILES["h100-sxm5-80gb"], fabric="nvswitch")
 
@@ -133,7 +137,9 @@ _GPM_RATIO_IDS = (1, 2, 3, 5, 10, 11, 12, 13)
 
 # What appeared in which driver branch (NVML change log). The fabric branches are this double's
 # assumption (not verified): nvmlDeviceGetGpuFabricInfoV and its v2 struct from R550, v3 from R570.
-_FUNCTION_SINCE: dict[str, int] = {"nvmlDeviceGetTemperatureV": 570, "nvmlDeviceGetGpuFabricInfoV": 550}
+# nvmlDeviceGetProcessesUtilizationInfo is in the R550 headers (wave3.md section 3): older drivers lack it.
+_FUNCTION_SINCE: dict[str, int] = {"nvmlDeviceGetTemperatureV": 570, "nvmlDeviceGetGpuFabricInfoV": 550,
+                                   "nvmlDeviceGetProcessesUtilizationInfo": 550}
 _FABRIC_V3_SINCE = 570
 
 # The driver's power sample buffer: one sample per period, a bounded ring. NVML documents neither size;
@@ -146,6 +152,16 @@ _POWER_SAMPLE_CAPACITY = 119
 # but 0x20 and 0x40; the GPU-unavailable and recovery-action bits (0x4000, 0x8000) exist from R565.
 _BASE_EVENT_TYPES = 0x3F9F
 _UTIL_PERIOD_US = 100_000
+# Per-process utilization samples: one per driver sampling period, 200-400 ms apart on an H100 with
+# driver 580 (wave3.md section 3); the double takes one every 250 ms. Only the newest sample of each
+# PID is kept and answered, as both calls did there. Processes time-share the SMs: in each sample one
+# process has the GPU (99 % SM on the real H100, the load here) and the others 0 %, as seen there.
+_PROC_SAMPLE_US = 250_000
+#: How long the driver still answers the last sample of a process that ended. NVML documents no such
+#: time; this is the double's choice (long enough for a run at a 10 s interval to see it once).
+_PROC_ENDED_KEEP_S = 30.0
+#: The first PID the double gives a workload's processes (the default process of GPU i is 4000 + 10 i).
+_WORKLOAD_PID_BASE = 200_000
 """The sampling period encoder/decoder utilization report on an H100, driver 580 (same record)."""
 _EVENT_SINCE: dict[int, int] = {_real.nvmlEventTypeGpuUnavailableError: 565,
                                 _real.nvmlEventTypeGpuRecoveryAction: 565}
@@ -196,6 +212,12 @@ class _Gpu:
     recovery_action: int = 0
     mig: list[_Mig] | None = None
     processes: list[tuple[int, int]] = field(default_factory=list)
+    #: pid -> process name (what /proc/<pid>/comm holds on the host), for every process ever run
+    names: dict[int, str] = field(default_factory=dict)
+    #: pid -> the driver's newest utilization sample (timestamp µs, sm, mem, enc, dec) in percent
+    proc_samples: dict[int, tuple[int, int, int, int, int]] = field(default_factory=dict)
+    #: pid -> simulated time the process ended (its last sample is still answered for a while)
+    ended: dict[int, float] = field(default_factory=dict)
     power_samples: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=_POWER_SAMPLE_CAPACITY))
     sample_rng: random.Random = field(default_factory=random.Random)
     fabric: _Fabric | None = None
@@ -323,6 +345,7 @@ class FakeNVML:
         #: (low W, high W, Hz): a square wave the power samples follow instead of the load
         self.power_swing = power_swing
         self._seed = seed
+        self._next_pid = _WORKLOAD_PID_BASE
         self._gpus = [self._make_gpu(i, seed) for i in range(count)]
         self.tick(0.0)
 
@@ -370,6 +393,7 @@ class FakeNVML:
         gpu.link_kib = [[rng.random() * 1e12, rng.random() * 1e12] for _ in range(p.nvlinks)]
         gpu.link_err = [[0, 0, rng.randrange(2), 0] for _ in range(p.nvlinks)]
         gpu.processes = [(4000 + index * 10, int(gpu.used * 0.97))]
+        gpu.names[4000 + index * 10] = "python3"
         gpu.sample_rng = random.Random(seed * 1000 + index + 7919)   # apart: other values stay as they were
         gpu.fabric = self._make_fabric(seed)
         return gpu
@@ -432,6 +456,7 @@ class FakeNVML:
                     g.ecc[(0, 1)] += 1
                 if p.fan:
                     g.fan = 0.3 + 0.4 * g.load
+                self._take_process_samples(g)
 
     def _take_power_samples(self, g: _Gpu, start: float, previous: float) -> list[int]:
         """The samples the driver took between ``start`` and now (at most a buffer's worth): the swing
@@ -459,6 +484,63 @@ class FakeNVML:
         return taken
 
     # --- fault scripts -------------------------------------------------------------------------------
+
+    def _take_process_samples(self, g: _Gpu) -> None:
+        """The newest per-process sample at the current time: the running processes take turns on
+        the SMs, one per sampling period (wave3.md section 3: 99 % / 0 % alternating samples)."""
+        period = int(round(self.time * 1e6)) // _PROC_SAMPLE_US
+        ts = self._epoch_us + period * _PROC_SAMPLE_US
+        for pid, when in list(g.ended.items()):
+            if self.time - when > _PROC_ENDED_KEEP_S:
+                del g.ended[pid]
+                g.proc_samples.pop(pid, None)
+        running = [pid for pid, _ in g.processes]
+        if not running or g.mig is not None:
+            return
+        busy = running[period % len(running)]
+        for pid in running:
+            last = g.proc_samples.get(pid)
+            if last is not None and last[0] >= ts:
+                continue
+            on = pid == busy
+            sm = min(99, round(100 * g.load)) if on else 0
+            enc = round(10 * g.load) if on and g.profile.encoder else 0
+            g.proc_samples[pid] = (ts, sm, round(60 * g.load) if on else 0, enc, 0)
+
+    def run_processes(self, gpu: int, names: list[str], memory_share: float = 0.97) -> list[int]:
+        """Replace the GPU's compute processes by new ones named ``names`` (new PIDs), sharing
+        ``memory_share`` of the used memory; the old ones end. Returns the new PIDs."""
+        with self._lock:
+            g = self._gpus[gpu]
+            self._end(g)
+            pids = []
+            for name in names:
+                self._next_pid += 1
+                pids.append(self._next_pid)
+                g.names[self._next_pid] = name[:15]   # comm holds at most 15 characters (TASK_COMM_LEN 16)
+            each = int(g.used * memory_share / max(1, len(pids)))
+            g.processes = [(pid, each) for pid in pids]
+            self._take_process_samples(g)
+            return pids
+
+    def restore_processes(self, gpu: int) -> None:
+        """Back to the one default process of the GPU (a workload ended)."""
+        with self._lock:
+            g = self._gpus[gpu]
+            self._end(g)
+            pid = 4000 + g.index * 10
+            g.processes = [(pid, int(g.used * 0.97))]
+            g.ended.pop(pid, None)
+            self._take_process_samples(g)
+
+    def _end(self, g: _Gpu) -> None:
+        for pid, _ in g.processes:
+            g.ended[pid] = self.time
+
+    def process_names(self) -> dict[int, str]:
+        """pid -> name of every process running on any GPU (what /proc/<pid>/comm says)."""
+        with self._lock:
+            return {pid: g.names.get(pid, "") for g in self._gpus for pid, _ in g.processes}
 
     def fail(self, function: str, code: int, gpu: int | None = None, times: int | None = None) -> None:
         """Make ``function`` raise ``NVMLError(code)`` (for one GPU, or all), ``times`` times or forever."""
@@ -1140,6 +1222,42 @@ class FakeNVML:
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
         return self.nvmlDeviceGetComputeRunningProcesses(handle)
+
+    def _process_samples(self, g: _Gpu, timeStamp: int) -> list[tuple[int, tuple[int, int, int, int, int]]]:
+        """The newest sample of each PID newer than ``timeStamp``; NOT_FOUND when there is none
+        (wave3.md section 3: not an error, common at short intervals). Under MIG the whole GPU's
+        per-process samples are refused (NOT_SUPPORTED): NVML documents no per-instance answer and
+        refuses the whole-GPU utilization calls under MIG; this is the double's assumption."""
+        self._whole_gpu_only(g)
+        with self._lock:
+            fresh = sorted((pid, s) for pid, s in g.proc_samples.items() if s[0] > int(timeStamp))
+        if not fresh:
+            raise _err(_real.NVML_ERROR_NOT_FOUND)
+        return fresh
+
+    @_api()
+    def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, timeStamp: int) -> list[Any]:
+        """As pynvml returns it: a list of ``c_nvmlProcessUtilizationInfo_v1_t`` (the struct
+        version ``ProcessesUtilizationInfo_v1`` is filled by pynvml itself)."""
+        fresh = self._process_samples(self._device(handle), timeStamp)
+        out = (_real.c_nvmlProcessUtilizationInfo_v1_t * len(fresh))()
+        for s, (pid, (ts, sm, mem, enc, dec)) in zip(out, fresh):
+            s.timeStamp, s.pid, s.smUtil, s.memUtil, s.encUtil, s.decUtil = ts, pid, sm, mem, enc, dec
+            s.jpgUtil = s.ofaUtil = 0
+        return out[0:len(fresh)]
+
+    @_api()
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
+        """As pynvml returns it: a list of ``c_nvmlProcessUtilizationSample_t``; Blackwell answers
+        NOT_SUPPORTED (wave3.md section 3)."""
+        g = self._device(handle)
+        if not g.profile.legacy_process_util:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        fresh = self._process_samples(g, timeStamp)
+        out = (_real.c_nvmlProcessUtilizationSample_t * len(fresh))()
+        for s, (pid, (ts, sm, mem, enc, dec)) in zip(out, fresh):
+            s.pid, s.timeStamp, s.smUtil, s.memUtil, s.encUtil, s.decUtil = pid, ts, sm, mem, enc, dec
+        return out[0:len(fresh)]
 
     @_api()
     def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
