@@ -13,10 +13,12 @@ import yaml
 from gpumon import selfmetrics
 from gpumon.health import stage as health_stage
 from gpumon.registry import available_collectors, collector_class
+from gpumon.rulefiles import rule_files
 from tests.conftest import REPO
 
 RULES = os.path.join(REPO, "deploy", "prometheus")
-RULE_FILES = [os.path.join(RULES, "recording-rules.yaml"), os.path.join(RULES, "alerting-rules.yaml")]
+RULE_FILES = rule_files(REPO)
+"""Every rule file in deploy/prometheus/, so a new one is checked as the others are."""
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian package prometheus)")
 SEVERITIES = {"critical", "warning", "info"}
