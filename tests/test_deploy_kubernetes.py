@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,7 +169,7 @@ def test_the_crd_check_catches_a_misspelt_field_and_a_wrong_type(built):
 def test_the_prometheus_rule_is_generated_from_every_rule_file(built):
     from gpumon.rulefiles import rule_groups
 
-    out = subprocess.run(["python3", str(KUSTOMIZE / "generate_prometheus_rule.py"), "--check"],
+    out = subprocess.run([sys.executable, str(KUSTOMIZE / "generate_prometheus_rule.py"), "--check"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     for name in ("prometheus-rules", "overlays/prometheus-operator", "overlays/prometheus-operator-servicemonitor"):
