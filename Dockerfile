@@ -13,17 +13,20 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 COPY . /src
 # Online, pip fetches the dependencies from the index. For an air-gapped build (or behind a TLS-
-# intercepting proxy) put every wheel in ./wheels first (`pip wheel -w wheels '.[all]'`): the build
-# then installs from there with --no-index.
+# intercepting proxy) put every wheel in ./wheels first (`pip wheel -w wheels '.[all]' cyclonedx-bom`):
+# the build then installs from there with --no-index. The last step writes the venv's CycloneDX SBOM
+# (scripts/sbom.sh, with cyclonedx-bom in a throwaway venv) to /opt/gpumon/sbom.cdx.json.
 RUN set -eu; \
     python3 -m venv /opt/gpumon; \
     if ls /src/wheels/*.whl >/dev/null 2>&1; then \
         /opt/gpumon/bin/pip install --no-index --only-binary=:all: --find-links /src/wheels "gpumon-exporter[${EXTRAS}]"; \
+        export PIP_NO_INDEX=1 PIP_FIND_LINKS=/src/wheels; \
     else \
         /opt/gpumon/bin/pip install "/src[${EXTRAS}]"; \
     fi; \
     /opt/gpumon/bin/pip uninstall --yes pip; \
-    /opt/gpumon/bin/gpumon --version
+    /opt/gpumon/bin/gpumon --version; \
+    /src/scripts/sbom.sh venv /opt/gpumon /opt/gpumon/sbom.cdx.json
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0

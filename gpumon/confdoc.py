@@ -187,12 +187,10 @@ def _summary(text: str) -> str:
     return re.sub(r"\{\{\s*\$value\s*\}\}", "*value*", text)
 
 
-def alert_table(rules_yaml: str) -> str:
-    """docs/dashboards.md's table of the alerting rules, from the rule file itself."""
-    import yaml
-
+def alert_table(groups: list[dict[str, Any]]) -> str:
+    """docs/dashboards.md's table of the alerting rules, from the rule groups themselves."""
     out = ["| Alert | Severity | Fires after | Summary |", "| --- | --- | --- | --- |"]
-    for group in yaml.safe_load(rules_yaml)["groups"]:
+    for group in groups:
         for rule in group["rules"]:
             if "alert" not in rule:
                 continue
@@ -204,6 +202,7 @@ def alert_table(rules_yaml: str) -> str:
 def outputs(root: str) -> dict[str, str]:
     from gpumon.cli import build_parser, schemas
     from gpumon.generated import splice
+    from gpumon.rulefiles import rule_groups
 
     found = schemas()
     parser = build_parser()
@@ -218,7 +217,7 @@ def outputs(root: str) -> dict[str, str]:
             os.path.join(root, "README.md"): splice(read("README.md"), "commands", commands_table(parser)),
             os.path.join(root, "docs", "dashboards.md"): splice(
                 read("docs", "dashboards.md"), "alerts",
-                alert_table(read("deploy", "prometheus", "alerting-rules.yaml")))}
+                alert_table(rule_groups(root)))}
 
 
 if __name__ == "__main__":

@@ -15,10 +15,12 @@ import yaml
 from gpumon import selfmetrics
 from gpumon.health import stage as health_stage
 from gpumon.registry import available_collectors, collector_class
+from gpumon.rulefiles import rule_files
 from tests.conftest import REPO
 
 RULES = os.path.join(REPO, "deploy", "prometheus")
-RULE_FILES = [os.path.join(RULES, name) for name in ("recording-rules.yaml", "alerting-rules.yaml", "job-rules.yaml")]
+RULE_FILES = rule_files(REPO)
+"""Every rule file in deploy/prometheus/, so a new one is checked as the others are."""
 # The job rules' tests are generated (deploy/prometheus/tests/generate_job_tests.py); one promtool run per file.
 TEST_FILES = sorted(glob.glob(os.path.join(RULES, "tests", "*-test.yaml")))
 PROMTOOL = shutil.which("promtool")

@@ -150,8 +150,46 @@ def _json_roundtrip(value: Any) -> Any:
 def test_dashboards_are_plain_json_for_import() -> None:
     for name, dash in dashboards().items():
         assert _json_roundtrip(dash) == dash
-        assert dash["schemaVersion"] >= 39 and dash["id"] if "id" in dash else True
-        assert "__inputs" in dash and dash["__inputs"] == [], name
+        assert dash["schemaVersion"] >= 39 and dash["id"] is None, name  # import creates, never overwrites by id
+
+
+@pytest.mark.parametrize("name", sorted(VARIABLES))
+def test_import_asks_for_the_prometheus_data_source(name: str) -> None:
+    """grafana.com-style import: one data source input, which is the default of the datasource variable
+    (Grafana replaces every ${DS_...} with the data source picked), and nothing else names it."""
+    dash = dashboards()[name]
+    (ds_input,) = dash["__inputs"]
+    assert ds_input["type"] == "datasource" and ds_input["pluginId"] == "prometheus"
+    assert re.fullmatch(r"DS_[A-Z0-9_]+", ds_input["name"]) and ds_input["label"]
+    placeholder = "${" + ds_input["name"] + "}"
+    text = json.dumps(dash)
+    assert set(re.findall(r"\$\{(DS_\w+)\}", text)) == {ds_input["name"]}
+    variable = next(v for v in dash["templating"]["list"] if v["name"] == "datasource")
+    assert variable["current"]["value"] == placeholder
+    assert text.count(placeholder) == 2, "only the variable's default: the panels read ${datasource}"
+
+
+@pytest.mark.parametrize("name", sorted(VARIABLES))
+def test_requires_lists_grafana_the_data_source_and_every_panel_type(name: str) -> None:
+    dash = dashboards()[name]
+    required = {(r["type"], r["id"]) for r in dash["__requires"]}
+    assert {("grafana", "grafana"), ("datasource", "prometheus")} <= required
+    used = {p["type"] for p in walk_panels(dash["panels"])} - {"row"}
+    assert {i for t, i in required if t == "panel"} == used
+    grafana = next(r for r in dash["__requires"] if r["id"] == "grafana")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", grafana["version"])
+
+
+def test_uids_tags_and_versions_identify_each_dashboard() -> None:
+    """Stable uids keep links and bookmarks across re-imports; tags find them in Grafana's search; the
+    version is a positive integer, as Grafana stores it."""
+    found = dashboards()
+    assert len({d["uid"] for d in found.values()}) == len(found)
+    for name, dash in found.items():
+        assert re.fullmatch(r"[a-z0-9-]{1,40}", dash["uid"]), name
+        assert "gpumon" in dash["tags"] and len(set(dash["tags"])) == len(dash["tags"]) > 1, name
+        assert isinstance(dash["version"], int) and dash["version"] >= 1, name
+    assert len({tuple(d["tags"]) for d in found.values()}) == len(found), "each has a tag of its own"
 
 
 # --- clock-event reasons ---------------------------------------------------------------------------------------

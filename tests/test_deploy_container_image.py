@@ -68,6 +68,8 @@ def build_context(dest: Path) -> Path:
     shutil.copytree(REPO / "gpumon", dest / "gpumon", ignore=shutil.ignore_patterns("__pycache__"))
     (dest / "deploy/kubernetes/base").mkdir(parents=True)
     shutil.copy(REPO / "deploy/kubernetes/base/gpumon.toml", dest / "deploy/kubernetes/base/gpumon.toml")
+    (dest / "scripts").mkdir()
+    shutil.copy(REPO / "scripts/sbom.sh", dest / "scripts/sbom.sh")
     wheels = dest / "wheels"
     pip = [sys.executable, "-m", "pip"]
     subprocess.run([*pip, "wheel", "--no-deps", "--quiet", "-w", str(wheels), str(REPO)],
@@ -77,7 +79,7 @@ def build_context(dest: Path) -> Path:
     platform_args = [arg for p in PLATFORMS for arg in ("--platform", p)]
     subprocess.run(
         [*pip, "download", "--quiet", "--only-binary=:all:", *platform_args, "--python-version", "3.11",
-         "--implementation", "cp", "-d", str(wheels), f"{own}[all]"],
+         "--implementation", "cp", "-d", str(wheels), f"{own}[all]", "cyclonedx-bom"],
         check=True, capture_output=True, timeout=300,
     )
     return dest
@@ -151,3 +153,16 @@ def test_image_has_no_build_tooling(container):
 def test_image_state_dir_is_owned_by_the_user(container):
     out = run_in(container, "stat", "-c", "%u %a", "/var/lib/gpumon")
     assert out.stdout.split() == ["10001", "700"], out.stderr
+
+
+def test_image_carries_the_sbom_of_its_venv(container):
+    """The build's last step lists the venv as installed ([all]): gpumon's dependencies with the extras',
+    and not the cyclonedx-bom that wrote it, nor pip."""
+    out = run_in(container, "python3", "-c", "import json; b = json.load(open('/opt/gpumon/sbom.cdx.json')); "
+                 "print(json.dumps([b['metadata']['component']['name'], [c['name'].lower() for c in b['components']]]))")
+    assert out.returncode == 0, out.stderr
+    root, names = json.loads(out.stdout)
+    assert root == "gpumon-exporter"
+    assert {"prometheus-client", "nvidia-ml-py", "opentelemetry-sdk", "azure-identity", "grpcio", "cramjam"} <= {
+        n.replace("_", "-") for n in names}
+    assert not {"pip", "cyclonedx-bom", "cyclonedx-python-lib"} & set(names)

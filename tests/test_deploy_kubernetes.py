@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,17 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 KUSTOMIZE = REPO / "deploy" / "kubernetes"
-OVERLAYS = ["base", "overlays/prometheus-operator", "overlays/azure-managed-prometheus", "overlays/azure-logs"]
+OVERLAYS = ["base", "overlays/prometheus-operator", "overlays/prometheus-operator-servicemonitor",
+            "overlays/azure-managed-prometheus", "overlays/azure-managed-prometheus-podmonitor", "overlays/azure-logs"]
 COMPONENTS = {"kubelet-attribution+base": ("base", "components/kubelet-attribution"),
               "kubelet-attribution+azure-logs": ("overlays/azure-logs", "components/kubelet-attribution")}
 """Compositions of a component with an overlay, rendered beside the overlays (name: (overlay, component))."""
 # The oldest and newest Kubernetes minor versions AKS supports at the time of writing.
 K8S_VERSIONS = ["1.30.0", "1.33.0"]
+CRDS = REPO / "tests" / "fixtures" / "crds"
+"""The custom resource definitions gpumon's resources are checked against (the README there names
+their source and version)."""
+OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,6 +60,9 @@ def built(tmp_path_factory) -> dict[str, Path]:
         path = out_dir / (name.replace("/", "_") + ".yaml")
         path.write_text(kustomize(KUSTOMIZE / name))
         rendered[name] = path
+    path = out_dir / "prometheus-rules.yaml"  # the rules on their own, for gpumon on VMs
+    path.write_text(kustomize(KUSTOMIZE / "prometheus-rules"))
+    rendered["prometheus-rules"] = path
     # An operator's own overlay composing ours with the component, as docs/deployment.md shows.
     combo = tmp_path_factory.mktemp("combo")
     (combo / "kustomization.yaml").write_text(yaml.safe_dump({
@@ -99,9 +108,100 @@ def test_rendered_manifests_validate_against_kubernetes_schemas(built, version):
     out = subprocess.run([tool("kubernetes-validate"), "--strict", "-k", version, *files],
                          capture_output=True, text=True, timeout=180, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
-    # Only the Prometheus Operator's CRD has no schema offline; the test below checks it by hand.
+    # Only the Prometheus Operator's kinds have no schema offline; the CRD tests below check them.
     unchecked = [line for line in (out.stdout + out.stderr).splitlines() if "Couldn't find schema" in line]
-    assert all("PodMonitor" in line for line in unchecked), unchecked
+    assert all(any(kind in line for kind in OPERATOR_KINDS) for line in unchecked), unchecked
+
+
+def crd_validator(api_version: str, kind: str):
+    """A JSON Schema validator for one custom resource kind from the committed CRD, strict as
+    ``kubectl apply --validate=strict`` is: a field the schema does not name is an error."""
+    import jsonschema
+
+    group, version = api_version.split("/")
+    for path in CRDS.glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        if crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind:
+            (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+            schema = served["schema"]["openAPIV3Schema"]
+            break
+    else:
+        raise AssertionError(f"no CRD for {api_version} {kind} in {CRDS}")
+
+    def strict(node):
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node and "additionalProperties" not in node \
+                    and not node.get("x-kubernetes-preserve-unknown-fields"):
+                node = {**node, "additionalProperties": False}
+            return {k: strict(v) for k, v in node.items()}
+        return [strict(v) for v in node] if isinstance(node, list) else node
+
+    return jsonschema.Draft7Validator(strict(schema))
+
+
+def custom_resources(built) -> list[dict]:
+    return [d for path in built.values() for d in docs(path)
+            if d["apiVersion"].split("/")[0] in ("monitoring.coreos.com", "azmonitoring.coreos.com")]
+
+
+def test_operator_resources_validate_against_their_crds(built):
+    found = custom_resources(built)
+    assert {(d["apiVersion"], d["kind"]) for d in found} == {
+        ("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
+        ("monitoring.coreos.com/v1", "PrometheusRule"), ("azmonitoring.coreos.com/v1", "PodMonitor")}
+    for d in found:
+        errors = [f"{list(e.absolute_path)}: {e.message}"
+                  for e in crd_validator(d["apiVersion"], d["kind"]).iter_errors(d)]
+        assert not errors, f"{d['kind']} {d['metadata']['name']}: {errors}"
+
+
+def test_the_crd_check_catches_a_misspelt_field_and_a_wrong_type(built):
+    pm = find(built["overlays/prometheus-operator"], "PodMonitor", "gpumon")
+    validator = crd_validator(pm["apiVersion"], pm["kind"])
+    endpoint = pm["spec"]["podMetricsEndpoints"][0]
+    misspelt = {**pm, "spec": {**pm["spec"], "podMetricsEndpoints": [{**endpoint, "relabellings": []}]}}
+    assert any("relabellings" in e.message for e in validator.iter_errors(misspelt))
+    rule = find(built["prometheus-rules"], "PrometheusRule", "gpumon")
+    wrong = {**rule, "spec": {"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "up", "for": 5}]}]}}
+    assert list(crd_validator(rule["apiVersion"], rule["kind"]).iter_errors(wrong))
+
+
+def test_the_prometheus_rule_is_generated_from_every_rule_file(built):
+    from gpumon.rulefiles import rule_groups
+
+    out = subprocess.run([sys.executable, str(KUSTOMIZE / "generate_prometheus_rule.py"), "--check"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    for name in ("prometheus-rules", "overlays/prometheus-operator", "overlays/prometheus-operator-servicemonitor"):
+        rule = find(built[name], "PrometheusRule", "gpumon")
+        assert rule["metadata"]["namespace"] == "gpumon"
+        assert rule["spec"]["groups"] == rule_groups(str(REPO))
+
+
+def test_servicemonitor_scrapes_the_service_as_the_podmonitor_scrapes_the_pods(built):
+    path = built["overlays/prometheus-operator-servicemonitor"]
+    sm = find(path, "ServiceMonitor", "gpumon")
+    svc = find(path, "Service", "gpumon")
+    assert sm["metadata"]["namespace"] == svc["metadata"]["namespace"] == "gpumon"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert svc["metadata"]["labels"][sm["spec"]["jobLabel"]] == "gpumon"
+    assert "metrics" in {p["name"] for p in svc["spec"]["ports"]}
+    assert not [d for d in docs(path) if d["kind"] == "PodMonitor"], "one scrape per pod, not two"
+    pm = find(built["overlays/prometheus-operator"], "PodMonitor", "gpumon")
+    (endpoint,) = sm["spec"]["endpoints"]
+    (pod_endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint == pod_endpoint
+
+
+def test_the_azure_podmonitor_is_the_operator_one_under_the_add_ons_group(built):
+    """ama-metrics reads only azmonitoring.coreos.com monitors; the spec is the same as the operator's, so
+    both routes give the same job and instance labels, and no cluster-wide ConfigMap is applied."""
+    path = built["overlays/azure-managed-prometheus-podmonitor"]
+    azure = find(path, "PodMonitor", "gpumon")
+    assert azure["apiVersion"] == "azmonitoring.coreos.com/v1"
+    assert azure["metadata"]["namespace"] == "gpumon"
+    assert azure["spec"] == find(built["overlays/prometheus-operator"], "PodMonitor", "gpumon")["spec"]
+    assert not [d for d in docs(path) if d["kind"] == "ConfigMap" and d["metadata"]["namespace"] == "kube-system"]
 
 
 def test_policy_scan_reports_no_failed_check(built, tmp_path):

@@ -49,12 +49,10 @@ def test_cli_reference_readme_commands_and_alert_table_are_generated():
 
 
 def test_every_alert_and_subcommand_is_in_the_docs():
-    import yaml
-
     from gpumon import cli
+    from gpumon.rulefiles import rule_groups
 
-    rules = yaml.safe_load(read("deploy", "prometheus", "alerting-rules.yaml"))
-    alerts = [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    alerts = [r["alert"] for g in rule_groups(REPO) for r in g["rules"] if "alert" in r]
     assert "GpumonGpuFabricUnhealthy" in alerts
     dashboards = read("docs", "dashboards.md")
     assert all(f"| {alert} |" in dashboards for alert in alerts)

@@ -26,6 +26,12 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 SCHEMA_VERSION = 39
 UIDS = {"fleet": "gpumon-fleet", "node": "gpumon-node", "fabric": "gpumon-ib-fabric", "job": "gpumon-job"}
 TAGS = ["gpumon", "gpu", "infiniband"]
+INPUT = "DS_PROMETHEUS"
+"""The data source Grafana's import asks for (``__inputs``); it becomes the ``datasource`` variable's
+default, and the panels keep reading the variable, so it can still be switched afterwards."""
+PANEL_NAMES = {"bargauge": "Bar gauge", "heatmap": "Heatmap", "stat": "Stat", "state-timeline": "State timeline",
+               "status-history": "Status history", "table": "Table", "timeseries": "Time series"}
+"""The names of the core panel plugins the dashboards use, as ``__requires`` lists them."""
 
 # Data links: from a row of a table to the node dashboard of that host, keeping data source and time.
 NODE_LINK = {
@@ -280,8 +286,15 @@ def bargauge(title: str, expr: str, unit: str, legend: str, *, description: str 
 
 
 def var_datasource() -> dict[str, Any]:
+    # Import replaces ${DS_PROMETHEUS} with the data source picked; loaded without import (provisioning),
+    # the name matches no data source and Grafana picks a Prometheus one itself.
     return {"type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
-            "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []}
+            "current": {"selected": False, "text": "${" + INPUT + "}", "value": "${" + INPUT + "}"},
+            "hide": 0, "refresh": 1, "regex": "", "options": []}
+
+
+def panel_types(panels: list[dict[str, Any]]) -> set[str]:
+    return {t for p in panels for t in ({p["type"]} | panel_types(p.get("panels", [])))}
 
 
 def var_query(name: str, label: str, definition: str, *, multi: bool, include_all: bool,
@@ -349,12 +362,16 @@ def per_allocation(alloc: str, metric: str) -> str:
 def dashboard(key: str, title: str, description: str, board: Board, variables: list[dict[str, Any]],
               links: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "__inputs": [],
+        "__inputs": [{"name": INPUT, "label": "Prometheus", "type": "datasource", "pluginId": "prometheus",
+                      "pluginName": "Prometheus",
+                      "description": "The Prometheus (or Azure Monitor workspace) holding gpumon's metrics"}],
         "__requires": [
             {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
             {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+            *({"type": "panel", "id": t, "name": PANEL_NAMES[t], "version": ""}
+              for t in sorted(panel_types(board.panels) - {"row"})),
         ],
-        "uid": UIDS[key], "title": title, "description": description, "tags": TAGS,
+        "id": None, "uid": UIDS[key], "title": title, "description": description, "tags": [*TAGS, key],
         "editable": True, "graphTooltip": 1, "timezone": "browser", "refresh": "1m",
         "time": {"from": "now-6h", "to": "now"}, "timepicker": {},
         "schemaVersion": SCHEMA_VERSION, "version": 1, "fiscalYearStartMonth": 0, "liveNow": False,
