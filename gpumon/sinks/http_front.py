@@ -192,6 +192,8 @@ class Front:
         self._spare: int | None = self._open_spare()
         self._accept_paused_until = 0.0
         self.refused = 0
+        self.offloaded = 0
+        """Requests answered on a worker (a bcrypt check)."""
         self._limit_refused = False
         listener.setblocking(False)
         self.selector.register(listener, selectors.EVENT_READ, None)
@@ -473,6 +475,7 @@ class Front:
             self._submit(conn, result)
 
     def _submit(self, conn: Conn, job: Callable[[], Reply]) -> None:
+        self.offloaded += 1
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="prometheus-worker")
 
