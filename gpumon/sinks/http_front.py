@@ -43,6 +43,8 @@ FD_RESERVE = 256
 TLS_CHUNK = 16384
 """Bytes per TLS write: a write that would block must be retried with the same length."""
 _ACCEPT_BATCH = 256
+_TLS_RECORD = 5 + 16384 + 256
+"""The most a client's first TLS record can be (a header and 2^14 bytes plus expansion)."""
 _RECV = 65536
 
 
@@ -108,7 +110,7 @@ class Conn:
     """One accepted connection, as cheap as it can be while it waits."""
 
     __slots__ = ("sock", "fd", "source", "address", "state", "buf", "scanned", "deadline", "since",
-                 "received", "out", "pos", "close_after", "closed", "tls", "events")
+                 "received", "out", "pos", "close_after", "closed", "tls", "events", "peeked")
 
     def __init__(self, sock: socket.socket, source: str, address: tuple, now: float, deadline: float) -> None:
         self.sock: socket.socket = sock
@@ -128,6 +130,8 @@ class Conn:
         self.closed = False
         self.tls = False
         self.events = 0
+        self.peeked = 0
+        """Bytes of a first TLS record seen (not read) so far."""
 
 
 class Table:
@@ -364,7 +368,7 @@ class Front:
                 conn.deadline = now + self.limits.request_timeout  # a worker has it: it answers
                 self._push(conn)
                 continue
-            if conn.received or conn.tls or conn.state == BUSY:
+            if conn.received or conn.state == BUSY:
                 self.count("failures")  # a trickled head or handshake, or a reader too slow
             self._close(conn, graceful=False)
 
@@ -379,6 +383,32 @@ class Front:
             self._write(conn)
 
     def _start_tls(self, conn: Conn) -> None:
+        """Wrap the socket once the client's whole first TLS record (its ClientHello) has arrived:
+        one that trickles it costs a descriptor and kernel buffer until its deadline, never
+        OpenSSL's per-connection state (tens of KiB). ``SO_RCVLOWAT`` keeps the loop from waking
+        for each byte; a hang-up still wakes it."""
+        try:
+            head = conn.sock.recv(_TLS_RECORD, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn, graceful=False)
+            return
+        if len(head) <= conn.peeked:  # readable with nothing new: the client hung up
+            self._close(conn, graceful=False)
+            return
+        self.slots.silent.pop(conn, None)  # it spoke: TLS bytes count as sent
+        conn.received = len(head)
+        need = 5 + int.from_bytes(head[3:5], "big") if len(head) >= 5 and head[0] == 0x16 else 5
+        if len(head) < min(need, _TLS_RECORD):
+            conn.peeked = len(head)
+            try:
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, need)
+            except OSError:
+                pass
+            return
+        if conn.peeked:
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
         context = self.tls()
         if context is None:  # TLS turned off by a reload meanwhile
             conn.state = HEAD
@@ -392,7 +422,6 @@ class Front:
             self._close(conn, graceful=False)
             return
         conn.tls = True
-        self.slots.silent.pop(conn, None)  # it spoke: TLS bytes count as sent
         conn.state = HANDSHAKE
         self._handshake(conn)
 
@@ -563,6 +592,11 @@ class Front:
             except (KeyError, ValueError):
                 pass
             conn.events = 0
+        if conn.peeked and not conn.tls:  # read what was only peeked: a close then sends FIN, not RST
+            try:
+                conn.sock.recv(_TLS_RECORD)
+            except OSError:
+                pass
         try:
             if graceful:  # FIN after the answer, so a client reading to EOF gets all of it
                 socket.socket.shutdown(conn.sock, socket.SHUT_WR)
