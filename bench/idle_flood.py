@@ -175,10 +175,10 @@ def _case(pid: int, port: int, count: int, slow: bool, context: ssl.SSLContext |
     flood.join(30)
     answered = [x for x in latencies if x is not None]
     return {"scrapes": len(latencies), "answered_within_1s": rnd(len(answered) / max(1, len(latencies)), 4),
-            "p50_ms": rnd(percentile(answered, 50) * 1000, 2) if answered else None,
-            "p99_ms": rnd(percentile(answered, 99) * 1000, 2) if answered else None,
-            "rss_mib_before": rnd(idle_rss / 2**20, 1), "rss_mib_peak": rnd(peak[0] / 2**20, 1),
-            "rss_ratio": rnd(peak[0] / idle_rss, 2), "cpu_share_of_one_core": rnd(cpu / wall, 3),
+            "p50_ms": rnd(percentile(answered, 50) * 1000, 3) if answered else None,
+            "p99_ms": rnd(percentile(answered, 99) * 1000, 3) if answered else None,
+            "rss_mib_before": round(idle_rss / 2**20, 1), "rss_mib_peak": round(peak[0] / 2**20, 1),
+            "rss_ratio": round(peak[0] / idle_rss, 2), "cpu_share_of_one_core": rnd(cpu / wall, 3),
             "flood_reconnects": reconnects}
 
 
