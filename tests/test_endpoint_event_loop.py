@@ -236,6 +236,8 @@ for line in sys.stdin:
         except OSError:
             pass
         print("exhausted", len(held), flush=True)
+    elif line.startswith("count"):
+        print(len(s._server.slots), flush=True)
     elif line.startswith("health"):
         print(s.health().detail, flush=True)
     elif line.startswith("stop"):
@@ -269,6 +271,13 @@ def test_at_the_descriptor_limit_newcomers_are_refused_and_established_scrapes_g
         for c in opened:
             c.close()
         opened.clear()
+
+        def only_the_scraper_left() -> bool:
+            child.stdin.write("count\n")
+            child.stdin.flush()
+            return child.stdout.readline().strip() == "1"
+
+        wait_for(only_the_scraper_left)  # their descriptors are free again, then taken below
         child.stdin.write("exhaust\n")
         child.stdin.flush()
         assert child.stdout.readline().startswith("exhausted")

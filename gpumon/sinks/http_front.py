@@ -356,7 +356,11 @@ class Front:
         conn.events = events
 
     def _push(self, conn: Conn) -> None:
-        heapq.heappush(self._heap, (conn.deadline, next(self._seq), conn))
+        heap = self._heap
+        heapq.heappush(heap, (conn.deadline, next(self._seq), conn))
+        if len(heap) > 4 * len(self.slots) + 1024:  # mostly superseded deadlines of closed connections
+            self._heap = [(c.deadline, next(self._seq), c) for c in self.slots.conns]
+            heapq.heapify(self._heap)
 
     def _expire(self, now: float) -> None:
         heap = self._heap
