@@ -503,7 +503,6 @@ class PrometheusSink(Sink):
         self._compat = DcgmCompat(ctx.hostname) if self.settings.compat == "dcgm-exporter" else None
         self._verified = VerifiedStore(ctx.state_dir)
         self.web = load_web_config(self.settings.web_config_file) if self.settings.web_config_file else WebConfig()
-        self.web.remember(self._verified)
         self._stamp = file_stamp(self.web.files)
         self._reload_log = LogOnce(log)
         self.page: Page | None = None
@@ -516,6 +515,7 @@ class PrometheusSink(Sink):
 
     def start(self) -> None:
         listener = _listen(self.host, self.port, self.settings.backlog)
+        self.web.remember(self._verified)  # here, not in __init__: `gpumon check` writes nothing
         self.port = listener.getsockname()[1]
         settings = self.settings
         limits = Limits(settings.first_byte_timeout, settings.request_timeout, settings.max_header_bytes,
