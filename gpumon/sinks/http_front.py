@@ -339,8 +339,9 @@ class Front:
             conn.state = WAIT_TLS  # no TLS state until the client speaks: an idle one costs an fd
             self._watch(conn, selectors.EVENT_READ)
             return
-        self._watch(conn, selectors.EVENT_READ)
-        self._read(conn)  # a scraper's request is usually there already
+        self._read(conn)  # a scraper's request is often there already: answered without registering
+        if not conn.closed and conn.state == HEAD:
+            self._watch(conn, selectors.EVENT_READ)
 
     # -- per connection -----------------------------------------------------------------------
 
