@@ -329,3 +329,23 @@ def test_thread_count_does_not_grow_with_idle_connections(sinks):
     with Flood(s.port, 300, ["127.0.0.5"]):
         wait_for(lambda: len(s._server.slots) >= 300, timeout=15)
         assert threading.active_count() <= before + 1  # the flood's own thread only
+
+
+def test_a_surprise_on_one_connection_is_counted_and_the_endpoint_keeps_serving(sinks, monkeypatch, caplog):
+    s = sinks()
+    front = s._server
+    real, calls = front._admit, []
+
+    def admit_once_broken(sock, address) -> None:
+        calls.append(address)
+        if len(calls) == 1:
+            sock.close()
+            raise RuntimeError("a socket state nobody expected")
+        real(sock, address)
+
+    monkeypatch.setattr(front, "_admit", admit_once_broken)
+    with pytest.raises(OSError):
+        http_get(f"http://127.0.0.1:{s.port}/healthz", timeout=2)
+    assert max(timed_scrapes(f"http://127.0.0.1:{s.port}/metrics", n=3)) < 1.0
+    assert s.health().up and s.health().failed >= 1
+    assert "failed on a connection" in caplog.text

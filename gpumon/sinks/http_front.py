@@ -193,6 +193,7 @@ class Front:
         self._pool: ThreadPoolExecutor | None = None
         self._closing = threading.Event()
         self._limit_log = LogOnce(log)
+        self._error_log = LogOnce(log)
         self._spare: int | None = self._open_spare()
         self._accept_paused_until = 0.0
         self.refused = 0
@@ -234,20 +235,30 @@ class Front:
         try:
             while not self._closing.is_set():
                 now = time.monotonic()
-                timeout = 1.0
+                timeout = None  # idle: sleep until a connection, a worker's answer or stop
                 if self._heap:
-                    timeout = min(timeout, max(0.0, self._heap[0][0] - now))
-                if self._accept_paused_until and now >= self._accept_paused_until:
-                    self._accept_paused_until = 0.0
-                    self.selector.register(self.listener, selectors.EVENT_READ, None)
+                    timeout = max(0.0, self._heap[0][0] - now)
+                if self._accept_paused_until:
+                    if now >= self._accept_paused_until:
+                        self._accept_paused_until = 0.0
+                        self.selector.register(self.listener, selectors.EVENT_READ, None)
+                    else:
+                        timeout = min(timeout or 0.05, 0.05)
                 for key, mask in self.selector.select(timeout):
                     data = key.data
-                    if data is None:
-                        self._accept()
-                    elif data is self._wake_r:
-                        self._drain_wake()
-                    elif not data.closed:
-                        self._ready(data, mask)
+                    try:
+                        if data is None:
+                            self._accept()
+                        elif data is self._wake_r:
+                            self._drain_wake()
+                        elif not data.closed:
+                            self._ready(data, mask)
+                    except Exception:  # one connection's surprise must not take the endpoint down
+                        self.count("failures")
+                        self._error_log.error("loop", "the Prometheus endpoint failed on a connection; it "
+                                              "was closed (logged once)", exc_info=True)
+                        if isinstance(data, Conn):
+                            self._close(data, graceful=False)
                 self._expire(time.monotonic())
         except Exception:
             log.exception("the Prometheus endpoint's loop failed")

@@ -581,7 +581,7 @@ class PrometheusSink(Sink):
     def health(self) -> SinkHealth:
         server = self._server
         counts = self._counts
-        return SinkHealth(up=server is not None, exported=counts["scrapes"], failed=counts["failures"],
+        return SinkHealth(up=server is not None and server.thread.is_alive(), exported=counts["scrapes"], failed=counts["failures"],
                           detail=f"{counts['evictions']} connections displaced, "
                                  f"{counts['throttled']} logins throttled, "
                                  f"{server.refused if server is not None else 0} connections refused",
