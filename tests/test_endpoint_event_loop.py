@@ -349,3 +349,14 @@ def test_a_surprise_on_one_connection_is_counted_and_the_endpoint_keeps_serving(
     assert max(timed_scrapes(f"http://127.0.0.1:{s.port}/metrics", n=3)) < 1.0
     assert s.health().up and s.health().failed >= 1
     assert "failed on a connection" in caplog.text
+
+
+def test_a_new_pages_gzip_and_openmetrics_bodies_are_built_off_the_loop_once(sinks):
+    s = sinks()
+    url = f"http://127.0.0.1:{s.port}/metrics"
+    before = s._server.offloaded
+    for _ in range(3):
+        assert http_get(url, {"Accept-Encoding": "gzip"})[2].startswith(b"\x1f\x8b")
+        assert http_get(url, {"Accept": "application/openmetrics-text; version=1.0.0"})[2].endswith(b"# EOF\n")
+    assert s._server.offloaded == before + 2  # the first of each on a worker, the rest from the loop
+    assert http_get(url)[0] == 200 and s._server.offloaded == before + 2  # text 0.0.4 is built at publish

@@ -142,6 +142,10 @@ class Page:
         self._bodies: dict[tuple[bool, bool], bytes] = {(False, False): text + extra.encode("utf-8")}
         self._lock = threading.RLock()  # the gzip variant builds the plain one under the same lock
 
+    def ready(self, openmetrics: bool, gzipped: bool) -> bool:
+        """The variant is built: serving it costs no compression or rendering."""
+        return (openmetrics, gzipped) in self._bodies
+
     def body(self, openmetrics: bool, gzipped: bool) -> bytes:
         key = (openmetrics, gzipped)
         found = self._bodies.get(key)
@@ -193,7 +197,8 @@ def source_key(address: str) -> str:
 
 
 class _Blocking(Exception):
-    """The request needs a check that blocks (bcrypt): it is answered on a worker thread."""
+    """The request needs work that takes a while (bcrypt, the first gzip or OpenMetrics body of a
+    snapshot): it is answered on a worker thread."""
 
 
 class _Out:
@@ -285,6 +290,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.request_version = "HTTP/1.1"
         self.in_worker = False
         self._method: Callable[[], None] | None = None
+        self._auth: Auth | None = None
 
     def parse_request(self) -> bool:
         """The stdlib's checks (request line, version, 0.9, ``Connection``, 100 header lines), with
@@ -359,7 +365,8 @@ class _Handler(BaseHTTPRequestHandler):
         return Reply(self.wfile.chunks, self.close_connection)
 
     def run_blocking(self) -> Reply:
-        """The same request on a worker thread, where the check may block."""
+        """The same request on a worker thread, where a bcrypt check, compressing a new page or
+        rendering it as OpenMetrics may take milliseconds without holding up the loop."""
         self.in_worker = True
         assert self._method is not None
         self._method()
@@ -395,12 +402,13 @@ class _Handler(BaseHTTPRequestHandler):
         if not web.auth_required or (path == "/healthz" and sink.settings.open_healthz):
             return False
         header = self.headers.get("Authorization")
-        if self.in_worker:  # screened in the loop, which took the check from the budget
-            verdict = web.check(header, self.conn.source, sink.limiter)
-        else:
-            verdict = web.screen(header, self.conn.source, sink.limiter)
-            if verdict is Auth.PENDING:
+        if self._auth is None:  # screened once, in the loop: that took the check from the budget
+            self._auth = web.screen(header, self.conn.source, sink.limiter)
+        if self._auth is Auth.PENDING:
+            if not self.in_worker:
                 raise _Blocking
+            self._auth = web.check(header, self.conn.source, sink.limiter)
+        verdict = self._auth
         if verdict is Auth.THROTTLED:
             sink.count("throttled")
             self._send(429, b"Too many failed logins\n", "text/plain; charset=utf-8", head,
@@ -422,6 +430,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             openmetrics = "application/openmetrics-text" in (self.headers.get("Accept") or "")
             gzipped = accepts_gzip(self.headers.get("Accept-Encoding") or "")
+            if not self.in_worker and not page.ready(openmetrics, gzipped):
+                raise _Blocking  # the first such scrape of a snapshot compresses or renders: not in the loop
             body = page.body(openmetrics, gzipped)
             extra = {"Vary": "Accept, Accept-Encoding"}
             if gzipped:
