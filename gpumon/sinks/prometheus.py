@@ -70,8 +70,11 @@ OPTIONS = SectionSchema(
         Option("first_byte_timeout", float, 2.0,
                "Seconds a new connection may take to finish its TLS handshake and send the first byte of "
                "its request; an idle or stalled one is closed then, freeing its slot.", min=0.1, max=60.0),
-        Option("backlog", int, 256, "Listen backlog: pending connections the kernel queues.",
-               min=16, max=65535),
+        Option("backlog", int, 4096,
+               "Listen backlog: pending connections the kernel queues (capped by "
+               "`net.core.somaxconn`, 4096 on current kernels, as Go servers use). Deep enough that "
+               "thousands of clients reconnecting at once do not overflow it, which would drop a "
+               "scraper's SYN for a second.", min=16, max=65535),
         Option("max_connections", int, 0,
                "Connections held at once; 0: as many as file descriptors allow (the soft `RLIMIT_NOFILE`, "
                "raised to the hard limit at start, less the daemon's own and a reserve of up to 256). A "
