@@ -19,6 +19,7 @@ import itertools
 import logging
 import os
 import queue
+import random
 import resource
 import selectors
 import socket
@@ -43,6 +44,10 @@ FD_RESERVE = 256
 TLS_CHUNK = 16384
 """Bytes per TLS write: a write that would block must be retried with the same length."""
 _ACCEPT_BATCH = 256
+_EXPIRE_BATCH = 512
+DEADLINE_SPREAD = 0.25
+"""A connection's first-byte and head deadlines fall between the timeout and 1.25 times it: a crowd
+that connected together (a flood) is not cut, and back, together, in one wave a scraper queues behind."""
 _TLS_RECORD = 5 + 16384 + 256
 """The most a client's first TLS record can be (a header and 2^14 bytes plus expansion)."""
 _RECV = 65536
@@ -343,7 +348,7 @@ class Front:
             self._limit_log.clear()
         sock.setblocking(False)
         context = self.tls()
-        conn = Conn(sock, source, address, now, now + self.limits.first_byte_timeout)
+        conn = Conn(sock, source, address, now, now + _spread(self.limits.first_byte_timeout))
         slots.add(conn)
         self._push(conn)
         if context is not None:
@@ -371,12 +376,16 @@ class Front:
         heap = self._heap
         heapq.heappush(heap, (conn.deadline, next(self._seq), conn))
         if len(heap) > 4 * len(self.slots) + 1024:  # mostly superseded deadlines of closed connections
-            self._heap = [(c.deadline, next(self._seq), c) for c in self.slots.conns]
-            heapq.heapify(self._heap)
+            heap[:] = [(c.deadline, next(self._seq), c) for c in self.slots.conns]  # in place: callers hold it
+            heapq.heapify(heap)
 
     def _expire(self, now: float) -> None:
+        """Close what is past its deadline, at most ``_EXPIRE_BATCH`` at a time, so that a crowd cut
+        at once does not keep requests already in waiting."""
         heap = self._heap
-        while heap and heap[0][0] <= now:
+        for _ in range(_EXPIRE_BATCH):
+            if not heap or heap[0][0] > now:
+                return
             deadline, _, conn = heapq.heappop(heap)
             if conn.closed or conn.deadline != deadline:
                 continue  # superseded by a later deadline
@@ -476,7 +485,7 @@ class Front:
             if not conn.received:
                 self.slots.silent.pop(conn, None)
             if not conn.buf:  # a request's first byte: the whole head has request_timeout from here
-                conn.deadline = time.monotonic() + self.limits.request_timeout
+                conn.deadline = time.monotonic() + _spread(self.limits.request_timeout)
                 self._push(conn)
             conn.received += len(data)
             conn.buf += data
@@ -624,6 +633,10 @@ class Front:
             pass
         conn.buf = bytearray()
         conn.out = []
+
+
+def _spread(timeout: float) -> float:
+    return timeout * (1.0 + DEADLINE_SPREAD * random.random())
 
 
 def _head_end(buf: bytearray, start: int) -> int:
