@@ -219,23 +219,24 @@ def run(opts: Options) -> dict:
         web, client = _tls_files(tmp)
         sysfs = os.path.join(tmp, "sys")
         build_tree("nd-h100-v5", sysfs)
-        servers: dict[str, tuple[list[str], dict[str, str] | None, int, ssl.SSLContext | None]] = {}
+        # the port is picked just before each server starts: a flood's 10,000 ephemeral ports could
+        # take one picked earlier
+        servers: dict[str, tuple[Any, dict[str, str] | None, ssl.SSLContext | None]] = {}
         for mode, context in (("plain", None), ("mtls", client)):
-            port = free_port()
             env = clean_env(GPUMON_DAEMON_STATE_DIR=os.path.join(tmp, f"state-{mode}"))
             if context is not None:
                 env["GPUMON_PROMETHEUS_WEB_CONFIG_FILE"] = web
-            servers[f"gpumon/{mode}"] = (gpumon_command("run", "--simulate", "nd-h100-v5", "--listen",
-                                                        f"127.0.0.1:{port}"), env, port, context)
+            servers[f"gpumon/{mode}"] = (lambda port: gpumon_command("run", "--simulate", "nd-h100-v5", "--listen",
+                                                                     f"127.0.0.1:{port}"), env, context)
             if binary is not None:
-                port = free_port()
-                cmd = node_exporter_command(binary, sysfs, port)
-                if context is not None:
-                    cmd.append(f"--web.config.file={web}")
-                servers[f"node_exporter/{mode}"] = (cmd, None, port, context)
+                extra = [f"--web.config.file={web}"] if context is not None else []
+                servers[f"node_exporter/{mode}"] = (
+                    lambda port, extra=extra: node_exporter_command(binary, sysfs, port) + extra, None, context)
         if binary is not None:
             result["node_exporter"] = tool_version(binary)
-        for name, (cmd, env, port, context) in servers.items():
+        for name, (command, env, context) in servers.items():
+            port = free_port()
+            cmd = command(port)
             proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                     stdin=subprocess.DEVNULL)
             cases: dict[str, Any] = {}
