@@ -69,7 +69,7 @@ OPTIONS = SectionSchema(
                "answered, before the connection is closed.", min=0.1, max=300.0),
         Option("first_byte_timeout", float, 2.0,
                "Seconds a new connection may take to finish its TLS handshake and send the first byte of "
-               "its request; an idle or stalled one is closed then, freeing its slot.", min=0.1, max=60.0),
+               "its request; an idle or stalled one is closed then (at 1-1.25x this, spread), freeing its descriptor.", min=0.1, max=60.0),
         Option("backlog", int, 4096,
                "Listen backlog: pending connections the kernel queues (capped by "
                "`net.core.somaxconn`, 4096 on current kernels, as Go servers use). Deep enough that "
