@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, str] = {
     "nvml_calls": "NVML calls per GPU per run for each simulated profile; CPU per run for 8 GPUs",
     "scale": "CPU per run and page size for 1-72 GPUs and 1-36 IB ports, with the slope",
     "scrape": "p50/p99 and req/s at 1, 16, 64 scrapers vs node_exporter; the 5,000-series page",
+    "idle_flood": "scrapes answered within 1 s under 130-10,000 idle/slowloris connections from the scraper's address, plain and mTLS, vs node_exporter",
     "flap": "flap in the tree to gpumon_ib_link_flaps_total changed on /metrics",
     "memory": "RSS of `gpumon run` per sink after warm-up and growth over time vs node_exporter",
     "azure_volume": "Azure Monitor sink bytes and requests per host per day",

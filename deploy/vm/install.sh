@@ -483,9 +483,11 @@ Restart=on-failure
 RestartSec=5s
 # Exit status 2 is a bad config or bad usage: restarting would only fail again.
 RestartPreventExitStatus=2
-# Bounds descriptors: the endpoint caps its connections ([prometheus] max_connections, 128), each
-# IB attribute is one cached descriptor (about 60 per port), and NVML holds a few per GPU.
-LimitNOFILE=8192
+# Descriptors: a connection waiting at the endpoint costs one (no thread), so the limit is what
+# bounds them; the endpoint keeps up to 256 for the rest (each IB attribute is one cached
+# descriptor, about 60 per port; NVML holds a few per GPU). Soft and hard alike: @resources is
+# filtered below, so the daemon could not raise the soft limit itself.
+LimitNOFILE=65536
 
 # Secrets. The file is read by systemd as root; keep it 0600 root:root. It may set any
 # GPUMON_<SECTION>_<KEY> and the Azure identity variables (AZURE_CLIENT_ID, ...).

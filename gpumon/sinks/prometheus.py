@@ -1,28 +1,28 @@
-"""The embedded Prometheus endpoint: a page rendered once per snapshot, served by a threaded server.
+"""The embedded Prometheus endpoint: a page rendered once per snapshot, served from an event loop.
 
 A scrape never triggers a collection: ``publish`` renders the snapshot to text 0.0.4 (and its gzip
 twin) and swaps it in; OpenMetrics is rendered on the first scrape that asks for it and kept with
-the page. Each connection gets its own thread, its own socket timeout and, with TLS, its own
-handshake, so an idle or garbage-sending client cannot hold up other scrapes.
+the page. Connections, TLS handshakes and request heads are the front's (``http_front``): an idle or
+trickling client costs a file descriptor, never a thread; a complete request is answered here, in
+the loop, or on a worker when it needs a bcrypt check.
 """
 
 from __future__ import annotations
 
 import gzip
 import html
+import io
 import ipaddress
 import json
 import logging
-import queue
 import re
-import select
 import socket
-import ssl
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from io import BufferedIOBase
 from typing import cast
 
@@ -40,7 +40,8 @@ from gpumon.model import MetricFamily, Snapshot
 from gpumon.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
 from gpumon.sinks.base import CheckResult, Sink, SinkHealth
 from gpumon.sinks.dcgm_compat import DcgmCompat
-from gpumon.sinks.webconfig import Auth, FailureLimiter, WebConfig, file_stamp, load_web_config
+from gpumon.sinks.http_front import Conn, Front, Limits, Reply, connection_cap
+from gpumon.sinks.webconfig import Auth, FailureLimiter, VerifiedStore, WebConfig, file_stamp, load_web_config
 
 log = logging.getLogger("gpumon.sinks.prometheus")
 
@@ -56,6 +57,7 @@ class PrometheusSettings:
     max_connections_per_source: int
     max_header_bytes: int
     auth_failures_per_minute: float
+    open_healthz: bool
     compat: str
     web_config_check_interval: float
 
@@ -75,25 +77,35 @@ OPTIONS = SectionSchema(
                "answered, before the connection is closed.", min=0.1, max=300.0),
         Option("first_byte_timeout", float, 2.0,
                "Seconds a new connection may take to finish its TLS handshake and send the first byte of "
-               "its request; an idle or stalled one is closed then, freeing its slot.", min=0.1, max=60.0),
-        Option("backlog", int, 256, "Listen backlog: pending connections the kernel queues.",
-               min=16, max=65535),
-        Option("max_connections", int, 128,
-               "Connections served at once. When all are taken, a newcomer displaces the oldest connection "
-               "that is not answering a request, or is closed at once when there is none, so slow or "
-               "flooding clients cannot exhaust threads and file descriptors.", min=1, max=10000),
+               "its request; an idle or stalled one is closed then (at 1-1.25x this, spread), freeing its descriptor.", min=0.1, max=60.0),
+        Option("backlog", int, 4096,
+               "Listen backlog: pending connections the kernel queues (capped by "
+               "`net.core.somaxconn`, 4096 on current kernels, as Go servers use). Deep enough that "
+               "thousands of clients reconnecting at once do not overflow it, which would drop a "
+               "scraper's SYN for a second.", min=16, max=65535),
+        Option("max_connections", int, 0,
+               "Connections held at once; 0: as many as file descriptors allow (the soft `RLIMIT_NOFILE`, "
+               "raised to the hard limit at start, less the daemon's own and a reserve of up to 256). A "
+               "waiting connection costs a descriptor, no thread. When all are taken, a newcomer "
+               "displaces the connection that has sent the least for the longest (never one whose "
+               "request is complete), or is closed at once when there is none.", min=0, max=10000000),
         Option("max_connections_per_source", int, 32,
                "Connections one source address (an IPv6 /64) may hold while all `max_connections` are "
                "taken: beyond it a newcomer from that source is closed at once, and cannot displace others.",
-               min=1, max=10000),
+               min=1, max=10000000),
         Option("max_header_bytes", int, 16384,
                "Largest request head (request line and all headers) read; a larger one gets `431` and "
                "the connection is closed.", min=1024, max=262144),
         Option("auth_failures_per_minute", float, 30.0,
-               "Failed basic-auth checks (a bcrypt check each) one source address may cost per minute, "
-               "with a burst of ten seconds' worth; beyond it the source gets `429` without a check. "
-               "Credentials that were verified once are remembered and never limited.",
+               "Failed basic-auth checks (a bcrypt check each) one source address may cost per minute for "
+               "one user name (all unknown names share one budget), with a burst of ten seconds' worth; "
+               "beyond it the source gets `429` without a check. Credentials verified once are remembered "
+               "(as an HMAC keyed by a file in the state directory, across restarts) and never limited.",
                min=1.0, max=60000.0),
+        Option("open_healthz", bool, False,
+               "Answer `/healthz` (liveness: `ok` or `503`, nothing else) without basic auth, so "
+               "Kubernetes probes keep working when `basic_auth_users` is set; every other path still "
+               "needs credentials. The shipped DaemonSet turns it on."),
         Option("compat", str, "", "`dcgm-exporter`: also serve dcgm-exporter's default counters under its "
                "names, units and labels (docs/dcgm-exporter.md), so its dashboards and alerts work unchanged.",
                choices=("", "dcgm-exporter")),
@@ -141,6 +153,10 @@ class Page:
         self._bodies: dict[tuple[bool, bool], bytes] = {(False, False): text + extra.encode("utf-8")}
         self._lock = threading.RLock()  # the gzip variant builds the plain one under the same lock
 
+    def ready(self, openmetrics: bool, gzipped: bool) -> bool:
+        """The variant is built: serving it costs no compression or rendering."""
+        return (openmetrics, gzipped) in self._bodies
+
     def body(self, openmetrics: bool, gzipped: bool) -> bytes:
         key = (openmetrics, gzipped)
         found = self._bodies.get(key)
@@ -161,6 +177,22 @@ class Page:
             return found
 
 
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
+    """The listening socket; ``[::]`` also takes IPv4 (as node_exporter does)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def source_key(address: str) -> str:
     """The address a per-source limit counts: IPv4 as is (also when mapped into IPv6), IPv6 by its
     /64, since one host is routinely given a whole /64."""
@@ -175,343 +207,181 @@ def source_key(address: str) -> str:
     return str(ip)
 
 
-@dataclass(eq=False)
-class _Conn:
-    """One accepted connection's slot: who holds it, until when, and whether it may be taken."""
-
-    sock: socket.socket
-    source: str
-    deadline: float
-    """Monotonic time the reaper cuts the connection: first byte, then each request in turn."""
-    since: float = field(default_factory=time.monotonic)
-    busy: bool = False
-    """A parsed request is being answered: no newcomer may take this slot."""
-    gone: bool = False
-    """Evicted or reaped: the slot no longer counts."""
-
-    def cut(self) -> None:
-        """Wake the connection's thread from a blocked handshake, read or write."""
-        try:
-            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # the kernel's, also under TLS
-        except OSError:
-            pass
+class _Blocking(Exception):
+    """The request needs work that takes a while (bcrypt, the first gzip or OpenMetrics body of a
+    snapshot): it is answered on a worker thread."""
 
 
-class _Slots:
-    """The ``max_connections`` slots and who holds them.
+class _Out:
+    """The handler's ``wfile``: chunks kept as they are (the page is never copied) for the loop."""
 
-    When all are taken, a newcomer takes the slot of a connection that is not answering a parsed
-    request (one silent on the wire before one with bytes waiting; from the source holding the most;
-    oldest first), unless the newcomer's own source already holds ``per_source``. So idle, stalled or
-    reconnecting clients can never lock scrapers out, and answers already under way are never cut.
-    """
+    __slots__ = ("chunks",)
 
-    def __init__(self, limit: int, per_source: int) -> None:
-        self.limit, self.per_source = limit, per_source
-        self.conns: set[_Conn] = set()
-        self.by_source: dict[str, int] = {}
-        self.lock = threading.Lock()
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
 
-    def admit(self, sock: socket.socket, source: str, deadline: float) -> tuple[_Conn | None, _Conn | None]:
-        """(the new connection or None when refused, the connection it displaced or None)."""
-        with self.lock:
-            victim = None
-            if len(self.conns) >= self.limit:
-                if self.by_source.get(source, 0) >= self.per_source:
-                    return None, None
-                victim = self._victim()
-                if victim is None:
-                    return None, None
-                self._drop(victim)
-            conn = _Conn(sock, source, deadline)
-            self.conns.add(conn)
-            self.by_source[source] = self.by_source.get(source, 0) + 1
-        if victim is not None:
-            victim.cut()
-        return conn, victim
+    def write(self, data: bytes) -> int:
+        self.chunks.append(bytes(data))
+        return len(data)
 
-    def release(self, conn: _Conn) -> None:
-        with self.lock:
-            if not conn.gone:
-                self._drop(conn)
-
-    def reap(self, now: float) -> int:
-        """Cut every connection past its deadline; return how many."""
-        with self.lock:
-            late = [conn for conn in self.conns if conn.deadline < now]
-            for conn in late:
-                self._drop(conn)
-        for conn in late:
-            conn.cut()
-        return len(late)
-
-    def __len__(self) -> int:
-        return len(self.conns)
-
-    def _drop(self, conn: _Conn) -> None:
-        conn.gone = True
-        self.conns.discard(conn)
-        left = self.by_source[conn.source] - 1
-        if left:
-            self.by_source[conn.source] = left
-        else:
-            del self.by_source[conn.source]
-
-    def _victim(self) -> _Conn | None:
-        idle = [conn for conn in self.conns if not conn.busy]
-        if not idle:
-            return None
-        silent = _silent(idle) or idle
-        return max(silent, key=lambda conn: (self.by_source[conn.source], -conn.since))
+    def flush(self) -> None:
+        pass
 
 
-def _silent(conns: list[_Conn]) -> list[_Conn]:
-    """The connections with nothing waiting to be read: a scraper's request that has arrived but is
-    not parsed yet shows as readable, an idle or stalled client does not."""
-    poller = select.poll()
-    by_fd: dict[int, _Conn] = {}
-    for conn in conns:
-        fd = conn.sock.fileno()
-        if fd >= 0:
-            poller.register(fd, select.POLLIN)
-            by_fd[fd] = conn
-    ready = {fd for fd, _ in poller.poll(0)}
-    return [conn for fd, conn in by_fd.items() if fd not in ready]
+class _Headers:
+    """A request's header fields by lower-case name: what the routes read, parsed in a few
+    microseconds where ``http.client``'s e-mail parser takes a hundred and more (a flood of 429s
+    and every scrape pay for it)."""
+
+    __slots__ = ("_fields", "count")
+
+    def __init__(self) -> None:
+        self._fields: dict[str, list[str]] = {}
+        self.count = 0
+
+    def add(self, name: str, value: str) -> None:
+        self._fields.setdefault(name.lower(), []).append(value)
+        self.count += 1
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        values = self._fields.get(name.lower())
+        return values[0] if values else default
+
+    def get_all(self, name: str) -> list[str] | None:
+        return self._fields.get(name.lower())
 
 
-def _readable(sock: socket.socket, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for the first byte (or the close) of a request."""
-    if isinstance(sock, ssl.SSLSocket) and sock.pending():
-        return True
-    poller = select.poll()
-    try:
-        poller.register(sock, select.POLLIN)
-    except (OSError, ValueError):  # closed under us (evicted, reaped)
-        return False
-    return bool(poller.poll(max(0, int(timeout * 1000))))
+_VERSION = re.compile(r"HTTP/(\d)\.(\d)")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_PHRASES = {status.value: status.phrase for status in HTTPStatus}
+MAX_HEADERS = 100
+"""Header lines in one request, as the stdlib's parser allows."""
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
+class _App:
+    """What the front hands complete request heads to."""
 
-    def __init__(self, address, handler: type[_Handler], sink: PrometheusSink, backlog: int, ipv6: bool) -> None:
-        self.handler = handler
-        """Made per connection by ``_handle``, with the connection's ``_Conn``."""
-        self.address_family = socket.AF_INET6 if ipv6 else socket.AF_INET
-        self.request_queue_size = backlog
+    def __init__(self, sink: PrometheusSink) -> None:
         self.sink = sink
-        self.slots = _Slots(sink.settings.max_connections, sink.settings.max_connections_per_source)
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.idle = 0
-        self.idle_lock = threading.Lock()
-        self.closed = threading.Event()
-        self.admitted = threading.Event()
-        """Set on each admitted connection: the reaper sleeps on it while no connection is open."""
-        super().__init__(address, handler)
-        self.reaper = threading.Thread(target=self._reap, name="prometheus-reaper", daemon=True)
-        self.reaper.start()
 
-    def server_bind(self) -> None:
-        if self.address_family == socket.AF_INET6:
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
-
-    IDLE_SECONDS = 30.0
-    """How long a finished connection's thread waits for the next connection before it exits."""
-
-    def process_request(self, request, client_address) -> None:
-        """On the accept thread. A connection takes a slot (see ``_Slots``) or is closed, never queued.
-        It goes to an idle connection thread, or to a new one when none is idle: starting a thread per
-        scrape was most of the accept loop's time under load (docs/performance.md), and every
-        connection still has a thread of its own, so an idle client holds only that."""
-        deadline = time.monotonic() + self.sink.settings.first_byte_timeout
-        conn, displaced = self.slots.admit(request, source_key(client_address[0]), deadline)
-        if displaced is not None:
-            self.sink.count("evictions")
-        if conn is None:
-            self.sink.count("failures")
-            self.shutdown_request(request)
-            return
-        self.admitted.set()
-        with self.idle_lock:
-            reuse = self.idle > 0
-            if reuse:
-                self.idle -= 1  # reserved: that thread will take this job off the queue
-        if reuse:
-            self.jobs.put((conn, client_address))
-            return
+    def respond(self, conn: Conn, head: bytes) -> Reply | Callable[[], Reply]:
+        handler = _Handler(self.sink, conn, head)
         try:
-            threading.Thread(target=self._serve, args=(conn, client_address), name="prometheus-conn",
-                             daemon=True).start()
-        except BaseException:
-            self.slots.release(conn)
-            self.shutdown_request(request)
-            raise
+            return handler.run()
+        except _Blocking:
+            return handler.run_blocking
 
-    def _serve(self, conn: _Conn, client_address) -> None:
-        while True:
-            try:
-                self._handle(conn, client_address)
-            except Exception:
-                self.handle_error(conn.sock, client_address)
-            finally:
-                self.slots.release(conn)
-                self.shutdown_request(conn.sock)
-            if self.closed.is_set():
-                return
-            with self.idle_lock:
-                self.idle += 1
-            try:
-                job = self.jobs.get(timeout=self.IDLE_SECONDS)
-            except queue.Empty:
-                with self.idle_lock:
-                    if self.idle > 0:  # nobody reserved a thread meanwhile: this one may go
-                        self.idle -= 1
-                        return
-                job = self.jobs.get()  # reserved: the job is on its way
-            if job is None:  # the server closed
-                return
-            conn, client_address = job
-
-    def server_close(self) -> None:
-        self.closed.set()
-        self.admitted.set()
-        super().server_close()
-        with self.idle_lock:
-            idle, self.idle = self.idle, 0
-        for _ in range(idle):  # wake the idle threads so they exit
-            self.jobs.put(None)
-
-    def _reap(self) -> None:
-        """Cut connections that trickle a handshake or request slower than a per-read timeout sees,
-        and readers too slow to take their answer. With no connection open it sleeps until one is
-        admitted, so an idle endpoint does not wake four times a second."""
-        while not self.closed.is_set():
-            if not len(self.slots):
-                self.admitted.wait()
-            self.admitted.clear()
-            if self.closed.wait(0.25):
-                return
-            for _ in range(self.slots.reap(time.monotonic())):
-                self.sink.count("failures")
-
-    def _handle(self, conn: _Conn, client_address) -> None:
-        """Runs on the connection's own thread: the TLS handshake happens here, never in accept.
-        The handshake and the request's first byte must come within ``first_byte_timeout``."""
-        sink = self.sink
-        conn.sock.settimeout(sink.settings.first_byte_timeout)
-        context = sink.web.ssl_context
-        if context is not None and not self._handshake(conn, context, client_address):
-            return
-        if not _readable(conn.sock, conn.deadline - time.monotonic()):
-            return  # idle: the slot goes back without waiting for request_timeout
-        conn.deadline = time.monotonic() + sink.settings.request_timeout
-        conn.sock.settimeout(sink.settings.request_timeout)
-        self.handler(conn.sock, client_address, self, conn)
-
-    def _handshake(self, conn: _Conn, context: ssl.SSLContext, client_address) -> bool:
-        try:
-            wrapped = context.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
-        except (ssl.SSLError, OSError) as exc:
-            self.sink.count("failures")
-            log.debug("TLS from %s failed: %s", client_address[0], exc)
-            return False
-        with self.slots.lock:  # a cut from now on reaches the wrapped socket
-            conn.sock = wrapped
-            if conn.gone:
-                return False
-        try:
-            wrapped.do_handshake()
-        except (ssl.SSLError, OSError) as exc:
-            self.sink.count("failures")
-            log.debug("TLS handshake from %s failed: %s", client_address[0], exc)
-            return False
-        return True
-
-    def handle_error(self, request, client_address) -> None:
-        self.sink.count("failures")
-        log.debug("error serving %s", client_address[0], exc_info=True)
-
-
-class _HeadTooLarge(Exception):
-    """The request head outgrew ``max_header_bytes``."""
-
-
-class _BoundedReader:
-    """The connection's reader while a request head is parsed: it caps the whole head, where the
-    stdlib caps only each line (64 KiB) and the count (100), which let one request hold 6 MiB."""
-
-    def __init__(self, raw, budget: int) -> None:
-        self.raw, self.budget = raw, budget
-
-    def readline(self, limit: int = -1) -> bytes:
-        line = self.raw.readline(self.budget + 1 if limit < 0 else min(limit, self.budget + 1))
-        self.budget -= len(line)
-        if self.budget < 0:
-            raise _HeadTooLarge
-        return line
+    def refuse(self, conn: Conn, status: int) -> Reply:
+        handler = _Handler(self.sink, conn, b"")
+        handler.requestline, handler.command, handler.request_version = "", "", "HTTP/1.1"
+        if status == HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE:
+            handler.send_error(status, "Request header too large")
+        else:
+            handler.send_error(status)
+        return Reply(handler.wfile.chunks, True)
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+    """One request whose whole head has arrived, answered into memory; the front writes it.
+
+    The stdlib's parsing and error pages are kept; its socket handling is not used."""
+
     protocol_version = "HTTP/1.1"
     server_version = "gpumon"
     sys_version = ""
 
-    def __init__(self, request, client_address, server: _Server, conn: _Conn) -> None:
+    def __init__(self, sink: PrometheusSink, conn: Conn, head: bytes) -> None:  # noqa: D107
+        # not BaseRequestHandler.__init__: that would read the socket and answer at once
+        self.sink = sink
         self.conn = conn
-        super().__init__(request, client_address, server)
+        self.client_address = conn.address
+        self.rfile = cast(BufferedIOBase, io.BytesIO(head))
+        self.wfile: _Out = _Out()  # type: ignore[assignment]
+        self.close_connection = True
+        self.request_version = "HTTP/1.1"
+        self.in_worker = False
+        self._method: Callable[[], None] | None = None
+        self._auth: Auth | None = None
 
-    def setup(self) -> None:
-        # typeshed declares StreamRequestHandler.timeout a ClassVar; setup() reads it from the instance
-        self.timeout = self.server.sink.settings.request_timeout  # type: ignore[misc]
-        super().setup()
-
-    def handle_one_request(self) -> None:
-        """Read one request whose whole head fits ``max_header_bytes``, then answer it as a busy
-        connection no newcomer may displace; a kept-alive connection gets a fresh window after."""
-        try:
-            self._one_request()
-        except TimeoutError:
-            self.close_connection = True
-        finally:
-            self.conn.busy = False
-            self.conn.deadline = time.monotonic() + self.server.sink.settings.request_timeout
-
-    def _one_request(self) -> None:
-        limit = self.server.sink.settings.max_header_bytes
-        self.raw_requestline = self.rfile.readline(limit + 1)
-        if not self.raw_requestline:
-            self.close_connection = True
-            return
-        if len(self.raw_requestline) > limit:
-            self.requestline, self.command, self.request_version = "", "", "HTTP/1.1"
-            self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
-            return
-        if not self._parse(limit - len(self.raw_requestline)):
-            return
-        self.conn.busy = True
-        method = getattr(self, "do_" + self.command, None)
-        if method is None:
-            self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"Unsupported method ({self.command!r})")
-            return
-        if self._carries_body():  # read as the next request, it would be smuggled past a proxy
-            self.send_error(HTTPStatus.BAD_REQUEST, f"A {self.command} request must not carry a body")
-            return
-        method()
-        self.wfile.flush()
-
-    def _parse(self, budget: int) -> bool:
-        # parse_request (and http.client.parse_headers) call only readline on rfile
-        raw, self.rfile = self.rfile, cast(BufferedIOBase, _BoundedReader(self.rfile, budget))
-        try:
-            return self.parse_request()
-        except _HeadTooLarge:
-            self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Request header too large")
+    def parse_request(self) -> bool:
+        """The stdlib's checks (request line, version, 0.9, ``Connection``, 100 header lines), with
+        the head already whole in memory and bounded by the front."""
+        self.command = ""
+        self.request_version = version = self.default_request_version
+        self.close_connection = True
+        requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        self.requestline = requestline
+        words = requestline.split()
+        if len(words) == 3:
+            version = words[-1]
+            match = _VERSION.fullmatch(version)
+            if match is None:
+                self.send_error(HTTPStatus.BAD_REQUEST, f"Bad request version ({version!r})")
+                return False
+            number = (int(match[1]), int(match[2]))
+            if number >= (2, 0):
+                self.send_error(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, f"Invalid HTTP version ({version})")
+                return False
+            if number >= (1, 1):
+                self.close_connection = False
+            self.request_version = version
+        elif len(words) == 2 and words[0] == "GET":
+            self.command, self.path = words
+            self.headers = _Headers()  # type: ignore[assignment]
+            return True  # HTTP/0.9: no headers, closed after the body
+        elif not words:
             return False
-        finally:
-            self.rfile = raw
+        else:
+            self.send_error(HTTPStatus.BAD_REQUEST, f"Bad request syntax ({requestline!r})")
+            return False
+        self.command, self.path = words[0], words[1]
+        if self.path.startswith("//"):
+            self.path = "/" + self.path.lstrip("/")
+        headers = _Headers()
+        name = ""
+        for raw in self.rfile.read().split(b"\n"):
+            line = str(raw, "iso-8859-1").rstrip("\r")
+            if not line:
+                break
+            if line[0] in " \t" and name:  # obsolete line folding: part of the previous value
+                values = headers.get_all(name) or [""]
+                values[-1] += " " + line.strip()
+                continue
+            name, colon, value = line.partition(":")
+            if not colon or not _TOKEN.fullmatch(name):
+                self.send_error(HTTPStatus.BAD_REQUEST, "Bad header line")
+                return False
+            if headers.count >= MAX_HEADERS:
+                self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Too many headers")
+                return False
+            headers.add(name, value.strip(" \t"))
+        self.headers = headers  # type: ignore[assignment]
+        connection = (headers.get("Connection") or "").lower()
+        if "close" in connection:
+            self.close_connection = True
+        elif "keep-alive" in connection and self.request_version >= "HTTP/1.0":
+            self.close_connection = False
+        return True
+
+    def run(self) -> Reply:
+        self.raw_requestline = self.rfile.readline()
+        if self.parse_request():
+            self._method = getattr(self, "do_" + self.command, None)
+            if self._method is None:
+                self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"Unsupported method ({self.command!r})")
+            elif self._carries_body():  # read as the next request, it would be smuggled past a proxy
+                self.send_error(HTTPStatus.BAD_REQUEST, f"A {self.command} request must not carry a body")
+            else:
+                self._method()
+        return Reply(self.wfile.chunks, self.close_connection)
+
+    def run_blocking(self) -> Reply:
+        """The same request on a worker thread, where a bcrypt check, compressing a new page or
+        rendering it as OpenMetrics may take milliseconds without holding up the loop."""
+        self.in_worker = True
+        assert self._method is not None
+        self._method()
+        return Reply(self.wfile.chunks, self.close_connection)
 
     def _carries_body(self) -> bool:
         lengths = self.headers.get_all("Content-Length") or []
@@ -526,7 +396,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
-        log.debug("%s %s", self.address_string(), format % args)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s", self.address_string(), format % args)
 
     def do_HEAD(self) -> None:
         self._route(head=True)
@@ -534,13 +405,21 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._route(head=False)
 
-    def _denied(self, head: bool) -> bool:
-        """Answer 401 or 429 when basic auth is required and not met; True when answered."""
-        sink = self.server.sink
+    def _denied(self, head: bool, path: str) -> bool:
+        """Answer 401 or 429 when basic auth is required and not met; True when answered. A check
+        that needs bcrypt raises ``_Blocking`` in the loop; a 429 never costs one."""
+        sink = self.sink
         web = sink.web
-        if not web.auth_required:
+        if not web.auth_required or (path == "/healthz" and sink.settings.open_healthz):
             return False
-        verdict = web.verify(self.headers.get("Authorization"), self.conn.source, sink.limiter)
+        header = self.headers.get("Authorization")
+        if self._auth is None:  # screened once, in the loop: that took the check from the budget
+            self._auth = web.screen(header, self.conn.source, sink.limiter)
+        if self._auth is Auth.PENDING:
+            if not self.in_worker:
+                raise _Blocking
+            self._auth = web.check(header, self.conn.source, sink.limiter)
+        verdict = self._auth
         if verdict is Auth.THROTTLED:
             sink.count("throttled")
             self._send(429, b"Too many failed logins\n", "text/plain; charset=utf-8", head,
@@ -551,9 +430,9 @@ class _Handler(BaseHTTPRequestHandler):
         return verdict is not Auth.OK
 
     def _route(self, head: bool) -> None:
-        sink = self.server.sink
+        sink = self.sink
         path = self.path.split("?", 1)[0]
-        if self._denied(head):
+        if self._denied(head, path):
             return
         if path == "/metrics":
             page = sink.page
@@ -562,6 +441,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             openmetrics = "application/openmetrics-text" in (self.headers.get("Accept") or "")
             gzipped = accepts_gzip(self.headers.get("Accept-Encoding") or "")
+            if not self.in_worker and not page.ready(openmetrics, gzipped):
+                raise _Blocking  # the first such scrape of a snapshot compresses or renders: not in the loop
             body = page.body(openmetrics, gzipped)
             extra = {"Vary": "Accept, Accept-Encoding"}
             if gzipped:
@@ -585,7 +466,7 @@ class _Handler(BaseHTTPRequestHandler):
         """The node's health verdict as JSON: a verdict for people and tools, not a liveness probe
         (``/healthz`` is that): it answers 200 whatever the verdict, so a probe wired to it by
         mistake does not restart gpumon on a sick node."""
-        verdict_of = self.server.sink.ctx.health_verdict
+        verdict_of = self.sink.ctx.health_verdict
         if verdict_of is None:
             self._send(404, b"health verdicts are off ([health] enabled = false)\n", "text/plain; charset=utf-8",
                        head)
@@ -598,18 +479,23 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, body: bytes, content_type: str, head: bool,
               extra: dict[str, str] | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
+        """Status line and headers as one chunk, the body (the page itself, not a copy) as the next."""
+        if self.request_version == "HTTP/0.9":  # no status line, no headers
+            if not head:
+                self.wfile.chunks.append(body)
+            return
+        if log.isEnabledFor(logging.DEBUG):
+            self.log_request(code, len(body))
+        lines = [f"HTTP/1.1 {code} {_PHRASES.get(code, '')}\r\nServer: gpumon\r\nDate: {self.date_time_string()}"
+                 f"\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"]
         if self.request_version == "HTTP/1.0" and not self.close_connection:
-            self.send_header("Connection", "keep-alive")  # else a 1.0 keep-alive client waits for EOF
-        for name, value in {**self.server.sink.web.headers, **(extra or {})}.items():
-            self.send_header(name, value)
-        # headers and body in one write: one syscall and one TCP segment train per scrape
-        buffered = getattr(self, "_headers_buffer", [])  # HTTP/0.9 requests buffer no headers
-        data = b"".join(buffered) + b"\r\n" if buffered else b""
-        self._headers_buffer: list[bytes] = []
-        self.wfile.write(data if head else data + body)
+            lines.append("Connection: keep-alive\r\n")  # else a 1.0 keep-alive client waits for EOF
+        for name, value in {**self.sink.web.headers, **(extra or {})}.items():
+            lines.append(f"{name}: {value}\r\n")
+        lines.append("\r\n")
+        self.wfile.chunks.append("".join(lines).encode("latin-1", "strict"))
+        if not head:
+            self.wfile.chunks.append(body)
 
     _date_cache: tuple[int, str] = (0, "")
 
@@ -636,30 +522,39 @@ class PrometheusSink(Sink):
         self.host, self.port = parse_listen(self.settings.listen)
         self.limiter = FailureLimiter(self.settings.auth_failures_per_minute)
         self._compat = DcgmCompat(ctx.hostname) if self.settings.compat == "dcgm-exporter" else None
+        self._verified = VerifiedStore(ctx.state_dir)
         self.web = load_web_config(self.settings.web_config_file) if self.settings.web_config_file else WebConfig()
         self._stamp = file_stamp(self.web.files)
         self._reload_log = LogOnce(log)
         self.page: Page | None = None
         self._renderer = Renderer()
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: Front | None = None
         self._watcher: threading.Thread | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._counts = {"scrapes": 0, "failures": 0, "evictions": 0, "throttled": 0}
 
     def start(self) -> None:
-        ipv6 = ":" in self.host
-        self._server = _Server((self.host, self.port), _Handler, self, self.settings.backlog, ipv6)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
-                                        name="prometheus-http", daemon=True)
-        self._thread.start()
+        listener = _listen(self.host, self.port, self.settings.backlog)
+        self.web.remember(self._verified)  # here, not in __init__: `gpumon check` writes nothing
+        self.port = listener.getsockname()[1]
+        settings = self.settings
+        limits = Limits(settings.first_byte_timeout, settings.request_timeout, settings.max_header_bytes,
+                        connection_cap(settings.max_connections), settings.max_connections_per_source,
+                        settings.backlog)
+        self._server = Front(listener, _App(self), limits, lambda: self.web.ssl_context, self.count, source_key)
+        self._server.start()
         if self.settings.web_config_file:
             self._watcher = threading.Thread(target=self._watch, name="prometheus-webconfig", daemon=True)
             self._watcher.start()
         scheme = "https" if self.web.ssl_context else "http"
-        log.info("serving %s://%s:%d/metrics", scheme, self.host, self.port)
+        log.info("serving %s://%s:%d/metrics (up to %d connections)", scheme, self.host, self.port,
+                 limits.max_connections)
+
+    @property
+    def bound_address(self) -> tuple[str, int]:
+        """(host, port) actually listened on: with ``--listen HOST:0`` the port the kernel picked."""
+        return self.host, self.port
 
     def listening(self) -> str | None:
         return format_listen(self.host, self.port) if self._server is not None else None
@@ -678,6 +573,7 @@ class PrometheusSink(Sink):
         except ConfigError as exc:
             self._reload_log.warning("web_config", "web config not reloaded, serving the previous one: %s", exc)
             return False
+        web.remember(self._verified)
         # the stamp taken before loading: a change during the load is seen on the next check
         self.web, self._stamp = web, stamp if web.files == self.web.files else file_stamp(web.files)
         self._reload_log.clear()
@@ -698,8 +594,7 @@ class PrometheusSink(Sink):
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop(timeout)
             self._server = None
 
     def count(self, what: str) -> None:
@@ -710,9 +605,10 @@ class PrometheusSink(Sink):
     def health(self) -> SinkHealth:
         server = self._server
         counts = self._counts
-        return SinkHealth(up=server is not None, exported=counts["scrapes"], failed=counts["failures"],
+        return SinkHealth(up=server is not None and server.thread.is_alive(), exported=counts["scrapes"], failed=counts["failures"],
                           detail=f"{counts['evictions']} connections displaced, "
-                                 f"{counts['throttled']} logins throttled",
+                                 f"{counts['throttled']} logins throttled, "
+                                 f"{server.refused if server is not None else 0} connections refused",
                           extra={"connections": float(len(server.slots))} if server is not None else {})
 
     def check(self) -> list[CheckResult]:

@@ -9,13 +9,17 @@ gpumon cannot honour are rejected by name rather than silently ignored.
 from __future__ import annotations
 
 import base64
+import contextlib
 import enum
+import errno
 import hashlib
 import hmac
+import logging
 import math
 import os
 import re
 import ssl
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -26,6 +30,8 @@ import yaml
 
 from gpumon.config import ConfigError, readable_file_check
 from gpumon.sinks.common import read_regular_file
+
+log = logging.getLogger("gpumon.sinks.prometheus")
 
 _CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -51,14 +57,17 @@ class Auth(enum.Enum):
     DENIED = "denied"
     THROTTLED = "throttled"
     """The source spent its failure budget: answered 429 without a bcrypt check."""
+    PENDING = "pending"
+    """Only a bcrypt check can tell (``WebConfig.check``); the source's budget paid for it."""
 
 
 class FailureLimiter:
-    """A token bucket per source address for failed password checks.
+    """A token bucket per source address and user name for failed password checks.
 
     Each failure costs a full bcrypt check (~65 ms of CPU at cost 10), so a wrong-password flood from
-    one address would otherwise keep cores busy and slow every valid scrape. At most ``sources``
-    addresses are remembered (least recently seen forgotten first), so the table cannot balloon.
+    one address would otherwise keep cores busy and slow every valid scrape. Keyed by user too, an
+    attacker guessing other names cannot spend a valid user's budget. At most ``sources`` keys are
+    remembered (least recently seen forgotten first), so the table cannot balloon.
     """
 
     def __init__(self, per_minute: float, sources: int = 4096) -> None:
@@ -103,6 +112,7 @@ class WebConfig:
     """The web-config file and every file it names: a change to any of them is a new config."""
     _ok_cache: set[bytes] = field(default_factory=set, repr=False)
     _cache_key: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
+    _store: VerifiedStore | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -113,39 +123,152 @@ class WebConfig:
         """Check an ``Authorization`` header with no failure limit (``verify`` for a request)."""
         return self.verify(header) is Auth.OK
 
+    def remember(self, store: VerifiedStore) -> None:
+        """Key the verified-credentials cache with ``store``'s key and load what it kept, so a
+        scraper verified before a restart is not checked (nor limited) again after it."""
+        if not self.users:
+            return
+        key = store.key()
+        if key is None:
+            return
+        with self._lock:
+            self._cache_key, self._store = key, store
+            self._ok_cache = set(store.load())
+
     def verify(self, header: str | None, source: str = "", limiter: FailureLimiter | None = None) -> Auth:
-        """Check an ``Authorization`` header. A verified pair is remembered under an HMAC with a
-        per-process key (never the password), so a valid scrape costs one bcrypt check per process;
-        an unknown pair first spends ``source``'s failure budget, refunded when it turns out good."""
+        """Check an ``Authorization`` header: ``screen`` then, when that cannot tell, ``check``."""
+        verdict = self.screen(header, source, limiter)
+        return self.check(header, source, limiter) if verdict is Auth.PENDING else verdict
+
+    def screen(self, header: str | None, source: str = "", limiter: FailureLimiter | None = None) -> Auth:
+        """What can be told without bcrypt: no credentials (DENIED), credentials verified before
+        (OK: remembered under an HMAC, never the password), a spent budget (THROTTLED); else
+        PENDING, with one check taken from the budget of ``source`` and the user name."""
         if not self.users:
             return Auth.OK
         credentials = _credentials(header)
         if credentials is None:
             return Auth.DENIED
-        user, password = credentials
-        key = hmac.new(self._cache_key, f"{user}:{password}".encode(), hashlib.sha256).digest()
-        with self._lock:
-            if key in self._ok_cache:
-                return Auth.OK
-        if limiter is not None and not limiter.take(source):
+        if self._digest(*credentials) in self._ok_cache:
+            return Auth.OK
+        if limiter is not None and not limiter.take(self._budget(source, credentials[0])):
             return Auth.THROTTLED
+        return Auth.PENDING
+
+    def check(self, header: str | None, source: str = "", limiter: FailureLimiter | None = None) -> Auth:
+        """The bcrypt check after ``screen`` said PENDING (it blocks: a worker thread's job). A
+        good pair is remembered and its check refunded: only failures are limited."""
+        credentials = _credentials(header)
+        if credentials is None:
+            return Auth.DENIED
+        user, password = credentials
         if not _bcrypt_ok(password, self.users.get(user)):
             return Auth.DENIED
+        digest = self._digest(user, password)
         with self._lock:
             if len(self._ok_cache) >= 64:
                 self._ok_cache.clear()
-            self._ok_cache.add(key)
+            self._ok_cache.add(digest)
+            kept, store = set(self._ok_cache), self._store
+        if store is not None:
+            store.save(kept)
         if limiter is not None:
-            limiter.refund(source)
+            limiter.refund(self._budget(source, user))
         return Auth.OK
+
+    def _digest(self, user: str, password: str) -> bytes:
+        """HMAC of the pair and the user's hash: a changed hash (a new password) forgets it."""
+        hashed = self.users.get(user, b"")
+        return hmac.new(self._cache_key, f"{user}:{password}:".encode() + hashed, hashlib.sha256).digest()
+
+    def _budget(self, source: str, user: str) -> str:
+        """The limiter's key: the source and the user name (every unknown name shares one budget,
+        so made-up names cannot grow the table)."""
+        return f"{source} {user if user in self.users else ''}"
+
+
+class VerifiedStore:
+    """Credentials verified once, kept across restarts: a random key and the HMAC digests made
+    with it, both 0600 files in the state directory (never a password). Anyone who can read them
+    can test guesses at SHA-256 speed rather than bcrypt's, so the directory must stay the
+    daemon's own (the unit's ``StateDirectoryMode=0700``). When the directory cannot hold them,
+    the key lives in memory only and a restart checks again (logged once)."""
+
+    KEY = "prometheus-auth.key"
+    DIGESTS = "prometheus-auth.verified"
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._key: bytes | None = None
+        self._tried = False
+        self._lock = threading.Lock()
+
+    def key(self) -> bytes | None:
+        with self._lock:
+            if not self._tried:
+                self._tried = True
+                try:
+                    self._key = self._load_or_make_key()
+                except OSError as exc:
+                    log.warning("verified basic-auth credentials will not survive a restart: %s "
+                                "(checked again, once, after each start)", exc)
+            return self._key
+
+    def _load_or_make_key(self) -> bytes:
+        path = os.path.join(self.directory, self.KEY)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            return _private_file(path, 32)
+        key = os.urandom(32)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key)
+        return key
+
+    def load(self) -> list[bytes]:
+        path = os.path.join(self.directory, self.DIGESTS)
+        try:
+            data = _private_file(path, None)
+        except OSError:
+            return []
+        return [data[i:i + 32] for i in range(0, len(data) - len(data) % 32, 32)][:64]
+
+    def save(self, digests: set[bytes]) -> None:
+        path = os.path.join(self.directory, self.DIGESTS)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(b"".join(sorted(digests)))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.debug("could not keep verified credentials in %s: %s", path, exc)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _private_file(path: str, size: int | None) -> bytes:
+    """A regular file of ours that nobody else can read (``size`` bytes when given): anything else
+    is refused, so a planted or widened file cannot choose the key."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise OSError(errno.EPERM, f"{path} must be a regular file of this user, mode 0600")
+        data = fh.read(64 * 32 + 1)
+    if size is not None and len(data) != size:
+        raise OSError(errno.EINVAL, f"{path} is not a {size}-byte key")
+    return data
 
 
 def _credentials(header: str | None) -> tuple[str, str] | None:
-    """(user, password) from a ``Basic`` header, or None when there is none to check."""
-    if not header or not header.startswith("Basic "):
+    """(user, password) from a ``Basic`` header, or None when there is none to check. The scheme
+    is case-insensitive (RFC 7235, section 2.1): ``basic`` and ``BASIC`` are Basic."""
+    scheme, _, token = (header or "").strip().partition(" ")
+    if scheme.lower() != "basic":
         return None
     try:
-        user, _, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
+        user, _, password = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
     except (ValueError, UnicodeDecodeError):
         return None
     return user, password
