@@ -22,6 +22,7 @@ import os
 import ssl
 import subprocess
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import trustme
@@ -308,3 +309,29 @@ def status(code: int, message: str, reason: str = "") -> dict:
     """A metav1.Status, as the API server answers errors."""
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
             "reason": reason, "code": code}
+
+
+NODE = "aks-gpu-12345678-vmss000000"
+"""The node name the Kubernetes action tests use (an AKS VMSS node's form)."""
+
+
+def serving(tmp_path: Any) -> Iterator[KubeApiServer]:
+    """A stand-in for ``NODE`` whose token and CA are written where :func:`action_settings` points;
+    closed when the generator ends (the body of a pytest fixture)."""
+    server = KubeApiServer(NODE, "token-1")
+    (tmp_path / "token").write_text("token-1\n")
+    server.ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def action_settings(tmp_path: Any, api: KubeApiServer, **flags: Any) -> Any:
+    """ActionSettings that reach ``api`` as the in-cluster service account would, with ``flags``
+    (``kubernetes=True``, ``kube_events=True``, ...)."""
+    from gpumon.health.actions.settings import ActionSettings
+
+    return ActionSettings(**{"node_name": NODE, "kube_api": api.url, "kube_token_file": str(tmp_path / "token"),
+                             "kube_ca_file": str(tmp_path / "ca.crt"), "timeout": 5.0, "backoff_initial": 0.05,
+                             "backoff_max": 0.2, **flags})

@@ -17,26 +17,19 @@ from gpumon.health.actions import ActionSettings, HealthActions
 from gpumon.health.actions.kube_events import COMBINED, KubeEventsAction
 from tests.conftest import wait_for
 from tests.health_verdicts import verdict
-from tests.kube_api_server import KubeApiServer
+from tests.kube_api_server import NODE, KubeApiServer, action_settings, serving
 
-NODE = "aks-gpu-12345678-vmss000000"
 EVENTS = "/api/v1/namespaces/default/events"
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
 def api(tmp_path):
-    server = KubeApiServer(NODE, "token-1")
-    (tmp_path / "token").write_text("token-1\n")
-    server.ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
-    yield server
-    server.close()
+    yield from serving(tmp_path)
 
 
 def settings(tmp_path, api: KubeApiServer) -> ActionSettings:
-    return ActionSettings(kube_events=True, node_name=NODE, kube_api=api.url,
-                          kube_token_file=str(tmp_path / "token"), kube_ca_file=str(tmp_path / "ca.crt"),
-                          timeout=5.0, backoff_initial=0.05, backoff_max=0.2)
+    return action_settings(tmp_path, api, kube_events=True)
 
 
 class Clock:

@@ -13,26 +13,19 @@ from gpumon.health.actions.kube_taint import KubeTaintAction
 from gpumon.health.actions.process import ActionError
 from tests.conftest import wait_for
 from tests.health_verdicts import verdict
-from tests.kube_api_server import KubeApiServer
+from tests.kube_api_server import NODE, KubeApiServer, action_settings, serving
 
-NODE = "aks-gpu-12345678-vmss000000"
 THEIRS = {"key": "sku", "value": "gpu", "effect": "NoSchedule"}
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
 def api(tmp_path):
-    server = KubeApiServer(NODE, "token-1")
-    (tmp_path / "token").write_text("token-1\n")
-    server.ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
-    yield server
-    server.close()
+    yield from serving(tmp_path)
 
 
 def settings(tmp_path, api: KubeApiServer) -> ActionSettings:
-    return ActionSettings(kube_taint=True, node_name=NODE, kube_api=api.url,
-                          kube_token_file=str(tmp_path / "token"), kube_ca_file=str(tmp_path / "ca.crt"),
-                          timeout=5.0, backoff_initial=0.05, backoff_max=0.2)
+    return action_settings(tmp_path, api, kube_taint=True)
 
 
 def test_an_unhealthy_verdict_taints_the_node_and_keeps_the_other_taints(tmp_path, api) -> None:

@@ -22,27 +22,19 @@ from gpumon.health.rules import Thresholds
 from gpumon.health.stage import HealthSettings, HealthStage
 from tests.conftest import clean_env, wait_for
 from tests.health_verdicts import verdict
-from tests.kube_api_server import KubeApiServer
+from tests.kube_api_server import NODE, KubeApiServer, action_settings, serving
 from tests.simulated_host import SimulatedHost
 
-NODE = "aks-gpu-12345678-vmss000000"
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
 def api(tmp_path):
-    server = KubeApiServer(NODE, "token-1")
-    (tmp_path / "token").write_text("token-1\n")
-    server.ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
-    yield server
-    server.close()
+    yield from serving(tmp_path)
 
 
 def runner(tmp_path, api: KubeApiServer, **settings) -> HealthActions:
-    options = {"kubernetes": True, "node_name": NODE, "kube_api": api.url,
-               "kube_token_file": str(tmp_path / "token"), "kube_ca_file": str(tmp_path / "ca.crt"),
-               "timeout": 5.0, "backoff_initial": 0.05, "backoff_max": 0.2, **settings}
-    return HealthActions(ActionSettings(**options), str(tmp_path / "state"))
+    return HealthActions(action_settings(tmp_path, api, **{"kubernetes": True, **settings}), str(tmp_path / "state"))
 
 
 def statuses(api: KubeApiServer) -> dict[str, str]:
