@@ -610,6 +610,7 @@ class FakeNVML:
             for g in self._gpus:
                 g.lost = False
                 g.fabric = self._make_fabric(self._seed)
+                g.mig = None   # GPU instances do not survive a reboot (NVIDIA MIG user guide)
 
     def inject_xid(self, gpu: int, xid: int, gpu_instance: int = 0xFFFFFFFF,
                    compute_instance: int = 0xFFFFFFFF) -> None:
