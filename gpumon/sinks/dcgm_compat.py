@@ -300,18 +300,32 @@ def _owners(fam: MetricFamily | None) -> dict[Key, list[tuple[tuple[str, str], .
 
 def markdown_table() -> str:
     """The name-by-name table of docs/dcgm-exporter.md (kept in sync by a test)."""
-    rows = ["| dcgm-exporter | type | gpumon source | conversion |", "|---|---|---|---|"]
+    rows = ["| dcgm-exporter | type | gpumon source | conversion | under MIG, per GPU instance |",
+            "|---|---|---|---|---|"]
     for f in FIELDS:
-        match = ", ".join(f'{k}="{v}"' for k, v in f.match)
-        source = f"`{f.source}{{{match}}}`" if match else f"`{f.source}`"
         conversion = {1.0: "as is", 1e-6: "Hz to MHz", 1000.0: "J to mJ", 100.0: "ratio to %",
                       1 / MIB: "bytes to MiB"}.get(f.scale, f"x {f.scale:g}")
         if f.sum_over:
             conversion += f", summed over `{f.sum_over}`"
-        rows.append(f"| `{f.name}` | {f.type} | {source} | {conversion} |")
+        rows.append(f"| `{f.name}` | {f.type} | {_source(f.source, f.match)} | {conversion} | {_under_mig(f)} |")
     rows.append(f"| `{XID_FIELD}` | gauge | `gpumon_gpu_xid_errors_total` | the last XID whose count rose "
-                "(0 before any), label `err_code` |")
+                "(0 before any), label `err_code` | the GPU's, on each instance |")
     return "\n".join(rows) + "\n"
+
+
+def _source(family: str, match: Iterable[tuple[str, str]]) -> str:
+    labels = ", ".join(f'{k}="{v}"' for k, v in match)
+    return f"`{family}{{{labels}}}`" if labels else f"`{family}`"
+
+
+def _under_mig(f: Field) -> str:
+    """The table's MIG column: where a GPU instance's value comes from."""
+    if f.scope == "gpu":
+        return "the GPU's, on each instance"
+    if not f.mig_source:
+        return "absent"
+    source = _source(f.mig_source, f.mig_match)
+    return f"{source} minus `{f.mig_minus}`" if f.mig_minus else source
 
 
 if __name__ == "__main__":  # python -m gpumon.sinks.dcgm_compat: the table in docs/dcgm-exporter.md
