@@ -195,6 +195,8 @@ class DcgmCompat:
             head = (("gpu", gpu), ("UUID", lab.get("uuid", "")), ("pci_bus_id", lab.get("pci_bus_id", "")),
                     ("device", f"nvidia{gpu}"), ("modelName", lab.get("model", "")))
             tail = (("Hostname", self.hostname), ("DCGM_FI_DRIVER_VERSION", lab.get("driver_version", "")))
+            # MIG on with no GPU instance yet is served as a whole GPU, as dcgm-exporter's flex mode
+            # does (device_monitoring.go: "If the GPU Instance count is 0 ... adding GPU")
             if gpu not in instances:
                 out[(gpu, "")] = _Entity(head + tail, tuple(owners.get((gpu, ""), ())))
                 continue
