@@ -100,6 +100,18 @@ def _fabric(sim: Simulation, command: dict[str, Any]) -> bool:
     return True
 
 
+def _mig(sim: Simulation, command: dict[str, Any]) -> bool:
+    """MIG on the GPU with ``instances`` equal GPU instances (0: MIG off). Hardware state: it holds
+    across a daemon restart; a reboot ends it (GPU instances do not survive one)."""
+    nvml, gpu, instances = _gpus(sim), int(command["gpu"]), int(command.get("instances", 7))
+    _check_gpu(nvml, gpu)
+    if not 0 <= instances <= 7:   # seven slices: at most seven GPU instances (NVIDIA MIG user guide)
+        raise ValueError("mig: instances is 0 to 7")
+    nvml.set_mig(gpu, instances)
+    sim.forget(lambda kept: kept["action"] == "mig" and int(kept["gpu"]) == gpu)
+    return instances > 0
+
+
 def _scheduled_event(sim: Simulation, command: dict[str, Any]) -> bool:
     sim.azure.scheduled_event(command)
     return False
@@ -190,6 +202,10 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            "NVML_ERROR_* name or success, `summary` a _HEALTH_SUMMARY_* name",
            {"action": "fabric", "gpu": 1, "health": {"route_unhealthy": "true"}}, ("gpu",), "gpu", "yes",
            ("health", "state", "status", "summary")),
+    Action("mig", _mig, "MIG mode on with `instances` equal GPU instances (default 7, one slice and one "
+           "compute instance each, GPU instance ids from 7); 0 turns it off. gpumon reads the layout at "
+           "start and at each re-probe (`[nvml] reprobe_interval`)", {"action": "mig", "gpu": 0, "instances": 7},
+           ("gpu",), "gpu", "until `instances` 0 or a reboot", ("instances",)),
     Action("scheduled_event", _scheduled_event, "an Azure Scheduled Event in the VM's IMDS (status Started, "
            "then done to remove it)", {"action": "scheduled_event", "event_id": "E1", "type": "Freeze",
                                        "status": "Scheduled", "not_before_in": 900}, ("event_id",),
