@@ -73,7 +73,7 @@ if [ -z "$WHEELHOUSE" ]; then
 fi
 WHEELHOUSE=$(cd "$WHEELHOUSE" && pwd)
 set -- "$WHEELHOUSE"/gpumon_exporter-*.whl
-[ $# -eq 1 ] && [ -f "$1" ] || die "need exactly one gpumon_exporter-*.whl in $WHEELHOUSE"
+if [ $# -ne 1 ] || [ ! -f "$1" ]; then die "need exactly one gpumon_exporter-*.whl in $WHEELHOUSE"; fi
 WHEEL=$1
 
 # The venv is made at its staging path, then relocated to /opt/gpumon: nothing else of this host
