@@ -23,7 +23,7 @@ from tests.test_deploy_vm_install import build_wheel
 REPO = Path(__file__).resolve().parents[1]
 
 # Two builds and apt in a chroot, then lintian: about two minutes on a loaded machine.
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 
 FACTS = ("echo user=$(getent passwd gpumon | cut -d: -f1,7); "
          "echo state=$(stat -c %U:%a /var/lib/private/gpumon 2>/dev/null); "
@@ -85,6 +85,7 @@ def lifecycle(debs, tmp_path_factory) -> str:
         "grep -c '^AZURE_CLIENT_ID=edited$' /etc/gpumon/gpumon.env | sed 's/^/edited_env=/'",
         "echo leftovers=$(ls /etc/gpumon | grep -c dpkg)",
         "echo simulated_state=$(ls /var/lib/gpumon/simulate 2>/dev/null | tr '\\n' ,)",
+        "echo === remove", f"{apt} remove gpumon 2>&1; echo rc=$?", FACTS,
         "echo === purge", f"{apt} purge gpumon 2>&1; echo rc=$?", FACTS,
         "echo private=$(test -e /var/lib/private/gpumon && echo y || echo n)",
         "echo ===",
@@ -132,6 +133,19 @@ def test_upgrade_keeps_the_edited_config_and_secrets(lifecycle):
                                                                               "/opt/gpumon/bin/gpumon"), log
     # The state the run before the upgrade wrote is still there.
     assert "nd-h100-v5" in upgraded["simulated_state"], log
+
+
+def test_remove_keeps_config_and_state(lifecycle):
+    removed = facts(lifecycle, "remove")
+    log = section(lifecycle, "remove")
+    assert removed["rc"] == "0", log
+    # The enablement link stays until purge, as for every Debian service (deb-systemd-helper keeps
+    # the state so that a reinstall restores it); with the unit gone it enables nothing.
+    assert removed == {
+        "rc": "0", "user": "gpumon:/usr/sbin/nologin", "state": "gpumon:700", "state_link": "private/gpumon",
+        "env": "600", "enabled": "y", "unit": "n", "kmsg": "n", "venv": "n", "path": "", "etc": "y",
+        "version": "0.1.0-2 rc",
+    }, log
 
 
 def test_purge_removes_state_config_and_unit(lifecycle):

@@ -86,7 +86,7 @@ python3 -m venv "$STAGE$VENV"
 VERSION=$("$STAGE$VENV/bin/python" -I -c 'import gpumon; print(gpumon.__version__)')
 find "$STAGE$VENV" -name __pycache__ -type d -prune -exec rm -rf {} +
 # Relocate: the scripts' #! lines, the activate scripts and pyvenv.cfg name the staging path.
-grep -rlF "$STAGE$VENV" "$STAGE$VENV" | while IFS= read -r file; do
+grep -rlIF "$STAGE$VENV" "$STAGE$VENV" | while IFS= read -r file; do
     sed -i "s|$STAGE$VENV|$VENV|g" "$file"
 done
 rm -f "$STAGE$VENV"/bin/activate.csh "$STAGE$VENV"/bin/activate.fish "$STAGE$VENV"/bin/Activate.ps1
