@@ -75,6 +75,7 @@ def lifecycle(debs, tmp_path_factory) -> str:
     script = "; ".join([
         "cd /debs",
         "echo === install", f"{apt} install ./{debs['1'].name} 2>&1; echo rc=$?", FACTS,
+        "echo pyc=$(find /opt/gpumon/lib -name 'cli*.pyc' -path '*/gpumon/*' | grep -c pyc)",
         "echo === verify", "systemd-analyze verify /lib/systemd/system/gpumon.service 2>&1; echo rc=$?",
         "echo === once", "gpumon once --simulate nd-h100-v5 --format prometheus --state-dir /var/lib/gpumon 2>&1;"
         " echo rc=$?",
@@ -103,7 +104,7 @@ def test_install_in_a_container_creates_user_state_and_enables_the_unit(lifecycl
     assert installed == {
         "rc": "0", "user": "gpumon:/usr/sbin/nologin", "state": "gpumon:700", "state_link": "private/gpumon",
         "env": "600", "enabled": "y", "unit": "y", "kmsg": "y", "venv": "y", "path": "/opt/gpumon/bin/gpumon",
-        "etc": "y", "version": "0.1.0-1 ii",
+        "etc": "y", "version": "0.1.0-1 ii", "pyc": "1",
     }, log
     # No systemd to talk to: the unit is enabled for the next boot and the postinst says so.
     assert "systemd is not running here (no /run/systemd/system)" in log
