@@ -220,7 +220,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            "aer_dev_<severity> counter of `type` (a kernel name: RxErr, BadTLP, BadDLLP, ..., CmpltTO, "
            "MalfTLP, ...) grows by `count` (default 1) and the kernel's AER report goes to the kernel log; "
            "counters stay until a reboot", {"action": "aer", "gpu": 3, "severity": "correctable", "type": "BadTLP"},
-           ("severity", "type"), optional=("gpu", "device", "count")),
+           ("severity", "type"), kept="the counts, until a reboot (aer.json)", optional=("gpu", "device", "count")),
     Action("gpu_lost", _gpu_lost, "every NVML call on the GPU answers GPU_IS_LOST (and XID 79 is reported)",
            {"action": "gpu_lost", "gpu": 2}, ("gpu",), "gpu", "yes"),
     Action("fabric", _fabric, "what the NVLink fabric call reports, in NVML's words: `health` maps a "
