@@ -155,8 +155,9 @@ class Simulation:
         from gpumon.simulate.kmsg import KernelLog
 
         #: the host's kernel log (the kmsg collector reads it as it reads /dev/kmsg)
+        #: (a throwaway host, whose home is its own workdir, has one too: empty)
         self.kernel_log = KernelLog(os.path.join(self.home, KMSG_FILE), fresh=self._fresh_boot,
-                                    read_only=self.read_only)
+                                    read_only=self.read_only and self.home != self.workdir)
         if self.fabric is not None:
             self.fabric.on_carrier = self._carrier
         self.pci = self._pci_tree()
