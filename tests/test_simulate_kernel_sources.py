@@ -6,13 +6,15 @@ both, a reboot starts them again."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 
 from gpumon import cli, config, daemon
 from gpumon.collectors.aer import AerCollector
+from gpumon.collectors.base import Context
 from gpumon.collectors.kmsg import KmsgCollector
-from gpumon.simulate import Simulation
+from gpumon.simulate import HOSTS, Simulation
 from gpumon.sources import driver_log
 from gpumon.sources.pci_aer import parse_stats
 from tests.conftest import clean_env, values
@@ -178,3 +180,17 @@ def test_a_garbled_line_in_the_simulated_log_is_no_record(host):
     out = kmsg.collect()
     assert values(out, "gpumon_kmsg_records_total")[("xid",)] == 1
     assert out.errors == {"garbled": 1}
+
+
+@pytest.mark.parametrize("profile", sorted(HOSTS))
+def test_every_profile_has_a_kernel_log_and_its_gpus_and_hcas_on_the_pci_tree(tmp_path, profile):
+    sim = Simulation(profile, str(tmp_path / profile), hostname="t")
+    try:
+        ctx = Context(hostname="t", sysfs_root=sim.sysfs_root, state_dir=str(tmp_path), simulation=sim)
+        aer = AerCollector(ctx)
+        assert aer.probe().available and os.path.isfile(sim.kernel_log.path)
+        roles = Counter(labels[1] for labels in values(aer.collect(), "gpumon_pcie_function_info"))
+        hcas = len(sim.fabric.devices) if sim.fabric is not None else 0
+        assert roles == Counter({"gpu": HOSTS[profile].gpu_count, "hca": hcas}) - Counter()
+    finally:
+        sim.stop()
