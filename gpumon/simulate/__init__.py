@@ -8,8 +8,8 @@ host), ``boot_id`` (the host's boot id, as /proc/sys/kernel/random/boot_id), ``h
 injected hardware faults a daemon restart keeps), ``kmsg`` (the host's kernel log, as /dev/kmsg hands
 it out: :mod:`gpumon.simulate.kmsg`), ``aer.json`` (the PCIe AER counters since boot of the functions
 in ``sys/``: :mod:`gpumon.simulate.pci`) and ``control/``, where JSON files dropped by a
-person, a test or ``gpumon simulate`` provoke a flap, a port-down period, an XID, a lost GPU or a
-reboot in a running daemon (the actions: :data:`gpumon.simulate.actions.ACTIONS`, docs/simulate.md).
+person, a test or ``gpumon simulate`` provoke a flap, a port-down period, an XID, a lost GPU, a
+PCIe AER error or a reboot in a running daemon (the actions: :data:`gpumon.simulate.actions.ACTIONS`, docs/simulate.md).
 """
 
 from __future__ import annotations
