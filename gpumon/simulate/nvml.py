@@ -547,6 +547,14 @@ class FakeNVML:
         with self._lock:
             return {pid: g.names.get(pid, "") for g in self._gpus for pid, _ in g.processes}
 
+    def pci(self, gpu: int) -> tuple[str, int, int | None, str]:
+        """(NVML bus id, NVML pciDeviceId, PID and name of the GPU's first running process or None
+        and "") of GPU ``gpu``: what its PCI function and the driver's kernel-log lines name."""
+        with self._lock:
+            g = self._gpus[gpu]
+            pid = g.processes[0][0] if g.processes else None
+            return g.bus_id, g.profile.pci_device_id, pid, g.names.get(pid, "") if pid is not None else ""
+
     def fail(self, function: str, code: int, gpu: int | None = None, times: int | None = None) -> None:
         """Make ``function`` raise ``NVMLError(code)`` (for one GPU, or all), ``times`` times or forever."""
         with self._lock:
