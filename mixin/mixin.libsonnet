@@ -1,6 +1,7 @@
 // gpumon's monitoring mixin: prometheusAlerts, prometheusRules and grafanaDashboards from the shipped
 // rule files and dashboards, with _config (config.libsonnet) applied.
 local render = import 'lib/render.libsonnet';
+local sources = (import 'alerts/files.libsonnet') + (import 'rules/files.libsonnet');
 local mixin =
   (import 'config.libsonnet') +
   (import 'alerts/alerts.libsonnet') +
@@ -8,9 +9,8 @@ local mixin =
   (import 'dashboards/dashboards.libsonnet');
 mixin {
   // Rendering fails if no shipped expression uses the job matcher any more: gpumonSelector would do nothing.
-  local uses = render.selectorUses(std.objectValues(super.alertFiles) + std.objectValues(super.recordFiles)),
+  local uses = render.selectorUses([std.parseYaml(text) for text in std.objectValues(sources)]),
   assert uses > 0 : 'gpumon mixin: no rule uses %s, so _config.gpumonSelector has no effect' % render.sourceSelector,
-  // All rule files by name, rendered: `jsonnet -S -m OUT -e '(import "mixin.libsonnet").ruleFiles'`
-  // style rendering of one file per name (see docs/deployment.md).
+  // Every rule file by name, rendered (the tests compare them with deploy/prometheus/).
   ruleFiles:: self.alertFiles + self.recordFiles,
 }
