@@ -81,7 +81,7 @@ def test_rendered_rules_pass_promtool(tmp_path):
 def _exporter_alerts(tmp_path, selector: str) -> subprocess.CompletedProcess[str]:
     """promtool's rule test on the rendered alerts, with one gpumon target (job gpumon) down for 20 minutes:
     GpumonExporterDown must fire for a selector that matches it, GpumonExporterAbsent for one that does not."""
-    rendered = render("prometheusAlerts", "{gpumonSelector: %s}" % json.dumps(selector))
+    rendered = render("prometheusAlerts", f"{{gpumonSelector: {json.dumps(selector)}}}")
     for group in rendered["groups"]:  # promtool compares annotations too; the expression is what is tested
         for rule in group["rules"]:
             rule.pop("annotations", None)
@@ -126,7 +126,7 @@ def test_selector_that_matches_nothing_is_caught_by_the_absent_alert(tmp_path):
 
 def test_selector_replaces_the_job_matcher_everywhere_it_is_used():
     selector = 'job="gpu-exporters", namespace="gpumon"'
-    config = "{gpumonSelector: %s}" % json.dumps(selector)
+    config = f"{{gpumonSelector: {json.dumps(selector)}}}"
     shipped = [r["expr"] for g in rule_groups(REPO) for r in g["rules"]]
     rendered = [r["expr"] for f in ("prometheusAlerts", "prometheusRules")
                 for g in render(f, config)["groups"] for r in g["rules"]]
