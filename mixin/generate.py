@@ -6,9 +6,9 @@
 
 deploy/prometheus/*.yaml and dashboards/grafana/*.json stay the one source (their generators, the
 promtool tests and the PrometheusRule and Azure generators read them); the mixin carries byte-for-byte
-copies because jsonnet-bundler installs a mixin directory on its own (from git it keeps only mixin/,
-and go-jsonnet resolves ``..`` lexically through the vendor symlink of a local install), so imports
-that reach outside mixin/ would break for the users who import it.
+copies because jsonnet-bundler installs a mixin directory on its own (from git it keeps only mixin/;
+from a path it links vendor/mixin to it), so an import reaching outside mixin/ would not resolve for
+the users who import it.
 """
 
 from __future__ import annotations
