@@ -11,13 +11,13 @@ import sys
 import textwrap
 from typing import Any
 
+import _jsonnet  # the jsonnet wheel, in the test extra (scripts/test.sh installs it)
 import pytest
 import yaml
 
 from gpumon.rulefiles import rule_files, rule_groups
 from tests.conftest import REPO
 
-_jsonnet = pytest.importorskip("_jsonnet", reason="needs the jsonnet wheel (the test extra)")
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian package prometheus)")
 MIXIN = os.path.join(REPO, "mixin")
