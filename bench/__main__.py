@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=None, help="job_rules: hosts to generate (default 1000)")
     parser.add_argument("--healthy-seconds", type=float, default=None,
                         help="job_straggler: the healthy window (default 600 s)")
+    parser.add_argument("--window", type=float, default=None,
+                        help="real_gpu: seconds measured (default 150)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary line of each benchmark")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = parser.parse_args(argv)
@@ -74,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         opts.extra["hosts"] = args.hosts
     if args.healthy_seconds is not None:
         opts.extra["healthy_seconds"] = args.healthy_seconds
+    if args.window is not None:
+        opts.extra["window_s"] = args.window
     if args.flips is not None:
         opts.flips = args.flips
     elif args.smoke:

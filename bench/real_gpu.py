@@ -1,6 +1,7 @@
-"""The whole daemon on this host's real NVIDIA GPUs, at defaults and at ``--interval 1``.
+"""The whole daemon on this host's real NVIDIA GPUs, at defaults, at ``--interval 1`` and with
+``[nvml] per_process`` on.
 
-Two ``gpumon run`` processes, one per interval, run side by side in the same window (each with its own
+Three ``gpumon run`` processes run side by side in the same window (each with its own
 state directory and port, IMDS pointed at a closed port so that no Azure call is made): the process CPU
 and every thread's CPU from ``/proc/<pid>/task/*/stat`` over the window, the ``nvml`` collector's runs
 in it, and what the daemon found (GPU model, count, driver). On a host without a GPU (or without
@@ -60,6 +61,12 @@ def _gpus(port: int) -> list[dict[str, str]]:
     return found
 
 
+def _process_series(port: int) -> list[str]:
+    """The per-process series the ``per_process`` daemon serves (none when nothing ran on a GPU)."""
+    _, body = http_get(f"http://127.0.0.1:{port}/metrics")
+    return [line for line in body.decode(errors="replace").splitlines() if line.startswith("gpumon_gpu_process_")]
+
+
 def _has_gpu() -> str:
     """Empty when NVML answers with at least one GPU, else why not."""
     try:
@@ -80,10 +87,13 @@ def run(opts: Options) -> dict[str, Any]:
     if why:
         say(opts, f"   not run: {why} (this benchmark needs a real NVIDIA GPU)")
         return {"not_run": why}
-    window = 3.0 if opts.smoke else WINDOW_S
+    window = 3.0 if opts.smoke else float(opts.extra.get("window_s", WINDOW_S))
     warm = 5.0 if opts.smoke else WARM_S
-    cases = {"defaults": (), "interval_1s": ("--interval", "1")}
     with tempfile.TemporaryDirectory(prefix="gpumon-real-gpu-") as tmp, contextlib.ExitStack() as stack:
+        per_process = os.path.join(tmp, "per_process.toml")
+        with open(per_process, "w", encoding="utf-8") as fh:
+            fh.write("[nvml]\nper_process = true\n")
+        cases = {"defaults": (), "interval_1s": ("--interval", "1"), "per_process": ("--config", per_process)}
         procs, ports, endpoints = {}, {}, {}
         for name, extra in cases.items():
             env = clean_env(GPUMON_AZURE_IMDS_URL="http://127.0.0.1:1",
@@ -98,7 +108,8 @@ def run(opts: Options) -> dict[str, Any]:
         before = {n: (cpu_seconds(p.pid), _threads(p.pid), collector_runs(ports[n], "nvml")) for n, p in procs.items()}
         time.sleep(window)
         wall = time.monotonic() - t0
-        result: dict[str, Any] = {"window_s": rnd(wall, 1), "gpus": _gpus(ports["defaults"])}
+        result: dict[str, Any] = {"window_s": rnd(wall, 1), "gpus": _gpus(ports["defaults"]),
+                                  "process_series": _process_series(ports["per_process"])}
         for name, proc in procs.items():
             cpu0, threads0, runs0 = before[name]
             cpu1, threads1, runs1 = cpu_seconds(proc.pid), _threads(proc.pid), collector_runs(ports[name], "nvml")

@@ -1,5 +1,5 @@
 """Per-process utilization (``[nvml] per_process``): every driver sample read once, a process that
-ended reported for the part it ran, the top-N bound under process churn, the legacy call where the
+ended gone as the driver forgets it, the top-N bound under process churn, the legacy call where the
 R550 one is missing, MIG, names from /proc, and nothing changed with the option off."""
 
 from __future__ import annotations
@@ -96,7 +96,9 @@ def test_no_new_sample_is_not_an_error_and_leaves_the_series_out() -> None:
     c.close()
 
 
-def test_a_process_that_ended_is_reported_for_the_part_it_ran_then_dropped(tmp_path: Path) -> None:
+def test_a_process_that_ended_before_the_run_is_not_reported_as_the_driver_forgot_it(tmp_path: Path) -> None:
+    # An H100 with driver 580 dropped an ended process's samples within 1.3 s of its end
+    # (tests/fixtures/nvml/h100_r580_processes.json): a run after that cannot see it.
     fake, c, _ = rig(count=1, per_process=True, proc_root=str(tmp_path))
     (old,) = run(fake, 0, ["trainer"])
     (tmp_path / str(old)).mkdir()
@@ -106,10 +108,8 @@ def test_a_process_that_ended_is_reported_for_the_part_it_ran_then_dropped(tmp_p
     fake.restore_processes(0)              # ... and its /proc entry goes with it
     (tmp_path / str(old) / "comm").unlink()
     (tmp_path / str(old)).rmdir()
-    out = util(c.collect())
-    assert (str(old), "trainer", "sm") in out      # still named: its name was read while it ran
-    fake.tick(10)
-    assert str(old) not in pids(c.collect())
+    fake.tick(1.0)
+    assert pids(c.collect()) == {"4000"}   # the process that followed it, and nothing of the old one
     c.close()
 
 
@@ -118,7 +118,7 @@ def test_thousands_of_short_lived_processes_stay_within_the_bound() -> None:
     seen: set[str] = set()
     for _ in range(30):
         fake.run_processes(0, ["worker"] * 100)   # 100 new PIDs each run, 3,000 in all
-        fake.tick(0.3)
+        fake.tick(2.0)                              # 10 sampling periods: 10 of them sampled
         out = c.collect()
         got = util(out)
         seen |= pids(out)

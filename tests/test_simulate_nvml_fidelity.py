@@ -173,32 +173,120 @@ def test_process_utilization_structs_are_nvml_h_layouts() -> None:
     assert all(type(s) is pynvml.c_nvmlProcessUtilizationSample_t for s in fake.nvmlDeviceGetProcessUtilization(h, 0))
 
 
-@pytest.mark.parametrize("fn", ["nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization"])
-def test_process_utilization_answers_as_the_h100_did_under_two_processes(fn: str) -> None:
-    import pynvml
+PROCESS_FIXTURE = os.path.join(REPO, "tests", "fixtures", "nvml", "h100_r580_processes.json")
+PROCESS_FNS = ("nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization")
 
-    fake, h = _two_processes()
-    call = getattr(fake, fn)
-    seen = 0
-    stamps: list[int] = []
-    busy: list[int] = []
-    for _ in range(60):                   # asked every 50 ms for 3 s: each new sample is caught
-        fake.tick(0.05)
-        try:
-            got = call(h, seen)
-        except pynvml.NVMLError_NotFound:  # no sample newer than lastSeenTimestamp: common, not an error
-            continue
-        pids = [int(s.pid) for s in got]
-        assert len(pids) == len(set(pids)) == 2            # at most one sample per PID: the newest
-        assert all(int(s.timeStamp) > seen for s in got)
-        seen = max(int(s.timeStamp) for s in got)
-        stamps.append(seen)
-        busy.append(sum(1 for s in got if s.smUtil > 0))
-        with pytest.raises(pynvml.NVMLError_NotFound):     # an immediate second call: no new sample
-            call(h, seen)
-    gaps = {b - a for a, b in zip(stamps, stamps[1:])}
-    assert gaps and all(200_000 <= g <= 400_000 for g in gaps)   # samples 200-400 ms apart
-    assert set(busy) == {1}                # time-sharing: one at 99 % (or the load), the other at 0 %
+
+@pytest.fixture(scope="module")
+def real_processes() -> dict[str, Any]:
+    with open(PROCESS_FIXTURE, encoding="utf-8") as fh:
+        return json.load(fh)["processes"]
+
+
+@pytest.fixture(scope="module")
+def double_processes() -> dict[str, Any]:
+    """The recorder over the double, with the recorded workload: two processes, one of them ending
+    about halfway through the window, as on the real H100."""
+    fake = FakeNVML("h100-sxm5-80gb", 1, driver_version="580.159.04", cuda_version=13000)
+    fake.tick(3.0)
+    busy, short = fake.run_processes(0, ["python3", "python3"])
+    fake.tick(7.0)              # the recording started 7 s after the workload
+
+    def sleep(seconds: float) -> None:
+        fake.tick(seconds)
+        if short in dict(fake._gpus[0].processes) and fake.time >= 10.0 + 34.0:
+            fake.end_process(0, short)
+
+    doc = record(fake, processes=60.0, sleep=sleep, clock=lambda: fake.time, wall_us=fake.wall_us)
+    return doc["processes"]
+
+
+def _answers(doc: dict[str, Any], fn: str) -> list[dict[str, Any]]:
+    return doc["answers"][fn]
+
+
+def _gaps_of_busiest(doc: dict[str, Any], fn: str) -> list[int]:
+    stamps: dict[int, list[int]] = {}
+    for a in _answers(doc, fn):
+        for smp in a["samples"]:
+            stamps.setdefault(smp["pid"], []).append(smp["timeStamp"])
+    busiest = max(stamps.values(), key=len)
+    return [b - a for a, b in zip(busiest, busiest[1:])]
+
+
+def test_the_process_record_is_a_real_h100_with_two_compute_processes_one_ending() -> None:
+    with open(PROCESS_FIXTURE, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    assert doc["gpu"]["name"] == "NVIDIA H100 80GB HBM3" and doc["driver_version"] == "580.159.04"
+    assert doc["gpu"]["mig_mode"] == [0, 0]
+    running = doc["processes"]["running"]
+    assert len(running[0]["processes"]) == 2 and len(running[-1]["processes"]) == 1
+
+
+@pytest.mark.parametrize("fn", PROCESS_FNS)
+def test_an_immediate_second_call_answers_not_found_as_on_the_h100(real_processes: dict[str, Any],
+                                                                    double_processes: dict[str, Any],
+                                                                    fn: str) -> None:
+    not_found = "6"
+    for doc in (real_processes, double_processes):
+        assert set(doc["again"][fn]) == {not_found} and doc["again"][fn][not_found] == len(_answers(doc, fn))
+        assert doc["not_found"][fn] > 0 and doc["errors"][fn] == {}
+
+
+@pytest.mark.parametrize("fn", PROCESS_FNS)
+def test_each_answer_holds_one_newer_sample_per_pid_at_most(real_processes: dict[str, Any],
+                                                             double_processes: dict[str, Any], fn: str) -> None:
+    for doc in (real_processes, double_processes):
+        answers = _answers(doc, fn)
+        for a in answers:
+            pids = [smp["pid"] for smp in a["samples"]]
+            assert len(pids) == len(set(pids))
+            assert all(smp["timeStamp"] > a["since"] for smp in a["samples"])
+            assert all(0 <= smp[k] <= 100 for smp in a["samples"] for k in ("smUtil", "memUtil", "encUtil", "decUtil"))
+        # only the process that had the GPU in a period gets that period's sample: after the first
+        # answer (each PID's newest), answers hold one sample (375 of 376 on the H100)
+        single = sum(1 for a in answers[1:] if len(a["samples"]) == 1)
+        assert single >= 0.99 * (len(answers) - 1)
+
+
+@pytest.mark.parametrize("fn", PROCESS_FNS)
+def test_samples_are_200_ms_apart_on_the_wall_clock(real_processes: dict[str, Any],
+                                                    double_processes: dict[str, Any], fn: str) -> None:
+    import statistics
+
+    real_gaps, double_gaps = _gaps_of_busiest(real_processes, fn), _gaps_of_busiest(double_processes, fn)
+    assert round(statistics.median(real_gaps), -4) == round(statistics.median(double_gaps), -4) == 200_000
+    assert min(double_gaps) >= min(real_gaps) - 10_000
+    for doc in (real_processes, double_processes):
+        # timeStamp is the wall clock in µs, a little behind the moment of the answer
+        lags = [a["wall_us"] - max(smp["timeStamp"] for smp in a["samples"]) for a in _answers(doc, fn)]
+        assert min(lags) >= 0 and max(lags) <= 250_000
+
+
+def test_last_seen_zero_answers_each_running_process_and_forgets_one_that_ended(
+        real_processes: dict[str, Any], double_processes: dict[str, Any]) -> None:
+    for doc in (real_processes, double_processes):
+        running = [(r["at"], {p["pid"] for p in r["processes"]}) for r in doc["running"]]
+        first = running[0][1]
+        ended_at = next(at for at, pids in running if pids != first)
+        (gone,) = first - next(pids for at, pids in running if at == ended_at)
+        for z in doc["from_zero"]:
+            pids = {smp["pid"] for smp in z["samples"] or []}
+            if z["at"] < ended_at - 1.0:
+                assert pids == first                # however old a waiting process's newest sample is
+            elif z["at"] > ended_at:
+                assert gone not in pids and pids    # forgotten once ended; the other still answered
+
+
+def test_the_running_process_list_has_the_real_fields(real_processes: dict[str, Any],
+                                                      double_processes: dict[str, Any]) -> None:
+    def fields(doc: dict[str, Any]) -> set[tuple[str, ...]]:
+        return {tuple(sorted(p)) for r in doc["running"] for p in r["processes"]}
+
+    assert fields(real_processes) == fields(double_processes)
+    for doc in (real_processes, double_processes):   # MIG off: no GPU or compute instance
+        assert {(p["gpuInstanceId"], p["computeInstanceId"]) for r in doc["running"] for p in r["processes"]} \
+            == {(0xFFFFFFFF, 0xFFFFFFFF)}
 
 
 def test_process_utilization_exists_from_r550_and_blackwell_refuses_the_legacy_call() -> None:

@@ -4,9 +4,10 @@ The driver keeps utilization samples per process; ``nvmlDeviceGetProcessesUtiliz
 or, on older drivers, ``nvmlDeviceGetProcessUtilization`` answers those newer than a timestamp, and
 NOT_FOUND when there is none (no new sample: not an error). Each GPU keeps the newest timestamp it
 read, so a sample is read once and never twice across runs; every sample since the last run is
-averaged per PID, so a process that ended since is still reported for the part it ran, and dropped
-the run after. A real H100 answers only the newest sample per PID (shared/reference/wave3.md,
-section 3), so a value is the driver's last sampling period before the run, not an interval mean.
+averaged per PID. A real H100 (driver 580, tests/fixtures/nvml/h100_r580_processes.json) keeps only
+the newest sample of each running process, samples every 200 ms, gives a period's sample only to the
+process that had the GPU, and forgets a process when it ends: a value is the process's last sampling
+period before the run (not an interval mean), and a process that ended between runs is not seen.
 
 Cardinality is bounded per GPU: the ``per_process_top`` busiest PIDs get series of their own, the
 rest are summed into one ``pid="other"`` series, however many processes come and go.

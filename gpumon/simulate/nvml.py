@@ -157,17 +157,17 @@ _POWER_SAMPLE_CAPACITY = 119
 # but 0x20 and 0x40; the GPU-unavailable and recovery-action bits (0x4000, 0x8000) exist from R565.
 _BASE_EVENT_TYPES = 0x3F9F
 _UTIL_PERIOD_US = 100_000
-# Per-process utilization samples: one per driver sampling period, 200-400 ms apart on an H100 with
-# driver 580 (wave3.md section 3); the double takes one every 250 ms. Only the newest sample of each
-# PID is kept and answered, as both calls did there. Processes time-share the SMs: in each sample one
-# process has the GPU (99 % SM on the real H100, the load here) and the others 0 %, as seen there.
-_PROC_SAMPLE_US = 250_000
-#: How long the driver still answers the last sample of a process that ended. NVML documents no such
-#: time; this is the double's choice (long enough for a run at a 10 s interval to see it once).
-_PROC_ENDED_KEEP_S = 30.0
+"""The sampling period encoder/decoder utilization report on an H100, driver 580 (same record)."""
+# Per-process utilization samples, as an H100 with driver 580 answered under two compute processes
+# (tests/fixtures/nvml/h100_r580_processes.json): one sampling period every 200 ms (median gap of the
+# busy process's samples 200.0 ms, none under 191 ms); in a period only the process that had the GPU
+# gets a sample (375 of 376 answers held one sample), so a process that waits gets none rather than a
+# 0 % one; the driver keeps the newest sample of each running process, however old, and answers it to
+# lastSeenTimeStamp 0; a process that ended is forgotten at once (gone from a lastSeenTimeStamp 0
+# answer within 1.3 s of its end). The double hands the periods to the running processes in turn.
+_PROC_SAMPLE_US = 200_000
 #: The first PID the double gives a workload's processes (the default process of GPU i is 4000 + 10 i).
 _WORKLOAD_PID_BASE = 200_000
-"""The sampling period encoder/decoder utilization report on an H100, driver 580 (same record)."""
 _EVENT_SINCE: dict[int, int] = {_real.nvmlEventTypeGpuUnavailableError: 565,
                                 _real.nvmlEventTypeGpuRecoveryAction: 565}
 _FIELD_SINCE: dict[int, int] = {197: 555, 198: 555, 230: 565, 269: 580, 270: 580, 271: 580}
@@ -221,8 +221,8 @@ class _Gpu:
     names: dict[int, str] = field(default_factory=dict)
     #: pid -> the driver's newest utilization sample (timestamp µs, sm, mem, enc, dec) in percent
     proc_samples: dict[int, tuple[int, int, int, int, int]] = field(default_factory=dict)
-    #: pid -> simulated time the process ended (its last sample is still answered for a while)
-    ended: dict[int, float] = field(default_factory=dict)
+    #: pid -> the first sampling period of a process (none of its samples is older)
+    proc_started: dict[int, int] = field(default_factory=dict)
     power_samples: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=_POWER_SAMPLE_CAPACITY))
     sample_rng: random.Random = field(default_factory=random.Random)
     fabric: _Fabric | None = None
@@ -415,6 +415,10 @@ class FakeNVML:
                            dict(_FABRIC_HEALTHY), _real.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
         return None
 
+    def wall_us(self) -> int:
+        """The simulated wall clock in µs, the clock the double's sample timestamps are on."""
+        return self._epoch_us + int(round(self.time * 1e6))
+
     def tick(self, seconds: float) -> None:
         """Advance simulated time: load wanders, power follows load, counters grow."""
         with self._lock:
@@ -491,26 +495,23 @@ class FakeNVML:
     # --- fault scripts -------------------------------------------------------------------------------
 
     def _take_process_samples(self, g: _Gpu) -> None:
-        """The newest per-process sample at the current time: the running processes take turns on
-        the SMs, one per sampling period (wave3.md section 3: 99 % / 0 % alternating samples)."""
-        period = int(round(self.time * 1e6)) // _PROC_SAMPLE_US
-        ts = self._epoch_us + period * _PROC_SAMPLE_US
-        for pid, when in list(g.ended.items()):
-            if self.time - when > _PROC_ENDED_KEEP_S:
-                del g.ended[pid]
-                g.proc_samples.pop(pid, None)
-        running = [pid for pid, _ in g.processes]
-        if not running or g.mig is not None:
+        """Each running process's newest sample up to now: the processes take the sampling periods
+        in turn (the one with the GPU gets the period's sample, the others none), none before the
+        period the process started in."""
+        if not g.processes or g.mig is not None:
             return
-        busy = running[period % len(running)]
-        for pid in running:
+        period = int(round(self.time * 1e6)) // _PROC_SAMPLE_US
+        n = len(g.processes)
+        for turn, (pid, _) in enumerate(g.processes):
+            mine = period - (period - turn) % n        # the newest period that was this process's turn
+            if mine < g.proc_started.get(pid, 0):
+                continue
+            ts = self._epoch_us + mine * _PROC_SAMPLE_US
             last = g.proc_samples.get(pid)
             if last is not None and last[0] >= ts:
                 continue
-            on = pid == busy
-            sm = min(99, round(100 * g.load)) if on else 0
-            enc = round(10 * g.load) if on and g.profile.encoder else 0
-            g.proc_samples[pid] = (ts, sm, round(60 * g.load) if on else 0, enc, 0)
+            enc = round(10 * g.load) if g.profile.encoder else 0
+            g.proc_samples[pid] = (ts, min(99, round(100 * g.load)), round(60 * g.load), enc, 0)
 
     def run_processes(self, gpu: int, names: list[str], memory_share: float = 0.97) -> list[int]:
         """Replace the GPU's compute processes by new ones named ``names`` (new PIDs), sharing
@@ -525,8 +526,16 @@ class FakeNVML:
                 g.names[self._next_pid] = name[:15]   # comm holds at most 15 characters (TASK_COMM_LEN 16)
             each = int(g.used * memory_share / max(1, len(pids)))
             g.processes = [(pid, each) for pid in pids]
-            self._take_process_samples(g)
+            self._start(g)
             return pids
+
+    def end_process(self, gpu: int, pid: int) -> None:
+        """One compute process of the GPU exits; the others run on."""
+        with self._lock:
+            g = self._gpus[gpu]
+            g.proc_samples.pop(pid, None)
+            g.proc_started.pop(pid, None)
+            g.processes = [(p, mem) for p, mem in g.processes if p != pid]
 
     def restore_processes(self, gpu: int) -> None:
         """Back to the one default process of the GPU (a workload ended)."""
@@ -535,12 +544,19 @@ class FakeNVML:
             self._end(g)
             pid = 4000 + g.index * 10
             g.processes = [(pid, int(g.used * 0.97))]
-            g.ended.pop(pid, None)
-            self._take_process_samples(g)
+            self._start(g)
+
+    def _start(self, g: _Gpu) -> None:
+        now = int(round(self.time * 1e6)) // _PROC_SAMPLE_US
+        for pid, _ in g.processes:
+            g.proc_started[pid] = now
+        self._take_process_samples(g)
 
     def _end(self, g: _Gpu) -> None:
+        """The GPU's processes end: the driver forgets their samples at once (record above)."""
         for pid, _ in g.processes:
-            g.ended[pid] = self.time
+            g.proc_samples.pop(pid, None)
+            g.proc_started.pop(pid, None)
 
     def process_names(self) -> dict[int, str]:
         """pid -> name of every process running on any GPU (what /proc/<pid>/comm says)."""

@@ -10,7 +10,11 @@ double's answers in the same form, so a test can hold the double to a real drive
 file. The static facts the collector reads at discovery are listed here (``STATIC_CALLS``).
 
 ``--events SECONDS`` also waits that long for NVML events (XIDs, ...) on every GPU and records each
-one as the driver delivered it.
+one as the driver delivered it. ``--processes SECONDS`` instead records GPU 0's per-process calls over that
+long while the GPU runs compute processes (started by the caller, e.g. ``scripts/gpu_load.py``): every
+answer of both per-process utilization calls asked every ``--poll`` seconds, what an immediate second
+call answers, the running-process list once a second, and how long an ended process's last sample is
+still answered.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from typing import Any
 from gpumon.collectors import nvml_metrics as M
 from gpumon.collectors.nvml_fabric import FABRIC_ITEM, FABRIC_LEGACY_ITEM
 from gpumon.collectors.nvml_gpm import GpmPair, alloc_samples, free_samples
+from gpumon.collectors.nvml_process_util import ENGINES, INFO_FN, LEGACY_FN
 from gpumon.collectors.nvml_session import NvmlSession, nvml_code
-from gpumon.collectors.nvml_tables import GPM_ALL_IDS, TIMEOUT, TOTAL_POWER_SAMPLES, union_value
+from gpumon.collectors.nvml_tables import GPM_ALL_IDS, NOT_FOUND, TIMEOUT, TOTAL_POWER_SAMPLES, union_value
 
 TIMING_REPEATS = 20
 """Calls timed per item: the median of these is recorded (the first call of a kind can be slower)."""
@@ -255,6 +260,107 @@ def record_events(session: NvmlSession, seconds: float) -> dict[str, Any]:
     return {"registered": registered, "empty_wait": timeout, "events": events}
 
 
+PROCESS_POLL_S = 0.1
+"""How often ``--processes`` asks each per-process utilization call: faster than the driver samples."""
+FROM_ZERO_EVERY_S = 2.0
+"""How often ``--processes`` also asks with ``lastSeenTimestamp`` 0: which PIDs the driver still keeps."""
+
+
+def _sample(s: Any) -> dict[str, int]:
+    row = {"pid": int(s.pid), "timeStamp": int(s.timeStamp)}
+    for _, member in ENGINES:
+        row[member] = int(getattr(s, member))
+    for member in ("jpgUtil", "ofaUtil"):
+        if hasattr(s, member):
+            row[member] = int(getattr(s, member))
+    return row
+
+
+def _wall_us() -> int:
+    """The wall clock in µs, recorded beside each answer to tell which clock ``timeStamp`` is on."""
+    return int(time.time() * 1e6)
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def record_processes(session: NvmlSession, seconds: float, poll: float = PROCESS_POLL_S,
+                     sleep: Callable[[float], Any] = time.sleep,
+                     clock: Callable[[], float] = time.monotonic,
+                     wall_us: Callable[[], int] = _wall_us,
+                     comm: Callable[[int], str | None] = _comm) -> dict[str, Any]:
+    """GPU 0's per-process answers over ``seconds`` (the workload is the caller's): each call's
+    samples with the wall clock (µs) when they came, NOT_FOUND and error counts, the outcome of an
+    immediate second call, ``lastSeenTimestamp`` 0 answers every ``FROM_ZERO_EVERY_S``, the
+    running processes once a second, and each call's cost (median µs and CPU µs)."""
+    h = session.devices[0].handle
+    fns = (INFO_FN, LEGACY_FN)
+    last = dict.fromkeys(fns, 0)
+    out: dict[str, Any] = {
+        "poll_s": poll, "window_s": seconds,
+        "answers": {fn: [] for fn in fns}, "not_found": dict.fromkeys(fns, 0),
+        "errors": {fn: {} for fn in fns}, "again": {fn: {} for fn in fns},
+        "from_zero": [], "running": [], "comm": {},
+    }
+
+    def ask(fn: str, since: int) -> tuple[list[dict[str, int]] | None, int | None]:
+        try:
+            return [_sample(s) for s in session.call(fn, h, since)], None
+        except Exception as exc:  # noqa: BLE001 - the code is what is recorded
+            code = nvml_code(exc)
+            return None, code if code is not None else -1
+
+    start = clock()
+    next_running = next_zero = 0.0
+    while (at := clock() - start) < seconds:
+        if at >= next_running:
+            next_running = at + 1.0
+            procs = _safe(lambda: session.call("nvmlDeviceGetComputeRunningProcesses", h))
+            listed: list[dict[str, Any]] = [plain(p) for p in procs or []]
+            out["running"].append({"at": round(at, 3), "processes": listed})
+            for p in listed:
+                pid = int(p["pid"])
+                if str(pid) not in out["comm"]:
+                    out["comm"][str(pid)] = comm(pid)
+        if at >= next_zero:
+            next_zero = at + FROM_ZERO_EVERY_S
+            for fn in fns:
+                got, code = ask(fn, 0)
+                out["from_zero"].append({"at": round(at, 3), "fn": fn, "wall_us": wall_us(),
+                                         "samples": got, "error": code})
+        for fn in fns:
+            got, code = ask(fn, last[fn])
+            if got is None:
+                if code == NOT_FOUND:
+                    out["not_found"][fn] += 1
+                else:
+                    out["errors"][fn][str(code)] = out["errors"][fn].get(str(code), 0) + 1
+                continue
+            out["answers"][fn].append({"at": round(at, 3), "wall_us": wall_us(), "since": last[fn],
+                                       "samples": got})
+            last[fn] = max([last[fn], *(s["timeStamp"] for s in got)])
+            _, again = ask(fn, last[fn])
+            key = "samples" if again is None else str(again)
+            out["again"][fn][key] = out["again"][fn].get(key, 0) + 1
+        sleep(poll)
+    out["cost"] = {
+        "running": _cost(lambda: session.call("nvmlDeviceGetComputeRunningProcesses", h)),
+        **{f"{fn}:since_last": _cost(partial(session.call, fn, h, last[fn])) for fn in fns},
+        **{f"{fn}:since_0": _cost(partial(session.call, fn, h, 0)) for fn in fns},
+    }
+    return out
+
+
+def _cost(fn: Callable[[], Any]) -> dict[str, Any]:
+    got = _outcome(fn, TIMING_REPEATS)
+    return {k: got[k] for k in ("us", "cpu_us", "error") if k in got}
+
+
 def _safe(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
@@ -263,8 +369,11 @@ def _safe(fn: Callable[[], Any]) -> Any:
 
 
 def record(lib: Any = None, repeats: int = TIMING_REPEATS, events: float = 0.0,
-           sleep: Callable[[float], Any] = time.sleep) -> dict[str, Any]:
-    """The whole record; ``sleep`` waits between reads (a double passes its own clock's tick)."""
+           sleep: Callable[[float], Any] = time.sleep, processes: float = 0.0,
+           poll: float = PROCESS_POLL_S, clock: Callable[[], float] = time.monotonic,
+           wall_us: Callable[[], int] = _wall_us) -> dict[str, Any]:
+    """The whole record; ``sleep`` waits between reads (a double passes its own clock's tick, and
+    ``clock`` its own time). With ``processes`` > 0, only GPU 0's per-process calls over that long."""
     session = NvmlSession(lib)
     session.acquire()
     try:
@@ -276,9 +385,15 @@ def record(lib: Any = None, repeats: int = TIMING_REPEATS, events: float = 0.0,
             "nvidia_ml_py": getattr(module, "__version__", "") or _dist_version(),
             "driver_version": session.driver_version, "cuda_version": session.cuda_version,
             "machine": platform.machine(), "kernel": platform.release(),
-            "devices": [record_device(session, d.index, repeats, sleep) for d in session.devices
-                        if d.handle is not None],
         }
+        if processes > 0:
+            h = session.devices[0].handle
+            doc["gpu"] = {key: _outcome(partial(session.call, fn, h, *args), 1).get("value")
+                          for key, fn, args in STATIC_CALLS if key in ("name", "mig_mode")}
+            doc["processes"] = record_processes(session, processes, poll, sleep, clock, wall_us)
+            return doc
+        doc["devices"] = [record_device(session, d.index, repeats, sleep) for d in session.devices
+                          if d.handle is not None]
         if events > 0:
             doc["events"] = record_events(session, events)
         return doc
@@ -300,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="-", help="file to write (default: standard output)")
     p.add_argument("--repeats", type=int, default=TIMING_REPEATS, help="calls timed per item")
     p.add_argument("--events", type=float, default=0.0, help="seconds to wait for NVML events")
+    p.add_argument("--processes", type=float, default=0.0, metavar="SECONDS",
+                   help="record only GPU 0's per-process calls over SECONDS (start the workload first)")
+    p.add_argument("--poll", type=float, default=PROCESS_POLL_S, help="seconds between per-process asks")
     p.add_argument("--simulate", metavar="PROFILE", help="record the NVML double with this GPU profile")
     args = p.parse_args(argv)
     lib: Any = None
@@ -308,10 +426,13 @@ def main(argv: list[str] | None = None) -> int:
 
         fake = FakeNVML(args.simulate, 1, driver_version="580.159.04", cuda_version=13000)
         fake.tick(3.0)    # a real driver's buffers are full when it is asked
-        lib, sleep = fake, fake.tick
+        if args.processes:
+            fake.run_processes(0, ["python3", "python3"])
+        lib, sleep, clock = fake, fake.tick, lambda: fake.time
+        wall_us = fake.wall_us
     else:
-        sleep = time.sleep  # type: ignore[assignment]
-    doc = record(lib, args.repeats, args.events, sleep)
+        sleep, clock, wall_us = time.sleep, time.monotonic, _wall_us  # type: ignore[assignment]
+    doc = record(lib, args.repeats, args.events, sleep, args.processes, args.poll, clock, wall_us)
     body = json.dumps(doc, indent=1, sort_keys=True) + "\n"
     if args.out == "-":
         sys.stdout.write(body)
