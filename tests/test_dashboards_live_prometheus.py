@@ -294,6 +294,16 @@ def test_panel_query_returns_data(live: Live, dashboard: str, title: str, ref: s
 
 
 KERNEL_PANELS = [q for q in panel_queries() if "gpumon_kmsg_" in q[3] or "gpumon_pcie_aer" in q[3]]
+FABRIC_PANELS = [q for q in panel_queries() if "gpumon_gpu_fabric_" in q[3] or "gpumon_gpu_nvlink_" in q[3]]
+
+
+def _on_host_alone(live: Live, host: str, where: str, expr: str) -> None:
+    """The query with ``$instance`` set to one host returns data from that host alone."""
+    address = next(i for i, h in live.hosts.items() if h == host)
+    only = Live(live.url, {**live.variables, "instance": re.escape(address).replace("\\", "\\\\")}, live.hosts)
+    result = only.query(only.substitute(expr))
+    assert result, f"{where}: no data from host {host} for {only.substitute(expr)}"
+    assert {r["metric"].get("instance", address) for r in result} == {address}
 
 
 @pytest.mark.parametrize(("dashboard", "title", "ref", "expr"), KERNEL_PANELS,
@@ -301,11 +311,23 @@ KERNEL_PANELS = [q for q in panel_queries() if "gpumon_kmsg_" in q[3] or "gpumon
 def test_kernel_log_and_aer_panels_show_the_simulated_host(live: Live, dashboard: str, title: str, ref: str,
                                                            expr: str) -> None:
     """The kernel-log and AER panels on host a alone: the simulated host's log and PCI tree feed them."""
-    a = next(i for i, h in live.hosts.items() if h == "a")
-    only_a = Live(live.url, {**live.variables, "instance": re.escape(a).replace("\\", "\\\\")}, live.hosts)
-    result = only_a.query(only_a.substitute(expr))
-    assert result, f"{dashboard} / {title} / {ref}: no data from the simulated host for {only_a.substitute(expr)}"
-    assert {r["metric"].get("instance", a) for r in result} == {a}
+    _on_host_alone(live, "a", f"{dashboard} / {title} / {ref}", expr)
+
+
+@pytest.mark.parametrize(("dashboard", "title", "ref", "expr"), FABRIC_PANELS,
+                         ids=[f"{d}:{t}:{r}" for d, t, r, _ in FABRIC_PANELS])
+def test_nvlink_and_fabric_panels_show_the_simulated_gb200(live: Live, dashboard: str, title: str, ref: str,
+                                                           expr: str) -> None:
+    """The NVLink and fabric panels on host b alone: a simulated ND GB200 v6 (multi-node NVLink) feeds
+    them by itself, without the H100 host's NVSwitch fabric."""
+    _on_host_alone(live, "b", f"{dashboard} / {title} / {ref}", expr)
+
+
+def test_no_panel_of_any_dashboard_is_left_out_of_the_live_check() -> None:
+    """Every panel query of every shipped dashboard is asked above (the count the docs quote)."""
+    shipped = sorted(f for f in os.listdir(GRAFANA) if f.endswith(".json"))
+    assert sorted({d for d, _, _, _ in panel_queries()}) == shipped
+    assert len(FABRIC_PANELS) >= 8 and len(KERNEL_PANELS) >= 4
 
 
 def test_variable_queries_list_real_values(live: Live) -> None:
