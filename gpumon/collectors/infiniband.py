@@ -179,7 +179,6 @@ PMA_COUNTERS: tuple[PmaCounter, ...] = (
                "congestion (32-bit, sticky; tick length is implementation defined).", "ticks",
                azure=_columns("TransmitWaitTicks", ("increase", "rate"))),
 )
-PMA_METRICS = {c.file: c for c in PMA_COUNTERS}
 
 SPEC_INFO = MetricSpec(
     "gpumon_ib_port_info", MetricType.INFO,

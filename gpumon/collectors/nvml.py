@@ -27,7 +27,6 @@ from gpumon.collectors.nvml_fabric import FABRIC_ITEM, FABRIC_LEGACY_ITEM, fabri
 from gpumon.collectors.nvml_gpm import GpmPair, alloc_samples, free_samples
 from gpumon.collectors.nvml_session import Device, NvmlSession, classify, nvml_code, shared_session, text
 from gpumon.collectors.nvml_tables import (
-    CLOCK_EVENT_REASONS,
     GPM_ALL_IDS,
     GPM_NVLINK,
     GPM_PCIE,
@@ -838,10 +837,6 @@ def _code_error(code: int) -> BaseException:
 def _field_value(fv: Any) -> float:
     """A c_nvmlFieldValue_t's value, read through the union member its valueType names."""
     return union_value(fv.value, fv.valueType)
-
-
-# Reason names for the docs and the simulation (one source of truth with the bitmask decoder).
-REASON_NAMES = tuple(name for _, name in CLOCK_EVENT_REASONS)
 
 
 def mig_profile(name: str) -> str:
