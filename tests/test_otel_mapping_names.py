@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from gpumon.catalogue.lookup import otel_hints
 from gpumon.confdoc import declared_specs
-from gpumon.metric_catalogue import otel_hints
 from gpumon.model import MetricSpec, MetricType
 from gpumon.sinks import otel_mapping as m
 

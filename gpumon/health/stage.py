@@ -15,30 +15,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.catalogue.daemon import ACTION_FAILURES, ACTION_RUNS, GHR_REPORTS
+from gpumon.catalogue.daemon import HEALTH_STATE as STATE
+from gpumon.catalogue.daemon import NODE_HEALTH as NODE
 from gpumon.health.catalogue import REMEDIATION_ACTIONS, Level, worst_action
 from gpumon.health.faultcodes import with_code
 from gpumon.health.rules import Evaluator, Finding, History, Thresholds
 from gpumon.health.skus import Expected, expected_for
 from gpumon.health.state import Active, HealthState, StateStore, boot_id
-from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Sample, Severity, Snapshot
+from gpumon.model import Event, MetricFamily, Sample, Severity, Snapshot
 
 log = logging.getLogger(__name__)
 
-STATE = MetricSpec("gpumon_health_state", MetricType.GAUGE,
-                   "Health of one rule on one GPU, port or the node: 0 ok, 1 degraded, 2 unhealthy.",
-                   labels=("rule", "gpu", "device", "port"))
-NODE = MetricSpec("gpumon_node_health", MetricType.GAUGE,
-                  "The node's verdict: 0 healthy, 1 degraded, 2 unhealthy (the worst of gpumon_health_state).")
-ACTION_RUNS = MetricSpec("gpumon_health_action_runs_total", MetricType.COUNTER,
-                         "Attempts of a health action (slurm, kubernetes, hook), retries included.",
-                         labels=("action",))
-ACTION_FAILURES = MetricSpec("gpumon_health_action_failures_total", MetricType.COUNTER,
-                             "Failed attempts of a health action (each retried with backoff).",
-                             labels=("action",))
-GHR_REPORTS = MetricSpec("gpumon_health_azure_ghr_reports_total", MetricType.COUNTER,
-                         "Guest Health Reports by outcome: filed, already_filed (409), rate_limited, rejected "
-                         "(400), not_onboarded (403), unauthorized (401), dry_run.", labels=("outcome",))
-SPECS = (STATE, NODE, ACTION_RUNS, ACTION_FAILURES, GHR_REPORTS)
 SAVE_EVERY = 60.0
 _SEVERITY = {Level.OK: Severity.INFO, Level.DEGRADED: Severity.WARNING, Level.UNHEALTHY: Severity.CRITICAL}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpumon.collectors import nvml_metrics as M
+from gpumon.catalogue import gpu as CG
 from gpumon.collectors.host_info import INFO as HOST_INFO
 from gpumon.collectors.host_info import LABELS as HOST_LABELS
 from gpumon.collectors.infiniband import PMA_COUNTERS, PMA_SPECS, SPEC_INFO, SPEC_RATE, SPEC_STATE
@@ -26,8 +26,8 @@ TableFunction = Callable[[Snapshot], Table | None]
 
 def nvml_table(snapshot: Snapshot) -> Table | None:
     """``nvml``: one row per GPU (a lost one says LOST), within 100 columns."""
-    info = snapshot.family(M.INFO_SPEC.name)
-    lost = snapshot.family(M.LOST.name)
+    info = snapshot.family(CG.INFO_SPEC.name)
+    lost = snapshot.family(CG.LOST.name)
     if info is None and lost is None:
         return None
     gpus: dict[str, dict[str, Any]] = {}
@@ -47,25 +47,25 @@ def nvml_table(snapshot: Snapshot) -> Table | None:
                 yield gpus[gpu], s
 
     columns: tuple[tuple[str, MetricSpec, dict[str, str]], ...] = (
-        ("util", M.UTIL, {"engine": "gpu"}), ("used", M.MEM_USED, {}), ("total", M.MEM_TOTAL, {}),
-        ("temp", M.TEMP, {"sensor": "gpu"}), ("power", M.POWER, {}), ("limit", M.POWER_LIMIT, {}),
-        ("sm", M.CLOCK, {"clock": "sm"}))
+        ("util", CG.UTIL, {"engine": "gpu"}), ("used", CG.MEM_USED, {}), ("total", CG.MEM_TOTAL, {}),
+        ("temp", CG.TEMP, {"sensor": "gpu"}), ("power", CG.POWER, {}), ("limit", CG.POWER_LIMIT, {}),
+        ("sm", CG.CLOCK, {"clock": "sm"}))
     for column, spec, match in columns:
         for row, s in each(spec.name, **match):
             row[column] = s.value
     short = {"sw_power_cap": "pwr", "hw_slowdown": "hw", "sync_boost": "sync",
              "sw_thermal_slowdown": "swtherm", "hw_thermal_slowdown": "hwtherm",
              "hw_power_brake_slowdown": "brake"}
-    for row, s in each(M.CLOCK_REASON.name):
+    for row, s in each(CG.CLOCK_REASON.name):
         if s.value == 1 and s.label("reason") in THROTTLE_REASONS:
             row.setdefault("reasons", []).append(short.get(s.label("reason") or "", "?"))
-    for row, s in each(M.ECC.name, type="uncorrected", counter="volatile"):
+    for row, s in each(CG.ECC.name, type="uncorrected", counter="volatile"):
         if s.value:
             row.setdefault("health", []).append(f"dbe{int(s.value)}")
-    for row, s in each(M.REMAP_PENDING.name):
+    for row, s in each(CG.REMAP_PENDING.name):
         if s.value:
             row.setdefault("health", []).append("remap-pend")
-    for row, s in each(M.REMAP_FAILURE.name):
+    for row, s in each(CG.REMAP_FAILURE.name):
         if s.value:
             row.setdefault("health", []).append("remap-FAIL")
     xid_fam = snapshot.family("gpumon_gpu_xid_errors_total")

@@ -1,6 +1,6 @@
 """How a gpumon (Prometheus-named) metric becomes an OpenTelemetry metric.
 
-A spec's ``otel`` hint (:mod:`gpumon.metric_catalogue`), on its declaration, says which OpenTelemetry
+A spec's ``otel`` hint (:mod:`gpumon.catalogue`), on its declaration, says which OpenTelemetry
 hardware semantic convention a metric maps to (``hw.gpu.utilization``, ``hw.network.io`` ...).
 Everything else is mapped mechanically: ``gpumon_<domain>_<rest>[_<unit>][_total]`` becomes
 ``gpumon.<domain>.<rest>`` with a UCUM unit derived from the spec's unit, so a metric a collector adds
@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.metric_catalogue import Domain, Kind, OtelMetric, otel_hints
+from gpumon.catalogue.hints import Domain, Kind, OtelMetric
+from gpumon.catalogue.lookup import otel_hints
 from gpumon.model import MetricSpec, MetricType
 
 __all__ = ["Domain", "Kind", "OtelMetric", "routes", "resolve", "attributes", "markdown_table"]
