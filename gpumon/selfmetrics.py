@@ -162,8 +162,9 @@ class SelfMetrics:
                 spec = self._process_specs.get(sample.name)
                 if spec is None:
                     kind = MetricType.COUNTER if sample.name.endswith("_total") else MetricType.GAUGE
-                    unit = "seconds" if "seconds" in sample.name else ("bytes" if "bytes" in sample.name else "")
-                    declared = _PROCESS_BY_NAME.get(sample.name)  # gpumon's declaration: the hints
+                    declared = _PROCESS_BY_NAME.get(sample.name)  # gpumon's declaration: unit and hints
+                    unit = declared.unit if declared else (
+                        "seconds" if "seconds" in sample.name else ("bytes" if "bytes" in sample.name else ""))
                     spec = MetricSpec(sample.name, kind, metric.documentation, unit,
                                       otel=declared.otel if declared else (),
                                       azure=declared.azure if declared else ())

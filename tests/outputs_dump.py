@@ -160,7 +160,7 @@ def _describe(spec: Any) -> list[str]:
     from gpumon.sinks.azure_rows import column_hints
     from gpumon.sinks.otel_mapping import routes
 
-    lines = [f"{spec.name} {spec.type.value} unit={spec.unit!r} labels={list(spec.labels)}", f"  help: {spec.help}"]
+    lines = [f"{spec.name} {spec.type.value} unit={str(spec.unit)!r} labels={list(spec.labels)}", f"  help: {spec.help}"]
     for metric in routes(spec):
         lines.append(f"  otel: {metric!r}")
     for hint in column_hints([spec]):

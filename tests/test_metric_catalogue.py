@@ -134,3 +134,42 @@ def test_hints_do_not_change_what_a_spec_is():
     copy = dataclasses.replace(power, labels=power.labels + ("pod",))
     assert copy.otel == power.otel and copy.azure == power.azure
     assert hash(power) == hash(MetricSpec(power.name, power.type, power.help, power.unit, power.labels))
+
+
+def test_every_catalogue_metric_declares_a_typed_unit_that_its_name_agrees_with():
+    """The OpenTelemetry unit comes from the declaration, never from words in the name: every metric of
+    the catalogue carries a Unit (Prometheus word + UCUM), and a name that ends in a unit word has it."""
+    from gpumon.catalogue import every
+    from gpumon.catalogue.units import Unit
+
+    for spec in every.ALL:
+        assert isinstance(spec.unit, Unit), spec.name
+        assert spec.unit.ucum, spec.name
+        if spec.unit:
+            assert spec.name.removesuffix("_total").endswith("_" + spec.unit), spec.name
+        else:
+            assert spec.unit.ucum.startswith("{"), spec.name  # a count or a state: {error}, {state} ...
+        assert otel_mapping.ucum(spec) == spec.unit.ucum
+
+
+def test_a_plugin_unit_word_is_translated_and_a_missing_one_is_not_guessed_from_the_name():
+    gauge = MetricSpec("acme_inlet_bytes", MetricType.GAUGE, "x")
+    assert otel_mapping.ucum(gauge) == "{count}"  # not "By": a plugin without a unit says nothing
+    assert otel_mapping.ucum(MetricSpec("acme_x_total", MetricType.COUNTER, "x")) == "{event}"
+    assert otel_mapping.ucum(MetricSpec("acme_t_celsius", MetricType.GAUGE, "x", "celsius")) == "Cel"
+    assert otel_mapping.ucum(MetricSpec("acme_w", MetricType.GAUGE, "x", "widgets")) == "{widgets}"
+
+
+def test_the_label_values_the_catalogue_gives_columns_are_the_sources():
+    """The catalogue names the label values it gives an Azure column (it imports no collector or source);
+    the collectors and sources pair the same values with NVML bits and sysfs files."""
+    from gpumon import flaps
+    from gpumon.catalogue import infiniband as ib_metrics
+    from gpumon.collectors import nvml_tables
+    from gpumon.sources import ib_sysfs
+
+    assert tuple(name for _, name in nvml_tables.CLOCK_EVENT_REASONS) == gpu_metrics.CLOCK_EVENT_REASON_VALUES
+    assert tuple(name for _, name in nvml_tables.GPM_RATIOS) == gpu_metrics.ACTIVITY_VALUES
+    assert tuple(c.name for c in nvml_tables.FABRIC_CONDITIONS) == gpu_metrics.FABRIC_CONDITION_VALUES
+    assert ib_metrics.HW_COUNTER_COLUMN_VALUES == ib_sysfs.MLX5_QUEUE_COUNTERS + ib_sysfs.MLX5_ROCE_COUNTERS
+    assert ib_metrics.FLAP_SIGNAL_VALUES == flaps.SIGNALS

@@ -22,6 +22,25 @@ from gpumon.catalogue.hints import (
     gpu_columns,
 )
 from gpumon.catalogue.hints import GPU as GPU_ROW
+from gpumon.catalogue.units import (
+    BYTES,
+    BYTES_PER_SECOND,
+    CELSIUS,
+    COUNT,
+    ERRORS,
+    EVENTS,
+    HERTZ,
+    JOULES,
+    RATIO,
+    SECONDS,
+    STATE,
+    WATTS,
+    Unit,
+    count,
+)
+from gpumon.catalogue.units import (
+    INFO as INFO_UNIT,
+)
 from gpumon.model import MetricSpec, MetricType
 
 CLOCK_EVENT_REASON_VALUES = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown",
@@ -40,7 +59,7 @@ GAUGE, COUNTER, INFO = MetricType.GAUGE, MetricType.COUNTER, MetricType.INFO
 MIG_LABELS = ("gpu", "uuid", "gpu_instance", "compute_instance")
 
 
-def _m(name: str, kind: MetricType, help: str, unit: str = "", labels: tuple[str, ...] = (), *,
+def _m(name: str, kind: MetricType, help: str, unit: Unit, labels: tuple[str, ...] = (), *,
        otel: tuple[OtelMetric, ...] = (), azure: tuple[AzureHint, ...] = ()) -> MetricSpec:
     return MetricSpec(name, kind, help, unit, G + labels, otel=otel, azure=azure)
 
@@ -54,7 +73,7 @@ _VIOLATIONS = ("sw_power_cap", "thermal", "sync_boost", "board_limit", "low_util
 
 
 INFO_SPEC = MetricSpec(
-    "gpumon_gpu_info", INFO, "GPU identity (value 1).", "",
+    "gpumon_gpu_info", INFO, "GPU identity (value 1).", INFO_UNIT,
     G + ("model", "pci_bus_id", "serial", "vbios", "driver_version", "cuda_version", "mig_mode"),
     azure=(InfoColumns("", GPU_ROW, (
         ("model", "Model"), ("pci_bus_id", "PciBusId"), ("serial", "Serial"), ("vbios", "VbiosVersion"),
@@ -62,10 +81,10 @@ INFO_SPEC = MetricSpec(
 LOST = _m("gpumon_gpu_lost", GAUGE, "1 when the GPU stopped answering (fell off the bus, needs a reset).",
           otel=(OtelMetric("hw.status", "1", Kind.STATUS_INVERTED, Domain.GPU, semconv=True,
                            description=STATUS_DESCRIPTION),),
-          azure=(gpu_columns("Lost", AGG_FLAG),))
+          azure=(gpu_columns("Lost", AGG_FLAG),), unit=STATE)
 UTIL = _m("gpumon_gpu_utilization_ratio", GAUGE,
           "Fraction of the last sample period the engine was busy (gpu, memory, encoder, decoder).",
-          "ratio", ("engine",),
+          RATIO, ("engine",),
           otel=(OtelMetric("hw.gpu.utilization", "1", Kind.GAUGE, Domain.GPU,
                            label_map=(("engine", "hw.gpu.task"),),
                            description="Fraction of time the GPU's engines were busy (hw.gpu.task: general, "
@@ -77,29 +96,29 @@ UTIL = _m("gpumon_gpu_utilization_ratio", GAUGE,
                              split=(("gpu", "Utilization"), ("memory", "MemoryUtilization"))),
                  gpu_columns("", ("max",), split_label="engine", split=(
                      ("encoder", "EncoderUtilization"), ("decoder", "DecoderUtilization")))))
-MEM_TOTAL = _m("gpumon_gpu_memory_total_bytes", GAUGE, "Framebuffer memory size.", "bytes",
+MEM_TOTAL = _m("gpumon_gpu_memory_total_bytes", GAUGE, "Framebuffer memory size.", BYTES,
                otel=(OtelMetric("hw.gpu.memory.limit", "By", Kind.UPDOWN, Domain.GPU, semconv=True),),
                azure=(gpu_columns("MemoryTotalBytes", AGG_LAST, static=True),))
-MEM_USED = _m("gpumon_gpu_memory_used_bytes", GAUGE, "Framebuffer memory in use.", "bytes",
+MEM_USED = _m("gpumon_gpu_memory_used_bytes", GAUGE, "Framebuffer memory in use.", BYTES,
               otel=(OtelMetric("hw.gpu.memory.usage", "By", Kind.UPDOWN, Domain.GPU, semconv=True),),
               azure=(gpu_columns("MemoryUsedBytes"),))
-MEM_FREE = _m("gpumon_gpu_memory_free_bytes", GAUGE, "Framebuffer memory free.", "bytes",
+MEM_FREE = _m("gpumon_gpu_memory_free_bytes", GAUGE, "Framebuffer memory free.", BYTES,
               azure=(gpu_columns("MemoryFreeBytes", ("min",)),))
 MEM_RESERVED = _m("gpumon_gpu_memory_reserved_bytes", GAUGE, "Framebuffer memory reserved by the driver.",
-                  "bytes", azure=(gpu_columns("MemoryReservedBytes", AGG_LAST, static=True),))
-BAR1_TOTAL = _m("gpumon_gpu_bar1_total_bytes", GAUGE, "BAR1 aperture size.", "bytes",
+                  BYTES, azure=(gpu_columns("MemoryReservedBytes", AGG_LAST, static=True),))
+BAR1_TOTAL = _m("gpumon_gpu_bar1_total_bytes", GAUGE, "BAR1 aperture size.", BYTES,
                 azure=(gpu_columns("Bar1TotalBytes", AGG_LAST, static=True),))
-BAR1_USED = _m("gpumon_gpu_bar1_used_bytes", GAUGE, "BAR1 aperture in use.", "bytes",
+BAR1_USED = _m("gpumon_gpu_bar1_used_bytes", GAUGE, "BAR1 aperture in use.", BYTES,
                azure=(gpu_columns("Bar1UsedBytes", ("max",)),))
 TEMP = _m("gpumon_gpu_temperature_celsius", GAUGE, "Temperature of the GPU die or the HBM (sensor).",
-          "celsius", ("sensor",),
+          CELSIUS, ("sensor",),
           otel=(OtelMetric("hw.temperature", "Cel", Kind.GAUGE, Domain.GPU_TEMPERATURE,
                            label_map=(("sensor", "hw.sensor_location"),), semconv=True),),
           azure=(gpu_columns("", split_label="sensor", split=(
               ("gpu", "TemperatureCelsius"), ("memory", "MemoryTemperatureCelsius"))),))
 TEMP_THRESHOLD = _m("gpumon_gpu_temperature_threshold_celsius", GAUGE,
                     "Temperature at which the GPU slows down or shuts down, or the maximum operating "
-                    "temperature of the GPU or its memory (absolute, like the temperature).", "celsius",
+                    "temperature of the GPU or its memory (absolute, like the temperature).", CELSIUS,
                     ("threshold",),
                     otel=(OtelMetric("hw.temperature.limit", "Cel", Kind.GAUGE, Domain.GPU_TEMPERATURE,
                                      label_map=(("threshold", "hw.limit_type"),), semconv=True,
@@ -109,40 +128,40 @@ TEMP_THRESHOLD = _m("gpumon_gpu_temperature_threshold_celsius", GAUGE,
                         ("shutdown", "ShutdownTemperatureCelsius"),
                         ("slowdown", "SlowdownTemperatureCelsius"), ("gpu_max", "MaxTemperatureCelsius"),
                         ("memory_max", "MemoryMaxTemperatureCelsius"))),))
-POWER = _m("gpumon_gpu_power_watts", GAUGE, "Power draw.", "watts",
+POWER = _m("gpumon_gpu_power_watts", GAUGE, "Power draw.", WATTS,
            otel=(OtelMetric("hw.power", "W", Kind.GAUGE, Domain.GPU, semconv=True),),
            azure=(gpu_columns("PowerWatts"),))
-POWER_LIMIT = _m("gpumon_gpu_power_limit_watts", GAUGE, "Enforced power limit.", "watts",
+POWER_LIMIT = _m("gpumon_gpu_power_limit_watts", GAUGE, "Enforced power limit.", WATTS,
                  azure=(gpu_columns("PowerLimitWatts", AGG_LAST, static=True),))
-ENERGY = _m("gpumon_gpu_energy_joules_total", COUNTER, "Energy used since the driver was loaded.", "joules",
+ENERGY = _m("gpumon_gpu_energy_joules_total", COUNTER, "Energy used since the driver was loaded.", JOULES,
             otel=(OtelMetric("hw.energy", "J", Kind.COUNTER, Domain.GPU, semconv=True),),
             azure=(gpu_columns("EnergyJoules", AGG_COUNTER),))
-CLOCK = _m("gpumon_gpu_clock_hertz", GAUGE, "Current clock (sm, memory, graphics).", "hertz", ("clock",),
+CLOCK = _m("gpumon_gpu_clock_hertz", GAUGE, "Current clock (sm, memory, graphics).", HERTZ, ("clock",),
            azure=(gpu_columns("", split_label="clock", split=(("sm", "SmClockHertz"),)),
                   gpu_columns("", ("min",), split_label="clock",
                               split=(("memory", "MemoryClockHertz"), ("graphics", "GraphicsClockHertz")))))
-CLOCK_MAX = _m("gpumon_gpu_clock_max_hertz", GAUGE, "Maximum clock (sm, memory, graphics).", "hertz",
+CLOCK_MAX = _m("gpumon_gpu_clock_max_hertz", GAUGE, "Maximum clock (sm, memory, graphics).", HERTZ,
                ("clock",), azure=(gpu_columns("", AGG_LAST, split_label="clock",
                                               split=each("", ("sm", "memory", "graphics"), "ClockMaxHertz"),
                                               static=True),))
 CLOCK_REASON = _m("gpumon_gpu_clock_event_reason_active", GAUGE,
                   "1 while the reason holds clocks back (sampled; use the violation counters for totals).",
-                  "", ("reason",), azure=(gpu_columns("", ("avg",), split_label="reason", split=each(
+                  STATE, ("reason",), azure=(gpu_columns("", ("avg",), split_label="reason", split=each(
                       "ClockEvent", CLOCK_EVENT_REASON_VALUES)),))
 CLOCK_VIOLATION = _m("gpumon_gpu_clock_event_violation_seconds_total", COUNTER,
-                     "Time clocks were held below target, per reason.", "seconds", ("reason",),
+                     "Time clocks were held below target, per reason.", SECONDS, ("reason",),
                      azure=(gpu_columns("", ("increase",), split_label="reason",  # seconds, as the metric
                                         split=each("ClockViolation", _VIOLATIONS)),))
 PCIE_GEN = _m("gpumon_gpu_pcie_link_generation", GAUGE, "Current PCIe link generation.",
-              azure=(gpu_columns("PcieLinkGeneration", ("min",)),))
+              azure=(gpu_columns("PcieLinkGeneration", ("min",)),), unit=count("generation"))
 PCIE_GEN_MAX = _m("gpumon_gpu_pcie_link_generation_max", GAUGE, "Maximum PCIe link generation.",
-                  azure=(gpu_columns("PcieLinkGenerationMax", AGG_LAST, static=True),))
+                  azure=(gpu_columns("PcieLinkGenerationMax", AGG_LAST, static=True),), unit=count("generation"))
 PCIE_WIDTH = _m("gpumon_gpu_pcie_link_width", GAUGE, "Current PCIe link width (lanes).",
-                azure=(gpu_columns("PcieLinkWidth", ("min",)),))
+                azure=(gpu_columns("PcieLinkWidth", ("min",)),), unit=count("lane"))
 PCIE_WIDTH_MAX = _m("gpumon_gpu_pcie_link_width_max", GAUGE, "Maximum PCIe link width (lanes).",
-                    azure=(gpu_columns("PcieLinkWidthMax", AGG_LAST, static=True),))
+                    azure=(gpu_columns("PcieLinkWidthMax", AGG_LAST, static=True),), unit=count("lane"))
 PCIE_BYTES = _m("gpumon_gpu_pcie_bytes_total", COUNTER, "PCIe bytes transferred (tx from the GPU, rx to it).",
-                "bytes", ("direction",),
+                BYTES, ("direction",),
                 otel=(OtelMetric("hw.gpu.io", "By", Kind.COUNTER, Domain.GPU,
                                  label_map=(("direction", "network.io.direction"),), semconv=True),),
                 azure=(gpu_columns("", ("increase", "rate"), split_label="direction",
@@ -151,13 +170,13 @@ PCIE_REPLAY = _m("gpumon_gpu_pcie_replay_total", COUNTER, "PCIe replays (link-le
                  otel=(OtelMetric("hw.errors", "{error}", Kind.COUNTER, Domain.GPU,
                                   (("error.type", "pcie_replay"),), description=ERRORS_DESCRIPTION,
                                   semconv=True),),
-                 azure=(gpu_columns("PcieReplays", AGG_COUNTER),))
+                 azure=(gpu_columns("PcieReplays", AGG_COUNTER),), unit=EVENTS)
 ECC_MODE = _m("gpumon_gpu_ecc_enabled", GAUGE, "1 when ECC is on.",
-              azure=(gpu_columns("EccEnabled", AGG_FLAG, static=True),))
+              azure=(gpu_columns("EccEnabled", AGG_FLAG, static=True),), unit=STATE)
 # ECC: the volatile counter is hw.errors (see docs/metrics.md for why); the lifetime one has its own name
 ECC = _m("gpumon_gpu_ecc_errors_total", COUNTER,
          "ECC errors: type corrected/uncorrected, counter volatile (since driver load) or aggregate "
-         "(lifetime).", "", ("type", "counter"),
+         "(lifetime).", ERRORS, ("type", "counter"),
          otel=(OtelMetric("hw.errors", "{error}", Kind.COUNTER, Domain.GPU,
                           label_map=(("type", "error.type"),), description=ERRORS_DESCRIPTION, semconv=True,
                           select=(("counter", "volatile"),)),
@@ -168,112 +187,112 @@ ECC = _m("gpumon_gpu_ecc_errors_total", COUNTER,
                                       "corrected/uncorrected.")),
          azure=(gpu_columns("", AGG_COUNTER, split_label="type", where=(("counter", "volatile"),), split=(
              ("corrected", "EccCorrectedErrors"), ("uncorrected", "EccUncorrectedErrors"))),))
-RETIRED = _m("gpumon_gpu_retired_pages", GAUGE, "Pages retired (pre-Ampere), by cause (sbe, dbe).", "",
+RETIRED = _m("gpumon_gpu_retired_pages", GAUGE, "Pages retired (pre-Ampere), by cause (sbe, dbe).", count("page"),
              ("cause",), azure=(gpu_columns("", AGG_LAST, split_label="cause",
                                             split=each("RetiredPages", ("sbe", "dbe"))),))
 RETIRED_PENDING = _m("gpumon_gpu_retired_pages_pending", GAUGE, "1 when a page awaits retirement (reset).",
-                     azure=(gpu_columns("RetiredPagesPending", AGG_FLAG),))
-REMAP = _m("gpumon_gpu_remapped_rows", GAUGE, "Rows remapped (Ampere+), by cause.", "", ("cause",),
+                     azure=(gpu_columns("RetiredPagesPending", AGG_FLAG),), unit=STATE)
+REMAP = _m("gpumon_gpu_remapped_rows", GAUGE, "Rows remapped (Ampere+), by cause.", count("row"), ("cause",),
            azure=(gpu_columns("", AGG_LAST, split_label="cause",
                               split=each("RemappedRows", ("correctable", "uncorrectable"))),))
 REMAP_PENDING = _m("gpumon_gpu_remapped_rows_pending", GAUGE, "1 when a row remap awaits a GPU reset.",
-                   azure=(gpu_columns("RemappedRowsPending", AGG_FLAG),))
+                   azure=(gpu_columns("RemappedRowsPending", AGG_FLAG),), unit=STATE)
 REMAP_FAILURE = _m("gpumon_gpu_remapped_rows_failure", GAUGE, "1 when a row remap failed (replace the GPU).",
-                   azure=(gpu_columns("RemappedRowsFailure", AGG_FLAG),))
+                   azure=(gpu_columns("RemappedRowsFailure", AGG_FLAG),), unit=STATE)
 RECOVERY = _m("gpumon_gpu_recovery_action", GAUGE,
               "Recovery the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and "
               "reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot.",
-              azure=(gpu_columns("RecoveryAction", AGG_LAST),))
+              azure=(gpu_columns("RecoveryAction", AGG_LAST),), unit=STATE)
 NVLINK_LINKS = _m("gpumon_gpu_nvlink_links", GAUGE, "NVLink links the GPU has.",
-                  azure=(gpu_columns("NvlinkLinks", AGG_LAST, static=True),))
+                  azure=(gpu_columns("NvlinkLinks", AGG_LAST, static=True),), unit=count("link"))
 NVLINK_ACTIVE = _m("gpumon_gpu_nvlink_links_active", GAUGE, "NVLink links up.",
-                   azure=(gpu_columns("NvlinkLinksActive", ("min",)),))
-NVLINK_ERRORS = _m("gpumon_gpu_nvlink_errors_total", COUNTER, "NVLink errors over all links, by type.", "",
+                   azure=(gpu_columns("NvlinkLinksActive", ("min",)),), unit=count("link"))
+NVLINK_ERRORS = _m("gpumon_gpu_nvlink_errors_total", COUNTER, "NVLink errors over all links, by type.", ERRORS,
                    ("type",), azure=(gpu_columns("", ("increase",), split_label="type", split=each(
                        "Nvlink", ("crc_flit", "crc_data", "replay", "recovery"), "Errors")),))
-NVLINK_BYTES = _m("gpumon_gpu_nvlink_bytes_total", COUNTER, "NVLink data bytes over all links.", "bytes",
+NVLINK_BYTES = _m("gpumon_gpu_nvlink_bytes_total", COUNTER, "NVLink data bytes over all links.", BYTES,
                   ("direction",), azure=(gpu_columns("", ("increase", "rate"), split_label="direction",
                                                      split=tuple((v, f"Nvlink{name}Bytes")
                                                                  for v, name in _DIRECTIONS)),))
-NVLINK_LINK_UP = _m("gpumon_gpu_nvlink_link_up", GAUGE, "1 when the link is up (opt-in per link).", "",
+NVLINK_LINK_UP = _m("gpumon_gpu_nvlink_link_up", GAUGE, "1 when the link is up (opt-in per link).", STATE,
                     ("link",), azure=(NoColumns("per-link (opt-in); the row has NvlinkLinksActiveMin"),))
 NVLINK_LINK_ERRORS = _m("gpumon_gpu_nvlink_link_errors_total", COUNTER,
-                        "NVLink errors per link, by type (opt-in per link).", "", ("link", "type"),
+                        "NVLink errors per link, by type (opt-in per link).", ERRORS, ("link", "type"),
                         azure=(NoColumns("per-link (opt-in); the row has the per-type totals"),))
 NVLINK_LINK_BYTES = _m("gpumon_gpu_nvlink_link_bytes_total", COUNTER,
-                       "NVLink data bytes per link (opt-in per link).", "bytes", ("link", "direction"),
+                       "NVLink data bytes per link (opt-in per link).", BYTES, ("link", "direction"),
                        azure=(NoColumns("per-link (opt-in); the row has the totals"),))
-FAN = _m("gpumon_gpu_fan_speed_ratio", GAUGE, "Fan speed as a fraction of its maximum.", "ratio",
+FAN = _m("gpumon_gpu_fan_speed_ratio", GAUGE, "Fan speed as a fraction of its maximum.", RATIO,
          otel=(OtelMetric("hw.fan.speed_ratio", "1", Kind.GAUGE, Domain.GPU_FAN, semconv=True),),
          azure=(gpu_columns("FanSpeed", ("max",)),))
 PSTATE = _m("gpumon_gpu_performance_state", GAUGE, "Performance state (0 = P0, fastest; 15 slowest).",
-            azure=(gpu_columns("PerformanceState", ("min", "max")),))
+            azure=(gpu_columns("PerformanceState", ("min", "max")),), unit=count("pstate"))
 PROCS = _m("gpumon_gpu_compute_processes", GAUGE, "Compute processes on the GPU.",
-           azure=(gpu_columns("ComputeProcesses", ("max",)),))
+           azure=(gpu_columns("ComputeProcesses", ("max",)),), unit=count("process"))
 PROCS_MEM = _m("gpumon_gpu_compute_processes_memory_bytes", GAUGE, "GPU memory used by compute processes.",
-               "bytes", azure=(gpu_columns("ComputeProcessesMemoryBytes", ("max",)),))
-PROC_MEM = _m("gpumon_gpu_process_memory_bytes", GAUGE, "GPU memory used per process (opt-in).", "bytes",
+               BYTES, azure=(gpu_columns("ComputeProcessesMemoryBytes", ("max",)),))
+PROC_MEM = _m("gpumon_gpu_process_memory_bytes", GAUGE, "GPU memory used per process (opt-in).", BYTES,
               ("pid",), azure=(NoColumns("per process id: unbounded, no fixed column"),))
 PROC_UTIL = _m("gpumon_gpu_process_utilization_ratio", GAUGE,
                "Utilization per process in the driver's newest sampling period since the previous run "
                "(sm, memory, encoder, decoder); the top per_process_top processes per GPU by name, the "
-               "rest summed as pid=\"other\" (opt-in).", "ratio", ("pid", "process", "engine"),
+               "rest summed as pid=\"other\" (opt-in).", RATIO, ("pid", "process", "engine"),
                azure=(NoColumns("per process id: unbounded, no fixed column"),))
 ACTIVITY = _m("gpumon_gpu_activity_ratio", GAUGE,
               "GPM profiling over the run interval (Hopper+): graphics, sm, sm_occupancy, tensor, "
-              "dram_bandwidth, fp64, fp32, fp16.", "ratio", ("activity",),
+              "dram_bandwidth, fp64, fp32, fp16.", RATIO, ("activity",),
               azure=(gpu_columns("", ("avg",), split_label="activity",
                                  split=each("", ACTIVITY_VALUES, "Activity")),))
 GPM_PCIE = _m("gpumon_gpu_pcie_throughput_bytes_per_second", GAUGE, "PCIe throughput measured by GPM.",
-              "bytes_per_second", ("direction",),
+              BYTES_PER_SECOND, ("direction",),
               azure=(gpu_columns("", ("avg",), split_label="direction", split=tuple(
                   (v, f"GpmPcie{name}BytesPerSecond") for v, name in _DIRECTIONS)),))
 GPM_NVLINK = _m("gpumon_gpu_nvlink_throughput_bytes_per_second", GAUGE, "NVLink throughput measured by GPM.",
-                "bytes_per_second", ("direction",),
+                BYTES_PER_SECOND, ("direction",),
                 azure=(gpu_columns("", ("avg",), split_label="direction", split=tuple(
                     (v, f"GpmNvlink{name}BytesPerSecond") for v, name in _DIRECTIONS)),))
-MIG_MEM_TOTAL = MetricSpec("gpumon_gpu_mig_memory_total_bytes", GAUGE, "Memory of a MIG instance.", "bytes",
+MIG_MEM_TOTAL = MetricSpec("gpumon_gpu_mig_memory_total_bytes", GAUGE, "Memory of a MIG instance.", BYTES,
                            MIG_LABELS, azure=(NoColumns("per MIG instance: no fixed column"),))
 MIG_MEM_USED = MetricSpec("gpumon_gpu_mig_memory_used_bytes", GAUGE, "Memory in use in a MIG instance.",
-                          "bytes", MIG_LABELS, azure=(NoColumns("per MIG instance: no fixed column"),))
+                          BYTES, MIG_LABELS, azure=(NoColumns("per MIG instance: no fixed column"),))
 MIG_INFO = MetricSpec("gpumon_gpu_mig_info", INFO,
                       "A MIG device: its GPU instance profile (as nvidia-smi -L names it) and MIG UUID "
-                      "(value 1).", "", MIG_LABELS + ("profile", "mig_uuid"),
+                      "(value 1).", INFO_UNIT, MIG_LABELS + ("profile", "mig_uuid"),
                       azure=(NoColumns("per MIG instance: no fixed column"),))
 MIG_ACTIVITY = MetricSpec("gpumon_gpu_mig_activity_ratio", GAUGE,
-                          "GPM profiling per MIG GPU instance.", "ratio", MIG_LABELS + ("activity",),
+                          "GPM profiling per MIG GPU instance.", RATIO, MIG_LABELS + ("activity",),
                           azure=(NoColumns("per MIG instance: no fixed column"),))
 POWER_MIN = _m("gpumon_gpu_power_min_watts", GAUGE,
-               "Lowest power sample the driver took since the previous run (NVML_TOTAL_POWER_SAMPLES).", "watts",
+               "Lowest power sample the driver took since the previous run (NVML_TOTAL_POWER_SAMPLES).", WATTS,
                azure=(gpu_columns("PowerSamplesWatts", ("min",)),))
 POWER_MAX = _m("gpumon_gpu_power_max_watts", GAUGE,
                "Highest power sample the driver took since the previous run (NVML_TOTAL_POWER_SAMPLES).",
-               "watts", azure=(gpu_columns("PowerSamplesWatts", ("max",)),))
+               WATTS, azure=(gpu_columns("PowerSamplesWatts", ("max",)),))
 POWER_MEAN = _m("gpumon_gpu_power_mean_watts", GAUGE,
-                "Mean of the power samples the driver took since the previous run.", "watts",
+                "Mean of the power samples the driver took since the previous run.", WATTS,
                 azure=(gpu_columns("PowerSamplesWatts", ("avg",)),))
 FABRIC_INFO = MetricSpec(
     "gpumon_gpu_fabric_info", INFO,
     "NVLink fabric membership (value 1) once registration completed: GPUs with the same cluster_uuid and "
-    "clique_id share one NVLink domain.", "", G + ("cluster_uuid", "clique_id"),
+    "clique_id share one NVLink domain.", INFO_UNIT, G + ("cluster_uuid", "clique_id"),
     azure=(InfoColumns("", GPU_ROW, (
         ("cluster_uuid", "FabricClusterUuid"), ("clique_id", "FabricCliqueId"))),))
 FABRIC_STATE = _m("gpumon_gpu_fabric_state", GAUGE,
                   "Registration with the NVLink fabric manager: 0 not supported, 1 not started, 2 in progress, "
-                  "3 completed.", azure=(gpu_columns("FabricState", ("min",)),))
+                  "3 completed.", azure=(gpu_columns("FabricState", ("min",)),), unit=STATE)
 FABRIC_STATUS = _m("gpumon_gpu_fabric_status", GAUGE,
                    "Outcome of the fabric registration as an NVML return code (0 success); only once the state "
-                   "is completed.", azure=(gpu_columns("FabricStatus", AGG_LAST),))
+                   "is completed.", azure=(gpu_columns("FabricStatus", AGG_LAST),), unit=STATE)
 FABRIC_HEALTH = _m("gpumon_gpu_fabric_health_condition", GAUGE,
                    "1 while the NVLink fabric health condition holds (degraded_bandwidth, route_recovery, "
                    "route_unhealthy, access_timeout_recovery, incorrect_configuration, partition_unassigned, "
-                   "gfm_disconnected); absent where the driver does not report it.", "", ("condition",),
+                   "gfm_disconnected); absent where the driver does not report it.", STATE, ("condition",),
                    azure=(gpu_columns("", AGG_FLAG, split_label="condition",
                                       split=each("Fabric", FABRIC_CONDITION_VALUES)),))
 FABRIC_SUMMARY = _m("gpumon_gpu_fabric_health_overall", GAUGE,
                     "The driver's fabric health summary: 1 healthy, 2 unhealthy, 3 limited capacity.",
-                    azure=(gpu_columns("FabricHealthSummary", ("max",)),))
-CALLS = MetricSpec("gpumon_nvml_calls_total", COUNTER, "NVML library calls made, by function.", "",
+                    azure=(gpu_columns("FabricHealthSummary", ("max",)),), unit=COUNT)
+CALLS = MetricSpec("gpumon_nvml_calls_total", COUNTER, "NVML library calls made, by function.", count("call"),
                    ("function",))
 
 NVML_SPECS: tuple[MetricSpec, ...] = (
@@ -290,13 +309,13 @@ NVML_SPECS: tuple[MetricSpec, ...] = (
 
 # --- the XID watcher (collectors/xid.py) ------------------------------------------------------------
 XID_TOTAL = MetricSpec("gpumon_gpu_xid_errors_total", MetricType.COUNTER,
-                       "XID errors reported by the driver since gpumon started, by XID number.", "",
+                       "XID errors reported by the driver since gpumon started, by XID number.", ERRORS,
                        ("gpu", "uuid", "xid"),
                        otel=(OtelMetric("hw.errors", "{error}", Kind.COUNTER, Domain.GPU,
                                         label_map=(("xid", "error.type"),), description=ERRORS_DESCRIPTION,
                                         semconv=True),))
 RECOVERY_TOTAL = MetricSpec("gpumon_gpu_recovery_action_events_total", MetricType.COUNTER,
-                            "Recovery-action events from the driver, by requested action.", "",
+                            "Recovery-action events from the driver, by requested action.", EVENTS,
                             ("gpu", "uuid", "action"))
 THREAD_UP = MetricSpec("gpumon_xid_watcher_up", MetricType.GAUGE,
-                       "1 while the XID event thread is waiting on NVML events.")
+                       "1 while the XID event thread is waiting on NVML events.", unit=STATE)
