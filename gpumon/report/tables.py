@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpumon.catalogue import gpu as CG
+from gpumon.catalogue import gpu as gpu_metrics
+from gpumon.catalogue import infiniband as ib_metrics
 from gpumon.collectors.host_info import INFO as HOST_INFO
 from gpumon.collectors.host_info import LABELS as HOST_LABELS
 from gpumon.collectors.infiniband import PMA_COUNTERS, PMA_SPECS, SPEC_INFO, SPEC_RATE, SPEC_STATE
@@ -68,7 +70,7 @@ def nvml_table(snapshot: Snapshot) -> Table | None:
     for row, s in each(CG.REMAP_FAILURE.name):
         if s.value:
             row.setdefault("health", []).append("remap-FAIL")
-    xid_fam = snapshot.family("gpumon_gpu_xid_errors_total")
+    xid_fam = snapshot.family(gpu_metrics.XID_TOTAL.name)
     for s in xid_fam.samples if xid_fam else ():
         xid_row = gpus.get(s.label("gpu") or "")
         if xid_row is not None and s.value:
@@ -115,7 +117,7 @@ def infiniband_table(snapshot: Snapshot) -> Table | None:
     rate = by_port(SPEC_RATE.name)
     rx = by_port(PMA_SPECS["port_rcv_data"].name)
     tx = by_port(PMA_SPECS["port_xmit_data"].name)
-    flaps = by_port("gpumon_ib_link_flaps_total")
+    flaps = by_port(ib_metrics.SPEC_FLAPS.name)
     errors: dict[tuple[str | None, str | None], list[str]] = {}
     for counter in PMA_COUNTERS:
         if counter.scale != 1 or "packets" in counter.file:

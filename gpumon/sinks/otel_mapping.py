@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.catalogue import gpu as gpu_metrics
+from gpumon.catalogue import infiniband as ib_metrics
 from gpumon.catalogue.hints import Domain, Kind, OtelMetric
 from gpumon.catalogue.lookup import otel_hints
 from gpumon.catalogue.units import Unit
@@ -23,8 +25,8 @@ from gpumon.model import MetricSpec, MetricType
 
 __all__ = ["Domain", "Kind", "OtelMetric", "routes", "resolve", "attributes", "markdown_table"]
 
-GPU_INFO = "gpumon_gpu_info"
-IB_PORT_INFO = "gpumon_ib_port_info"
+GPU_INFO = gpu_metrics.INFO_SPEC.name
+IB_PORT_INFO = ib_metrics.SPEC_INFO.name
 
 # Label values renamed where the attribute has a convention of its own.
 VALUE_MAPS: dict[str, dict[str, str]] = {
