@@ -78,10 +78,10 @@ INFO_SPEC = MetricSpec(
     azure=(InfoColumns("", GPU_ROW, (
         ("model", "Model"), ("pci_bus_id", "PciBusId"), ("serial", "Serial"), ("vbios", "VbiosVersion"),
         ("driver_version", "DriverVersion"), ("cuda_version", "CudaVersion"), ("mig_mode", "MigMode"))),))
-LOST = _m("gpumon_gpu_lost", GAUGE, "1 when the GPU stopped answering (fell off the bus, needs a reset).",
+LOST = _m("gpumon_gpu_lost", GAUGE, "1 when the GPU stopped answering (fell off the bus, needs a reset).", unit=STATE,
           otel=(OtelMetric("hw.status", "1", Kind.STATUS_INVERTED, Domain.GPU, semconv=True,
                            description=STATUS_DESCRIPTION),),
-          azure=(gpu_columns("Lost", AGG_FLAG),), unit=STATE)
+          azure=(gpu_columns("Lost", AGG_FLAG),))
 UTIL = _m("gpumon_gpu_utilization_ratio", GAUGE,
           "Fraction of the last sample period the engine was busy (gpu, memory, encoder, decoder).",
           RATIO, ("engine",),
@@ -152,27 +152,27 @@ CLOCK_VIOLATION = _m("gpumon_gpu_clock_event_violation_seconds_total", COUNTER,
                      "Time clocks were held below target, per reason.", SECONDS, ("reason",),
                      azure=(gpu_columns("", ("increase",), split_label="reason",  # seconds, as the metric
                                         split=each("ClockViolation", _VIOLATIONS)),))
-PCIE_GEN = _m("gpumon_gpu_pcie_link_generation", GAUGE, "Current PCIe link generation.",
-              azure=(gpu_columns("PcieLinkGeneration", ("min",)),), unit=count("generation"))
-PCIE_GEN_MAX = _m("gpumon_gpu_pcie_link_generation_max", GAUGE, "Maximum PCIe link generation.",
-                  azure=(gpu_columns("PcieLinkGenerationMax", AGG_LAST, static=True),), unit=count("generation"))
-PCIE_WIDTH = _m("gpumon_gpu_pcie_link_width", GAUGE, "Current PCIe link width (lanes).",
-                azure=(gpu_columns("PcieLinkWidth", ("min",)),), unit=count("lane"))
-PCIE_WIDTH_MAX = _m("gpumon_gpu_pcie_link_width_max", GAUGE, "Maximum PCIe link width (lanes).",
-                    azure=(gpu_columns("PcieLinkWidthMax", AGG_LAST, static=True),), unit=count("lane"))
+PCIE_GEN = _m("gpumon_gpu_pcie_link_generation", GAUGE, "Current PCIe link generation.", unit=count("generation"),
+              azure=(gpu_columns("PcieLinkGeneration", ("min",)),))
+PCIE_GEN_MAX = _m("gpumon_gpu_pcie_link_generation_max", GAUGE, "Maximum PCIe link generation.", unit=count("generation"),
+                  azure=(gpu_columns("PcieLinkGenerationMax", AGG_LAST, static=True),))
+PCIE_WIDTH = _m("gpumon_gpu_pcie_link_width", GAUGE, "Current PCIe link width (lanes).", unit=count("lane"),
+                azure=(gpu_columns("PcieLinkWidth", ("min",)),))
+PCIE_WIDTH_MAX = _m("gpumon_gpu_pcie_link_width_max", GAUGE, "Maximum PCIe link width (lanes).", unit=count("lane"),
+                    azure=(gpu_columns("PcieLinkWidthMax", AGG_LAST, static=True),))
 PCIE_BYTES = _m("gpumon_gpu_pcie_bytes_total", COUNTER, "PCIe bytes transferred (tx from the GPU, rx to it).",
                 BYTES, ("direction",),
                 otel=(OtelMetric("hw.gpu.io", "By", Kind.COUNTER, Domain.GPU,
                                  label_map=(("direction", "network.io.direction"),), semconv=True),),
                 azure=(gpu_columns("", ("increase", "rate"), split_label="direction",
                                    split=tuple((v, f"Pcie{name}Bytes") for v, name in _DIRECTIONS)),))
-PCIE_REPLAY = _m("gpumon_gpu_pcie_replay_total", COUNTER, "PCIe replays (link-level retransmissions).",
+PCIE_REPLAY = _m("gpumon_gpu_pcie_replay_total", COUNTER, "PCIe replays (link-level retransmissions).", unit=EVENTS,
                  otel=(OtelMetric("hw.errors", "{error}", Kind.COUNTER, Domain.GPU,
                                   (("error.type", "pcie_replay"),), description=ERRORS_DESCRIPTION,
                                   semconv=True),),
-                 azure=(gpu_columns("PcieReplays", AGG_COUNTER),), unit=EVENTS)
-ECC_MODE = _m("gpumon_gpu_ecc_enabled", GAUGE, "1 when ECC is on.",
-              azure=(gpu_columns("EccEnabled", AGG_FLAG, static=True),), unit=STATE)
+                 azure=(gpu_columns("PcieReplays", AGG_COUNTER),))
+ECC_MODE = _m("gpumon_gpu_ecc_enabled", GAUGE, "1 when ECC is on.", unit=STATE,
+              azure=(gpu_columns("EccEnabled", AGG_FLAG, static=True),))
 # ECC: the volatile counter is hw.errors (see docs/metrics.md for why); the lifetime one has its own name
 ECC = _m("gpumon_gpu_ecc_errors_total", COUNTER,
          "ECC errors: type corrected/uncorrected, counter volatile (since driver load) or aggregate "
@@ -190,23 +190,23 @@ ECC = _m("gpumon_gpu_ecc_errors_total", COUNTER,
 RETIRED = _m("gpumon_gpu_retired_pages", GAUGE, "Pages retired (pre-Ampere), by cause (sbe, dbe).", count("page"),
              ("cause",), azure=(gpu_columns("", AGG_LAST, split_label="cause",
                                             split=each("RetiredPages", ("sbe", "dbe"))),))
-RETIRED_PENDING = _m("gpumon_gpu_retired_pages_pending", GAUGE, "1 when a page awaits retirement (reset).",
-                     azure=(gpu_columns("RetiredPagesPending", AGG_FLAG),), unit=STATE)
+RETIRED_PENDING = _m("gpumon_gpu_retired_pages_pending", GAUGE, "1 when a page awaits retirement (reset).", unit=STATE,
+                     azure=(gpu_columns("RetiredPagesPending", AGG_FLAG),))
 REMAP = _m("gpumon_gpu_remapped_rows", GAUGE, "Rows remapped (Ampere+), by cause.", count("row"), ("cause",),
            azure=(gpu_columns("", AGG_LAST, split_label="cause",
                               split=each("RemappedRows", ("correctable", "uncorrectable"))),))
-REMAP_PENDING = _m("gpumon_gpu_remapped_rows_pending", GAUGE, "1 when a row remap awaits a GPU reset.",
-                   azure=(gpu_columns("RemappedRowsPending", AGG_FLAG),), unit=STATE)
-REMAP_FAILURE = _m("gpumon_gpu_remapped_rows_failure", GAUGE, "1 when a row remap failed (replace the GPU).",
-                   azure=(gpu_columns("RemappedRowsFailure", AGG_FLAG),), unit=STATE)
+REMAP_PENDING = _m("gpumon_gpu_remapped_rows_pending", GAUGE, "1 when a row remap awaits a GPU reset.", unit=STATE,
+                   azure=(gpu_columns("RemappedRowsPending", AGG_FLAG),))
+REMAP_FAILURE = _m("gpumon_gpu_remapped_rows_failure", GAUGE, "1 when a row remap failed (replace the GPU).", unit=STATE,
+                   azure=(gpu_columns("RemappedRowsFailure", AGG_FLAG),))
 RECOVERY = _m("gpumon_gpu_recovery_action", GAUGE,
               "Recovery the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and "
-              "reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot.",
-              azure=(gpu_columns("RecoveryAction", AGG_LAST),), unit=STATE)
-NVLINK_LINKS = _m("gpumon_gpu_nvlink_links", GAUGE, "NVLink links the GPU has.",
-                  azure=(gpu_columns("NvlinkLinks", AGG_LAST, static=True),), unit=count("link"))
-NVLINK_ACTIVE = _m("gpumon_gpu_nvlink_links_active", GAUGE, "NVLink links up.",
-                   azure=(gpu_columns("NvlinkLinksActive", ("min",)),), unit=count("link"))
+              "reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot.", unit=STATE,
+              azure=(gpu_columns("RecoveryAction", AGG_LAST),))
+NVLINK_LINKS = _m("gpumon_gpu_nvlink_links", GAUGE, "NVLink links the GPU has.", unit=count("link"),
+                  azure=(gpu_columns("NvlinkLinks", AGG_LAST, static=True),))
+NVLINK_ACTIVE = _m("gpumon_gpu_nvlink_links_active", GAUGE, "NVLink links up.", unit=count("link"),
+                   azure=(gpu_columns("NvlinkLinksActive", ("min",)),))
 NVLINK_ERRORS = _m("gpumon_gpu_nvlink_errors_total", COUNTER, "NVLink errors over all links, by type.", ERRORS,
                    ("type",), azure=(gpu_columns("", ("increase",), split_label="type", split=each(
                        "Nvlink", ("crc_flit", "crc_data", "replay", "recovery"), "Errors")),))
@@ -225,10 +225,10 @@ NVLINK_LINK_BYTES = _m("gpumon_gpu_nvlink_link_bytes_total", COUNTER,
 FAN = _m("gpumon_gpu_fan_speed_ratio", GAUGE, "Fan speed as a fraction of its maximum.", RATIO,
          otel=(OtelMetric("hw.fan.speed_ratio", "1", Kind.GAUGE, Domain.GPU_FAN, semconv=True),),
          azure=(gpu_columns("FanSpeed", ("max",)),))
-PSTATE = _m("gpumon_gpu_performance_state", GAUGE, "Performance state (0 = P0, fastest; 15 slowest).",
-            azure=(gpu_columns("PerformanceState", ("min", "max")),), unit=count("pstate"))
-PROCS = _m("gpumon_gpu_compute_processes", GAUGE, "Compute processes on the GPU.",
-           azure=(gpu_columns("ComputeProcesses", ("max",)),), unit=count("process"))
+PSTATE = _m("gpumon_gpu_performance_state", GAUGE, "Performance state (0 = P0, fastest; 15 slowest).", unit=count("pstate"),
+            azure=(gpu_columns("PerformanceState", ("min", "max")),))
+PROCS = _m("gpumon_gpu_compute_processes", GAUGE, "Compute processes on the GPU.", unit=count("process"),
+           azure=(gpu_columns("ComputeProcesses", ("max",)),))
 PROCS_MEM = _m("gpumon_gpu_compute_processes_memory_bytes", GAUGE, "GPU memory used by compute processes.",
                BYTES, azure=(gpu_columns("ComputeProcessesMemoryBytes", ("max",)),))
 PROC_MEM = _m("gpumon_gpu_process_memory_bytes", GAUGE, "GPU memory used per process (opt-in).", BYTES,
@@ -279,10 +279,10 @@ FABRIC_INFO = MetricSpec(
         ("cluster_uuid", "FabricClusterUuid"), ("clique_id", "FabricCliqueId"))),))
 FABRIC_STATE = _m("gpumon_gpu_fabric_state", GAUGE,
                   "Registration with the NVLink fabric manager: 0 not supported, 1 not started, 2 in progress, "
-                  "3 completed.", azure=(gpu_columns("FabricState", ("min",)),), unit=STATE)
+                  "3 completed.", unit=STATE, azure=(gpu_columns("FabricState", ("min",)),))
 FABRIC_STATUS = _m("gpumon_gpu_fabric_status", GAUGE,
                    "Outcome of the fabric registration as an NVML return code (0 success); only once the state "
-                   "is completed.", azure=(gpu_columns("FabricStatus", AGG_LAST),), unit=STATE)
+                   "is completed.", unit=STATE, azure=(gpu_columns("FabricStatus", AGG_LAST),))
 FABRIC_HEALTH = _m("gpumon_gpu_fabric_health_condition", GAUGE,
                    "1 while the NVLink fabric health condition holds (degraded_bandwidth, route_recovery, "
                    "route_unhealthy, access_timeout_recovery, incorrect_configuration, partition_unassigned, "
@@ -290,8 +290,8 @@ FABRIC_HEALTH = _m("gpumon_gpu_fabric_health_condition", GAUGE,
                    azure=(gpu_columns("", AGG_FLAG, split_label="condition",
                                       split=each("Fabric", FABRIC_CONDITION_VALUES)),))
 FABRIC_SUMMARY = _m("gpumon_gpu_fabric_health_overall", GAUGE,
-                    "The driver's fabric health summary: 1 healthy, 2 unhealthy, 3 limited capacity.",
-                    azure=(gpu_columns("FabricHealthSummary", ("max",)),), unit=COUNT)
+                    "The driver's fabric health summary: 1 healthy, 2 unhealthy, 3 limited capacity.", unit=COUNT,
+                    azure=(gpu_columns("FabricHealthSummary", ("max",)),))
 CALLS = MetricSpec("gpumon_nvml_calls_total", COUNTER, "NVML library calls made, by function.", count("call"),
                    ("function",))
 

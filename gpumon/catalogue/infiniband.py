@@ -95,28 +95,28 @@ PACKETS_RECEIVED = _pma("gpumon_ib_port_packets_received_total",
     _io("hw.network.packets", "{packet}", RECEIVE, "Packets"),
     _columns("PacketsReceived", AGG_RATE))
 UNICAST_TRANSMITTED = _pma("gpumon_ib_port_unicast_packets_transmitted_total",
-    "Unicast packets transmitted.",
-    azure=_columns("UnicastPacketsTransmitted"), unit=PACKETS)
+    "Unicast packets transmitted.", unit=PACKETS,
+    azure=_columns("UnicastPacketsTransmitted"))
 UNICAST_RECEIVED = _pma("gpumon_ib_port_unicast_packets_received_total",
-    "Unicast packets received.",
-    azure=_columns("UnicastPacketsReceived"), unit=PACKETS)
+    "Unicast packets received.", unit=PACKETS,
+    azure=_columns("UnicastPacketsReceived"))
 MULTICAST_TRANSMITTED = _pma("gpumon_ib_port_multicast_packets_transmitted_total",
-    "Multicast packets transmitted.",
-    azure=_columns("MulticastPacketsTransmitted"), unit=PACKETS)
+    "Multicast packets transmitted.", unit=PACKETS,
+    azure=_columns("MulticastPacketsTransmitted"))
 MULTICAST_RECEIVED = _pma("gpumon_ib_port_multicast_packets_received_total",
-    "Multicast packets received.",
-    azure=_columns("MulticastPacketsReceived"), unit=PACKETS)
+    "Multicast packets received.", unit=PACKETS,
+    azure=_columns("MulticastPacketsReceived"))
 SYMBOL_ERRORS = _pma("gpumon_ib_port_symbol_errors_total",
     "Minor link errors detected on one or more physical lanes (16-bit, sticky).",
     ERRORS,
     _errors("symbol"),
     _columns("SymbolErrors"))
 LINK_ERROR_RECOVERIES = _pma("gpumon_ib_port_link_error_recoveries_total",
-    "Successful link retrains after an error (8-bit, sticky).",
-    azure=_columns("LinkErrorRecoveries"), unit=EVENTS)
+    "Successful link retrains after an error (8-bit, sticky).", unit=EVENTS,
+    azure=_columns("LinkErrorRecoveries"))
 LINK_DOWNED = _pma("gpumon_ib_port_link_downed_total",
-    "Failed link recoveries that took the link down: the flap counter (8-bit, sticky).",
-    azure=_columns("LinkDowned", AGG_COUNTER), unit=EVENTS)
+    "Failed link recoveries that took the link down: the flap counter (8-bit, sticky).", unit=EVENTS,
+    azure=_columns("LinkDowned", AGG_COUNTER))
 RECEIVE_ERRORS = _pma("gpumon_ib_port_receive_errors_total",
     "Packets received with errors (16-bit, sticky).",
     ERRORS,
@@ -133,8 +133,8 @@ RECEIVE_SWITCH_RELAY_ERRORS = _pma("gpumon_ib_port_receive_switch_relay_errors_t
     _errors("switch_relay", "receive"),
     _columns("ReceiveSwitchRelayErrors"))
 TRANSMIT_DISCARDS = _pma("gpumon_ib_port_transmit_discards_total",
-    "Outbound packets discarded because the port was down or congested (16-bit, sticky).",
-    azure=_columns("TransmitDiscards"), unit=PACKETS)
+    "Outbound packets discarded because the port was down or congested (16-bit, sticky).", unit=PACKETS,
+    azure=_columns("TransmitDiscards"))
 TRANSMIT_CONSTRAINT_ERRORS = _pma("gpumon_ib_port_transmit_constraint_errors_total",
     "Packets not transmitted because of outbound raw filtering constraints (8-bit).",
     ERRORS,
@@ -156,8 +156,8 @@ EXCESSIVE_BUFFER_OVERRUN_ERRORS = _pma("gpumon_ib_port_excessive_buffer_overrun_
     _errors("excessive_buffer_overrun"),
     _columns("ExcessiveBufferOverrunErrors"))
 VL15_DROPPED = _pma("gpumon_ib_port_vl15_dropped_total",
-    "Subnet management packets (VL15) dropped for lack of buffers (16-bit, sticky).",
-    azure=_columns("Vl15Dropped"), unit=PACKETS)
+    "Subnet management packets (VL15) dropped for lack of buffers (16-bit, sticky).", unit=PACKETS,
+    azure=_columns("Vl15Dropped"))
 TRANSMIT_WAIT = _pma("gpumon_ib_port_transmit_wait_ticks_total",
     "Ticks during which the port had data to send but no flow-control credits: "
                "congestion (32-bit, sticky; tick length is implementation defined).",
@@ -167,26 +167,26 @@ TRANSMIT_WAIT = _pma("gpumon_ib_port_transmit_wait_ticks_total",
 # --- the port (infiniband collector) --------------------------------------------------
 SPEC_INFO = MetricSpec(
     "gpumon_ib_port_info", MetricType.INFO,
-    "Identity of an RDMA port; value 1. netdev lists the port's network interfaces, comma separated.",
+    "Identity of an RDMA port; value 1. netdev lists the port's network interfaces, comma separated.", unit=INFO,
     labels=("device", "port", "link_layer", "fw_version", "board_id", "hca_type", "node_guid", "netdev"),
     azure=(InfoColumns("", IB, (
         ("link_layer", "LinkLayer"), ("fw_version", "FirmwareVersion"), ("board_id", "BoardId"),
-        ("hca_type", "HcaType"), ("node_guid", "NodeGuid"), ("netdev", "Netdev"))),), unit=INFO)
+        ("hca_type", "HcaType"), ("node_guid", "NodeGuid"), ("netdev", "Netdev"))),))
 SPEC_STATE = MetricSpec(
     "gpumon_ib_port_state", MetricType.GAUGE,
-    "Logical port state as the kernel numbers it: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER.",
-    labels=DEVICE_LABELS, azure=(port_columns("State", AGG_LAST),), unit=STATE)
+    "Logical port state as the kernel numbers it: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER.", unit=STATE,
+    labels=DEVICE_LABELS, azure=(port_columns("State", AGG_LAST),))
 SPEC_PHYS = MetricSpec(
     "gpumon_ib_port_phys_state", MetricType.GAUGE,
     "Physical port state: 1 Sleep, 2 Polling, 3 Disabled, 4 PortConfigurationTraining, 5 LinkUp, "
-    "6 LinkErrorRecovery, 7 PhyTest.", labels=DEVICE_LABELS, azure=(port_columns("PhysState", AGG_LAST),), unit=STATE)
+    "6 LinkErrorRecovery, 7 PhyTest.", unit=STATE, labels=DEVICE_LABELS, azure=(port_columns("PhysState", AGG_LAST),))
 SPEC_UP = MetricSpec(
     "gpumon_ib_port_up", MetricType.GAUGE,
-    "1 when the port is ACTIVE and its physical link is LinkUp, else 0.", labels=DEVICE_LABELS,
+    "1 when the port is ACTIVE and its physical link is LinkUp, else 0.", unit=STATE, labels=DEVICE_LABELS,
     otel=(OtelMetric("hw.network.up", "1", Kind.UPDOWN, Domain.NETWORK, semconv=True),
           OtelMetric("hw.status", "1", Kind.STATUS, Domain.NETWORK, semconv=True,
                      description=STATUS_DESCRIPTION)),
-    azure=(port_columns("Up", ("min", "max")),), unit=STATE)
+    azure=(port_columns("Up", ("min", "max")),))
 SPEC_RATE = MetricSpec(
     "gpumon_ib_port_rate_bytes_per_second", MetricType.GAUGE,
     "Negotiated link rate (the rate file's Gb/s x 10^9 / 8).", BYTES_PER_SECOND, DEVICE_LABELS,
@@ -194,40 +194,40 @@ SPEC_RATE = MetricSpec(
     azure=(port_columns("RateBytesPerSecond", AGG_LAST),))
 SPEC_PMA_OTHER = MetricSpec(
     "gpumon_ib_port_pma_other_total", MetricType.COUNTER,
-    "A counters/ file this version of gpumon does not know by name, exported raw.",
+    "A counters/ file this version of gpumon does not know by name, exported raw.", unit=EVENTS,
     labels=COUNTER_LABELS,
-    azure=(NoColumns("counters/ files gpumon does not know by name: no fixed column"),), unit=EVENTS)
+    azure=(NoColumns("counters/ files gpumon does not know by name: no fixed column"),))
 SPEC_HW = MetricSpec(
     "gpumon_ib_hw_stat_total", MetricType.COUNTER,
-    "A driver counter from hw_counters/ (whatever the firmware offers), named by the counter label.",
+    "A driver counter from hw_counters/ (whatever the firmware offers), named by the counter label.", unit=EVENTS,
     labels=COUNTER_LABELS,
     # one Azure column per mlx5 counter, named by the file; others the firmware offers go to the other sinks
     azure=(port_columns("", ("increase",), split_label="counter", split=tuple(
-        (name, camel(name)) for name in HW_COUNTER_COLUMN_VALUES)),), unit=EVENTS)
+        (name, camel(name)) for name in HW_COUNTER_COLUMN_VALUES)),))
 SPEC_SATURATED = MetricSpec(
     "gpumon_ib_port_saturated", MetricType.GAUGE,
     "1 for a counter stuck at the maximum of its width: it no longer counts (reset it with "
-    "perfquery -R). Only stuck counters have a series.", labels=COUNTER_LABELS,
-    azure=(port_columns("CountersSaturated", AGG_LAST),), unit=STATE)
+    "perfquery -R). Only stuck counters have a series.", unit=STATE, labels=COUNTER_LABELS,
+    azure=(port_columns("CountersSaturated", AGG_LAST),))
 
 # --- the flap watcher (linkflap collector) --------------------------------------------------
 SPEC_FLAPS = MetricSpec(
     "gpumon_ib_link_flaps_total", MetricType.COUNTER,
-    "Link flaps (down and back) since gpumon started; one flap seen by several signals counts once.",
-    labels=DEVICE_LABELS, azure=(port_columns("Flaps", AGG_COUNTER),), unit=count("flap"))
+    "Link flaps (down and back) since gpumon started; one flap seen by several signals counts once.", unit=count("flap"),
+    labels=DEVICE_LABELS, azure=(port_columns("Flaps", AGG_COUNTER),))
 SPEC_SIGNALS = MetricSpec(
     "gpumon_ib_link_flap_signals_total", MetricType.COUNTER,
-    "Flaps each signal saw (state, link_downed, carrier_changes), before de-duplication.",
+    "Flaps each signal saw (state, link_downed, carrier_changes), before de-duplication.", unit=count("signal"),
     labels=("device", "port", "signal"),
-    azure=(port_columns("FlapSignals", ("increase",), split_label="signal", split=each("", FLAP_SIGNAL_VALUES)),), unit=count("signal"))
+    azure=(port_columns("FlapSignals", ("increase",), split_label="signal", split=each("", FLAP_SIGNAL_VALUES)),))
 SPEC_WINDOW = MetricSpec(
     "gpumon_ib_port_flaps_in_window", MetricType.GAUGE,
-    "Flaps within the flap window (default 24 h), kept across restarts.", labels=DEVICE_LABELS,
-    azure=(port_columns("FlapsInWindow", AGG_LAST),), unit=count("flap"))
+    "Flaps within the flap window (default 24 h), kept across restarts.", unit=count("flap"), labels=DEVICE_LABELS,
+    azure=(port_columns("FlapsInWindow", AGG_LAST),))
 SPEC_FLAPPING = MetricSpec(
     "gpumon_ib_port_flapping", MetricType.GAUGE,
-    "1 when flaps in the window reach the threshold (default 5 in 24 h, as Azure's NHC2005), else 0.",
-    labels=DEVICE_LABELS, azure=(port_columns("Flapping", AGG_FLAG),), unit=STATE)
+    "1 when flaps in the window reach the threshold (default 5 in 24 h, as Azure's NHC2005), else 0.", unit=STATE,
+    labels=DEVICE_LABELS, azure=(port_columns("Flapping", AGG_FLAG),))
 SPEC_LAST = MetricSpec(
     "gpumon_ib_last_flap_timestamp_seconds", MetricType.GAUGE,
     "Unix time of the port's last flap (only ports that have flapped within the window or since start).",

@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpumon.catalogue import gpu as CG
 from gpumon.catalogue import gpu as gpu_metrics
 from gpumon.catalogue import infiniband as ib_metrics
-from gpumon.collectors.host_info import INFO as HOST_INFO
-from gpumon.collectors.host_info import LABELS as HOST_LABELS
-from gpumon.collectors.infiniband import PMA_COUNTERS, PMA_SPECS, SPEC_INFO, SPEC_RATE, SPEC_STATE
+from gpumon.catalogue.host import HOST_INFO, HOST_LABELS
+from gpumon.catalogue.infiniband import SPEC_INFO, SPEC_RATE, SPEC_STATE
+from gpumon.collectors.infiniband import PMA_COUNTERS, PMA_SPECS
 from gpumon.collectors.nvml_tables import THROTTLE_REASONS
 from gpumon.model import MetricSpec, Sample, Snapshot
 from gpumon.sources.ib_sysfs import STATE_NAMES
@@ -28,8 +27,8 @@ TableFunction = Callable[[Snapshot], Table | None]
 
 def nvml_table(snapshot: Snapshot) -> Table | None:
     """``nvml``: one row per GPU (a lost one says LOST), within 100 columns."""
-    info = snapshot.family(CG.INFO_SPEC.name)
-    lost = snapshot.family(CG.LOST.name)
+    info = snapshot.family(gpu_metrics.INFO_SPEC.name)
+    lost = snapshot.family(gpu_metrics.LOST.name)
     if info is None and lost is None:
         return None
     gpus: dict[str, dict[str, Any]] = {}
@@ -49,25 +48,25 @@ def nvml_table(snapshot: Snapshot) -> Table | None:
                 yield gpus[gpu], s
 
     columns: tuple[tuple[str, MetricSpec, dict[str, str]], ...] = (
-        ("util", CG.UTIL, {"engine": "gpu"}), ("used", CG.MEM_USED, {}), ("total", CG.MEM_TOTAL, {}),
-        ("temp", CG.TEMP, {"sensor": "gpu"}), ("power", CG.POWER, {}), ("limit", CG.POWER_LIMIT, {}),
-        ("sm", CG.CLOCK, {"clock": "sm"}))
+        ("util", gpu_metrics.UTIL, {"engine": "gpu"}), ("used", gpu_metrics.MEM_USED, {}), ("total", gpu_metrics.MEM_TOTAL, {}),
+        ("temp", gpu_metrics.TEMP, {"sensor": "gpu"}), ("power", gpu_metrics.POWER, {}), ("limit", gpu_metrics.POWER_LIMIT, {}),
+        ("sm", gpu_metrics.CLOCK, {"clock": "sm"}))
     for column, spec, match in columns:
         for row, s in each(spec.name, **match):
             row[column] = s.value
     short = {"sw_power_cap": "pwr", "hw_slowdown": "hw", "sync_boost": "sync",
              "sw_thermal_slowdown": "swtherm", "hw_thermal_slowdown": "hwtherm",
              "hw_power_brake_slowdown": "brake"}
-    for row, s in each(CG.CLOCK_REASON.name):
+    for row, s in each(gpu_metrics.CLOCK_REASON.name):
         if s.value == 1 and s.label("reason") in THROTTLE_REASONS:
             row.setdefault("reasons", []).append(short.get(s.label("reason") or "", "?"))
-    for row, s in each(CG.ECC.name, type="uncorrected", counter="volatile"):
+    for row, s in each(gpu_metrics.ECC.name, type="uncorrected", counter="volatile"):
         if s.value:
             row.setdefault("health", []).append(f"dbe{int(s.value)}")
-    for row, s in each(CG.REMAP_PENDING.name):
+    for row, s in each(gpu_metrics.REMAP_PENDING.name):
         if s.value:
             row.setdefault("health", []).append("remap-pend")
-    for row, s in each(CG.REMAP_FAILURE.name):
+    for row, s in each(gpu_metrics.REMAP_FAILURE.name):
         if s.value:
             row.setdefault("health", []).append("remap-FAIL")
     xid_fam = snapshot.family(gpu_metrics.XID_TOTAL.name)
