@@ -61,6 +61,7 @@ MIG_LABELS = ("gpu", "uuid", "gpu_instance", "compute_instance")
 
 def _m(name: str, kind: MetricType, help: str, unit: Unit, labels: tuple[str, ...] = (), *,
        otel: tuple[OtelMetric, ...] = (), azure: tuple[AzureHint, ...] = ()) -> MetricSpec:
+    """A per-GPU metric: labelled ``gpu, uuid`` first, then ``labels``."""
     return MetricSpec(name, kind, help, unit, G + labels, otel=otel, azure=azure)
 
 
@@ -306,6 +307,7 @@ NVML_SPECS: tuple[MetricSpec, ...] = (
     POWER_MIN, POWER_MAX, POWER_MEAN, FABRIC_INFO, FABRIC_STATE, FABRIC_STATUS, FABRIC_HEALTH, FABRIC_SUMMARY,
     CALLS,
 )
+"""What the nvml collector declares (``NvmlCollector.metrics()``), in the order it adds them."""
 
 # --- the XID watcher (collectors/xid.py) ------------------------------------------------------------
 XID_TOTAL = MetricSpec("gpumon_gpu_xid_errors_total", MetricType.COUNTER,

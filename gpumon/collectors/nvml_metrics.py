@@ -1,4 +1,5 @@
-"""The GPU metric families and where each value comes from in NVML.
+"""Where each GPU metric's value comes from in NVML (the metrics themselves are declared in
+:mod:`gpumon.catalogue.gpu`).
 
 Three tiers keep the NVML call count per GPU small and bounded:
 

@@ -1,10 +1,10 @@
 """The built-in collectors' sections of ``gpumon once --format table``, one function per collector.
 
-Each builds its section from the snapshot alone (the metric specs the collector declares, read back
-from the families), and returns None when the snapshot holds nothing of that collector. :func:`table_for`
+Each builds its section from the snapshot alone (the catalogue's metric specs, read back from the
+families), and returns None when the snapshot holds nothing of that collector. :func:`table_for`
 looks one up by collector name; a collector without one here (a plugin's) may build its own section in
 its class's ``summarize`` (:mod:`gpumon.report` asks that second). The report is a face: it may import
-the collectors' specs; no collector imports this module.
+a collector's reading tables (the IB ``counters/`` files); no collector imports this module.
 """
 
 from __future__ import annotations
