@@ -79,7 +79,8 @@ INFO_SPEC = MetricSpec(
     azure=(InfoColumns("", GPU_ROW, (
         ("model", "Model"), ("pci_bus_id", "PciBusId"), ("serial", "Serial"), ("vbios", "VbiosVersion"),
         ("driver_version", "DriverVersion"), ("cuda_version", "CudaVersion"), ("mig_mode", "MigMode"))),))
-LOST = _m("gpumon_gpu_lost", GAUGE, "1 when the GPU stopped answering (fell off the bus, needs a reset).", unit=STATE,
+LOST = _m("gpumon_gpu_lost", GAUGE, "1 when the GPU stopped answering (fell off the bus, needs a reset).",
+unit=STATE,
           otel=(OtelMetric("hw.status", "1", Kind.STATUS_INVERTED, Domain.GPU, semconv=True,
                            description=STATUS_DESCRIPTION),),
           azure=(gpu_columns("Lost", AGG_FLAG),))
@@ -153,13 +154,16 @@ CLOCK_VIOLATION = _m("gpumon_gpu_clock_event_violation_seconds_total", COUNTER,
                      "Time clocks were held below target, per reason.", SECONDS, ("reason",),
                      azure=(gpu_columns("", ("increase",), split_label="reason",  # seconds, as the metric
                                         split=each("ClockViolation", _VIOLATIONS)),))
-PCIE_GEN = _m("gpumon_gpu_pcie_link_generation", GAUGE, "Current PCIe link generation.", unit=count("generation"),
+PCIE_GEN = _m("gpumon_gpu_pcie_link_generation", GAUGE, "Current PCIe link generation.",
+unit=count("generation"),
               azure=(gpu_columns("PcieLinkGeneration", ("min",)),))
-PCIE_GEN_MAX = _m("gpumon_gpu_pcie_link_generation_max", GAUGE, "Maximum PCIe link generation.", unit=count("generation"),
+PCIE_GEN_MAX = _m("gpumon_gpu_pcie_link_generation_max", GAUGE, "Maximum PCIe link generation.",
+unit=count("generation"),
                   azure=(gpu_columns("PcieLinkGenerationMax", AGG_LAST, static=True),))
 PCIE_WIDTH = _m("gpumon_gpu_pcie_link_width", GAUGE, "Current PCIe link width (lanes).", unit=count("lane"),
                 azure=(gpu_columns("PcieLinkWidth", ("min",)),))
-PCIE_WIDTH_MAX = _m("gpumon_gpu_pcie_link_width_max", GAUGE, "Maximum PCIe link width (lanes).", unit=count("lane"),
+PCIE_WIDTH_MAX = _m("gpumon_gpu_pcie_link_width_max", GAUGE, "Maximum PCIe link width (lanes).",
+unit=count("lane"),
                     azure=(gpu_columns("PcieLinkWidthMax", AGG_LAST, static=True),))
 PCIE_BYTES = _m("gpumon_gpu_pcie_bytes_total", COUNTER, "PCIe bytes transferred (tx from the GPU, rx to it).",
                 BYTES, ("direction",),
@@ -167,7 +171,8 @@ PCIE_BYTES = _m("gpumon_gpu_pcie_bytes_total", COUNTER, "PCIe bytes transferred 
                                  label_map=(("direction", "network.io.direction"),), semconv=True),),
                 azure=(gpu_columns("", ("increase", "rate"), split_label="direction",
                                    split=tuple((v, f"Pcie{name}Bytes") for v, name in _DIRECTIONS)),))
-PCIE_REPLAY = _m("gpumon_gpu_pcie_replay_total", COUNTER, "PCIe replays (link-level retransmissions).", unit=EVENTS,
+PCIE_REPLAY = _m("gpumon_gpu_pcie_replay_total", COUNTER, "PCIe replays (link-level retransmissions).",
+unit=EVENTS,
                  otel=(OtelMetric("hw.errors", "{error}", Kind.COUNTER, Domain.GPU,
                                   (("error.type", "pcie_replay"),), description=ERRORS_DESCRIPTION,
                                   semconv=True),),
@@ -191,14 +196,17 @@ ECC = _m("gpumon_gpu_ecc_errors_total", COUNTER,
 RETIRED = _m("gpumon_gpu_retired_pages", GAUGE, "Pages retired (pre-Ampere), by cause (sbe, dbe).", count("page"),
              ("cause",), azure=(gpu_columns("", AGG_LAST, split_label="cause",
                                             split=each("RetiredPages", ("sbe", "dbe"))),))
-RETIRED_PENDING = _m("gpumon_gpu_retired_pages_pending", GAUGE, "1 when a page awaits retirement (reset).", unit=STATE,
+RETIRED_PENDING = _m("gpumon_gpu_retired_pages_pending", GAUGE, "1 when a page awaits retirement (reset).",
+unit=STATE,
                      azure=(gpu_columns("RetiredPagesPending", AGG_FLAG),))
 REMAP = _m("gpumon_gpu_remapped_rows", GAUGE, "Rows remapped (Ampere+), by cause.", count("row"), ("cause",),
            azure=(gpu_columns("", AGG_LAST, split_label="cause",
                               split=each("RemappedRows", ("correctable", "uncorrectable"))),))
-REMAP_PENDING = _m("gpumon_gpu_remapped_rows_pending", GAUGE, "1 when a row remap awaits a GPU reset.", unit=STATE,
+REMAP_PENDING = _m("gpumon_gpu_remapped_rows_pending", GAUGE, "1 when a row remap awaits a GPU reset.",
+unit=STATE,
                    azure=(gpu_columns("RemappedRowsPending", AGG_FLAG),))
-REMAP_FAILURE = _m("gpumon_gpu_remapped_rows_failure", GAUGE, "1 when a row remap failed (replace the GPU).", unit=STATE,
+REMAP_FAILURE = _m("gpumon_gpu_remapped_rows_failure", GAUGE, "1 when a row remap failed (replace the GPU).",
+unit=STATE,
                    azure=(gpu_columns("RemappedRowsFailure", AGG_FLAG),))
 RECOVERY = _m("gpumon_gpu_recovery_action", GAUGE,
               "Recovery the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and "
@@ -226,7 +234,8 @@ NVLINK_LINK_BYTES = _m("gpumon_gpu_nvlink_link_bytes_total", COUNTER,
 FAN = _m("gpumon_gpu_fan_speed_ratio", GAUGE, "Fan speed as a fraction of its maximum.", RATIO,
          otel=(OtelMetric("hw.fan.speed_ratio", "1", Kind.GAUGE, Domain.GPU_FAN, semconv=True),),
          azure=(gpu_columns("FanSpeed", ("max",)),))
-PSTATE = _m("gpumon_gpu_performance_state", GAUGE, "Performance state (0 = P0, fastest; 15 slowest).", unit=count("pstate"),
+PSTATE = _m("gpumon_gpu_performance_state", GAUGE, "Performance state (0 = P0, fastest; 15 slowest).",
+unit=count("pstate"),
             azure=(gpu_columns("PerformanceState", ("min", "max")),))
 PROCS = _m("gpumon_gpu_compute_processes", GAUGE, "Compute processes on the GPU.", unit=count("process"),
            azure=(gpu_columns("ComputeProcesses", ("max",)),))
@@ -291,7 +300,8 @@ FABRIC_HEALTH = _m("gpumon_gpu_fabric_health_condition", GAUGE,
                    azure=(gpu_columns("", AGG_FLAG, split_label="condition",
                                       split=each("Fabric", FABRIC_CONDITION_VALUES)),))
 FABRIC_SUMMARY = _m("gpumon_gpu_fabric_health_overall", GAUGE,
-                    "The driver's fabric health summary: 1 healthy, 2 unhealthy, 3 limited capacity.", unit=COUNT,
+                    "The driver's fabric health summary: 1 healthy, 2 unhealthy, 3 limited capacity.",
+                    unit=COUNT,
                     azure=(gpu_columns("FabricHealthSummary", ("max",)),))
 CALLS = MetricSpec("gpumon_nvml_calls_total", COUNTER, "NVML library calls made, by function.", count("call"),
                    ("function",))

@@ -19,32 +19,39 @@ HOST_LABELS = ("vm_size", "region", "zone", "vmss", "vm_id", "placement_group", 
 
 # --- the kernel log (kmsg collector) ----------------------------------------------------------------
 KMSG_RECORDS = MetricSpec("gpumon_kmsg_records_total", MetricType.COUNTER,
-                     "Kernel log records read, by the driver message recognised (other: anything else).", unit=count("record"),
-                     labels=("kind",))
+                          "Kernel log records read, by the driver message recognised (other: anything else).",
+                          unit=count("record"),
+                          labels=("kind",))
 KMSG_LOST = MetricSpec("gpumon_kmsg_lost_records_total", MetricType.COUNTER,
-                  "Kernel log records overwritten in the ring buffer before gpumon read them.", unit=count("record"))
+                       "Kernel log records overwritten in the ring buffer before gpumon read them.",
+                       unit=count("record"))
 KMSG_XIDS = MetricSpec("gpumon_kmsg_xid_errors_total", MetricType.COUNTER,
-                  "XIDs from the driver's kernel-log lines that NVML's event API did not report (add "
-                  "gpumon_gpu_xid_errors_total for all XIDs; join on pci_bus_id with gpumon_gpu_info).", unit=ERRORS,
-                  labels=("pci_bus_id", "xid"))
+                       "XIDs from the driver's kernel-log lines that NVML's event API did not report (add "
+                       "gpumon_gpu_xid_errors_total for all XIDs; join on pci_bus_id with gpumon_gpu_info).",
+                       unit=ERRORS,
+                       labels=("pci_bus_id", "xid"))
 SXIDS = MetricSpec("gpumon_nvswitch_sxid_errors_total", MetricType.COUNTER,
-                   "NVSwitch SXID errors from the kernel log (Hopper and earlier), by switch and SXID.", unit=ERRORS,
+                   "NVSwitch SXID errors from the kernel log (Hopper and earlier), by switch and SXID.",
+                   unit=ERRORS,
                    labels=("switch", "pci_bus_id", "sxid"))
 
 # --- PCIe AER (aer collector) -----------------------------------------------------------------------
 AER_TOTAL = MetricSpec("gpumon_pcie_aer_errors_total", MetricType.COUNTER,
-                   "PCIe AER errors the function reported since boot, by severity (correctable, nonfatal, "
-                   "fatal): the TOTAL_ERR_* lines of aer_dev_*.", unit=ERRORS, labels=AER_LABELS + ("severity",))
+                       "PCIe AER errors the function reported since boot, by severity (correctable, nonfatal, "
+                       "fatal): the TOTAL_ERR_* lines of aer_dev_*.",
+                       unit=ERRORS, labels=AER_LABELS + ("severity",))
 AER_BY_TYPE = MetricSpec("gpumon_pcie_aer_error_types_total", MetricType.COUNTER,
-                     "PCIe AER errors by type (the aer_dev_* line name, e.g. RxErr, BadTLP, CmpltTO); by "
-                     "default only types that have counted.", unit=EVENTS, labels=AER_LABELS + ("severity", "type"))
+                         "PCIe AER errors by type (the aer_dev_* line name, e.g. RxErr, BadTLP, CmpltTO); by "
+                         "default only types that have counted.",
+                         unit=EVENTS, labels=AER_LABELS + ("severity", "type"))
 AER_ROOT = MetricSpec("gpumon_pcie_aer_rootport_errors_total", MetricType.COUNTER,
-                  "Errors reported to a root port by the devices below it (aer_rootport_total_err_*).", unit=ERRORS,
-                  labels=("pci_bus_id", "severity"))
+                      "Errors reported to a root port by the devices below it (aer_rootport_total_err_*).",
+                      unit=ERRORS,
+                      labels=("pci_bus_id", "severity"))
 PCI_FUNCTION_INFO = MetricSpec("gpumon_pcie_function_info", MetricType.INFO,
-                  "A watched PCI function; value 1. parent is the bridge above it (pci_bus_id form), "
-                  "sysfs_name the directory under /sys/bus/pci/devices.", unit=INFO,
-                  labels=AER_LABELS + ("parent", "sysfs_name"))
+                               "A watched PCI function; value 1. parent is the bridge above it (pci_bus_id form), "
+                               "sysfs_name the directory under /sys/bus/pci/devices.", unit=INFO,
+                               labels=AER_LABELS + ("parent", "sysfs_name"))
 
 # --- who holds a GPU (attribution collector) --------------------------------------------------------
 ALLOCATION = MetricSpec(
@@ -77,5 +84,6 @@ SCHEDULED_EVENTS_INCARNATION = MetricSpec(
 HOST_INFO = MetricSpec(
     "gpumon_host_info", MetricType.INFO,
     "The Azure VM and its placement (value 1): IMDS vmSize, location, zone, vmScaleSetName, vmId, "
-    "placementGroupId, platformFaultDomain, and the Hyper-V KVP PhysicalHostName; empty where unknown.", unit=INFO,
+    "placementGroupId, platformFaultDomain, and the Hyper-V KVP PhysicalHostName; empty where unknown.",
+    unit=INFO,
     labels=HOST_LABELS)
