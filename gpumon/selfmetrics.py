@@ -28,7 +28,9 @@ from gpumon.catalogue.daemon import (
     SINK_DROPPED,
     SINK_EXPORTED,
     SINK_FAILED,
+    SINK_GAUGES,
     SINK_UP,
+    sink_gauge,
 )
 from gpumon.model import MetricFamily, MetricSpec, MetricType
 from gpumon.sinks.base import SinkHealth
@@ -141,8 +143,7 @@ class SelfMetrics:
         name = f"gpumon_sink_{key}"
         spec = self._process_specs.get(name)
         if spec is None:
-            spec = MetricSpec(name, MetricType.GAUGE, f"Sink-specific gauge {key!r} (see the sink's docs).",
-                              labels=("sink",))
+            spec = SINK_GAUGES.get(name) or sink_gauge(key)
             self._process_specs[name] = spec
         return spec
 

@@ -173,3 +173,21 @@ def test_the_label_values_the_catalogue_gives_columns_are_the_sources():
     assert tuple(c.name for c in nvml_tables.FABRIC_CONDITIONS) == gpu_metrics.FABRIC_CONDITION_VALUES
     assert ib_metrics.HW_COUNTER_COLUMN_VALUES == ib_sysfs.MLX5_QUEUE_COUNTERS + ib_sysfs.MLX5_ROCE_COUNTERS
     assert ib_metrics.FLAP_SIGNAL_VALUES == flaps.SIGNALS
+
+
+def test_the_built_in_sinks_gauges_keep_their_units():
+    """``gpumon_sink_<key>`` gauges are made from each sink's health at run time; their units are
+    declared in the catalogue (the UCUM codes they were always exported with), their Prometheus unit
+    word stays empty (no ``# UNIT`` line), and a plugin sink's unknown key is a plain count."""
+    from gpumon.sinks.base import SinkHealth
+
+    expected = {"spool_bytes": "By", "last_success_timestamp_seconds": "s", "queued_records": "{record}",
+                "consecutive_failures": "{failure}", "exported_data_points": "{data_point}",
+                "exported_log_records": "{record}", "connections": "{count}", "requests_queued": "{count}",
+                "rows_queued": "{count}", "unmapped_metrics": "{count}", "acme_widgets_bytes": "{count}"}
+    health = {"azure_monitor": SinkHealth(up=True, extra={key: 1.0 for key in expected})}
+    families = {fam.name: fam for fam in selfmetrics.SelfMetrics().families({}, health)}
+    for key, ucum in expected.items():
+        spec = families[f"gpumon_sink_{key}"].spec
+        assert (str(spec.unit), otel_mapping.ucum(spec), spec.labels) == ("", ucum, ("sink",)), key
+        assert spec.help == f"Sink-specific gauge {key!r} (see the sink's docs)."

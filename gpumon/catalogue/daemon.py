@@ -47,6 +47,30 @@ SINK_DROPPED = MetricSpec("gpumon_sink_dropped_total", MetricType.COUNTER,
                           "Items the sink gave up on (spool full, rejected by the service).",
                           unit=count("item"), labels=("sink",))
 
+
+def sink_gauge(key: str, unit: Unit = COUNT) -> MetricSpec:
+    """A sink's own gauge ``gpumon_sink_<key>``, one per key of its ``SinkHealth.extra``."""
+    return MetricSpec(f"gpumon_sink_{key}", MetricType.GAUGE, f"Sink-specific gauge {key!r} (see the sink's docs).",
+                      unit, ("sink",))
+
+
+SINK_GAUGES = {spec.name: spec for spec in (
+    sink_gauge("spool_bytes", Unit("", "By")),
+    sink_gauge("last_success_timestamp_seconds", Unit("", "s")),
+    sink_gauge("queued_records", count("record")),
+    sink_gauge("consecutive_failures", count("failure")),
+    sink_gauge("exported_data_points", count("data_point")),
+    sink_gauge("exported_log_records", count("record")),
+    sink_gauge("connections", COUNT),
+    sink_gauge("requests_queued", COUNT),
+    sink_gauge("rows_queued", COUNT),
+    sink_gauge("unmapped_metrics", COUNT),
+)}
+"""The built-in sinks' own gauges (OpenTelemetry, Prometheus, remote write, Azure Monitor) by name. The
+Prometheus word of each is left empty, as these series have always been exposed (no ``# UNIT``); the
+UCUM code is what the OpenTelemetry sink sends. A plugin sink's other keys get :func:`sink_gauge`'s
+``{count}``."""
+
 COLLECTOR_STATE = MetricSpec("gpumon_collector_state", MetricType.GAUGE,
                              "1 for each collector, labelled with its state (ok, down, unavailable) and "
                              "why (a fixed vocabulary), so an unmounted /host/sys and a host without an "
