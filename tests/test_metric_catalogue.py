@@ -152,6 +152,19 @@ def test_every_catalogue_metric_declares_a_typed_unit_that_its_name_agrees_with(
         assert otel_mapping.ucum(spec) == spec.unit.ucum
 
 
+def test_a_unit_is_its_prometheus_word_and_keeps_its_ucum_code_through_copy_and_pickle():
+    import copy
+    import json
+    import pickle
+
+    from gpumon.catalogue.units import BYTES, ERRORS
+
+    assert BYTES == "bytes" and json.dumps({"unit": BYTES}) == '{"unit": "bytes"}' and f"{BYTES}" == "bytes"
+    assert not ERRORS and ERRORS.ucum == "{error}"
+    for again in (copy.deepcopy(BYTES), pickle.loads(pickle.dumps(BYTES))):
+        assert (again, again.ucum) == ("bytes", "By")
+
+
 def test_a_plugin_unit_word_is_translated_and_a_missing_one_is_not_guessed_from_the_name():
     gauge = MetricSpec("acme_inlet_bytes", MetricType.GAUGE, "x")
     assert otel_mapping.ucum(gauge) == "{count}"  # not "By": a plugin without a unit says nothing

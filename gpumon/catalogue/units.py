@@ -16,6 +16,9 @@ class Unit(str):
         unit.ucum = ucum
         return unit
 
+    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]  # copy and pickle keep the code
+        return (str(self), self.ucum)
+
     def __repr__(self) -> str:
         return f"Unit({str(self)!r}, {self.ucum!r})"
 
