@@ -13,10 +13,11 @@ import dataclasses
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
+from gpumon.catalogue import host as host_metrics
 from gpumon.model import Event, Labels, MetricFamily, MetricSpec, Sample
 
-ALLOCATION_FAMILY = "gpumon_gpu_allocation_info"
-"""The attribution collector's join series (its spec lives with the collector)."""
+ALLOCATION_FAMILY = host_metrics.ALLOCATION.name
+"""The attribution collector's join series (declared in the catalogue)."""
 LABELS = ("namespace", "pod", "container", "job_id")
 """The attribution labels, in the order they are appended to a series."""
 _UNHELD: Labels = tuple((name, "") for name in LABELS)

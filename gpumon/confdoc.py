@@ -105,10 +105,10 @@ def example_toml(schemas: list[SectionSchema]) -> str:
 def declared_specs() -> list[MetricSpec]:
     """Every metric the installed collectors, the daemon's self-metrics (with prometheus-client's
     process_* ones) and the health stage declare, once each, sorted by name."""
-    from gpumon import registry, selfmetrics
-    from gpumon.health import stage
+    from gpumon import registry
+    from gpumon.catalogue import daemon
 
-    own = selfmetrics.SPECS + selfmetrics.PROCESS_SPECS + stage.SPECS
+    own = daemon.SELF_SPECS + daemon.PROCESS_SPECS + daemon.HEALTH_SPECS
     specs: dict[str, MetricSpec] = {s.name: s for s in own}
     for name in registry.available_collectors():
         try:

@@ -79,7 +79,6 @@ class _Flap:
 @dataclass
 class _Port:
     up: bool | None = None
-    last_sample: float | None = None
     last_up_sample: float | None = None
     down_since: float | None = None
     left_active_at: float | None = None
@@ -299,7 +298,6 @@ class FlapDetector:
                 port.left_active_at = None
         if up:
             port.last_up_sample = now
-        port.last_sample = now
 
     def _observe_counter(
         self, key: PortKey, port: _Port, signal: str, value: int, now: float, wall: float,

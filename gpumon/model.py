@@ -10,10 +10,9 @@ import enum
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-if TYPE_CHECKING:  # the hint types; model imports nothing of gpumon at run time
-    from gpumon.metric_catalogue import AzureHint, OtelMetric
+from gpumon.catalogue.hints import AzureHint, OtelMetric  # pure types, importing nothing of gpumon
 
 Labels = tuple[tuple[str, str], ...]
 """Label pairs in a fixed order: hashable, so renderers can cache per-series text."""
@@ -54,10 +53,12 @@ class MetricSpec:
     """What a metric is. ``name`` is the exposed Prometheus name: counters end in ``_total``,
     info metrics in ``_info`` (value 1, identity in the labels).
 
-    ``otel`` and ``azure`` are the hints a sink needs to map it (:mod:`gpumon.metric_catalogue`): the
-    OpenTelemetry metric(s) it maps to and the Log Analytics columns it fills. Without them the
-    catalogue's registry is asked by name, then the sink's generic mapping applies (a mechanical OTel
-    name; generic ``GpuMonMetrics_CL`` rows). They do not take part in equality."""
+    ``unit`` is the Prometheus unit word; gpumon's own metrics (:mod:`gpumon.catalogue`) give a
+    :class:`gpumon.catalogue.units.Unit`, a word that carries its UCUM code for OpenTelemetry, and a
+    plugin's may give a plain word. ``otel`` and ``azure`` are the hints a sink needs to map it
+    (:mod:`gpumon.catalogue.hints`): the OpenTelemetry metric(s) it maps to and the Log Analytics
+    columns it fills. Without them the sink's generic mapping applies (a mechanical OTel name;
+    generic ``GpuMonMetrics_CL`` rows). They do not take part in equality."""
 
     name: str
     type: MetricType

@@ -15,37 +15,26 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from gpumon import __version__
-from gpumon.metric_catalogue import Domain, Kind, OtelMetric
+from gpumon.catalogue.daemon import (
+    BUILD_INFO,
+    COLLECTOR_DURATION,
+    COLLECTOR_ERRORS,
+    COLLECTOR_RUNS,
+    COLLECTOR_STATE,
+    COLLECTOR_UP,
+    CONFIG_RELOAD_OK,
+    CONFIG_RELOADS,
+    PROCESS_SPECS,
+    SINK_DROPPED,
+    SINK_EXPORTED,
+    SINK_FAILED,
+    SINK_GAUGES,
+    SINK_UP,
+    sink_gauge,
+)
 from gpumon.model import MetricFamily, MetricSpec, MetricType
 from gpumon.sinks.base import SinkHealth
 
-BUILD_INFO = MetricSpec("gpumon_build_info", MetricType.INFO, "gpumon version and the Python running it.",
-                        labels=("version", "python"))
-COLLECTOR_UP = MetricSpec("gpumon_collector_up", MetricType.GAUGE,
-                          "1 when the collector's latest run succeeded within its deadline; its series "
-                          "are withdrawn while 0.", labels=("collector",))
-COLLECTOR_DURATION = MetricSpec("gpumon_collector_duration_seconds", MetricType.GAUGE,
-                                "Wall time of the collector's latest completed run.", "seconds",
-                                ("collector",))
-COLLECTOR_RUNS = MetricSpec("gpumon_collector_runs_total", MetricType.COUNTER,
-                            "Completed runs of the collector, successful or not.", labels=("collector",))
-COLLECTOR_ERRORS = MetricSpec("gpumon_collector_errors_total", MetricType.COUNTER,
-                              "Faults counted by the collector (unreadable values, failed calls) and by "
-                              "the loop (exception, deadline), by reason.", labels=("collector", "reason"))
-SINK_UP = MetricSpec("gpumon_sink_up", MetricType.GAUGE, "1 while the sink is able to deliver.",
-                     labels=("sink",))
-SINK_EXPORTED = MetricSpec("gpumon_sink_exported_total", MetricType.COUNTER,
-                           "Items the sink delivered: scrapes served, data points or rows accepted.",
-                           labels=("sink",))
-SINK_FAILED = MetricSpec("gpumon_sink_failed_total", MetricType.COUNTER,
-                         "Deliveries that failed (and were retried or dropped).", labels=("sink",))
-SINK_DROPPED = MetricSpec("gpumon_sink_dropped_total", MetricType.COUNTER,
-                          "Items the sink gave up on (spool full, rejected by the service).", labels=("sink",))
-
-COLLECTOR_STATE = MetricSpec("gpumon_collector_state", MetricType.GAUGE,
-                             "1 for each collector, labelled with its state (ok, down, unavailable) and "
-                             "why (a fixed vocabulary), so an unmounted /host/sys and a host without an "
-                             "HCA can be told apart.", labels=("collector", "state", "reason"))
 STATES = ("ok", "down", "unavailable")
 REASONS = ("none", "no_source", "library_not_found", "driver_not_loaded", "no_permission", "init_failed",
            "deadline_exceeded", "error")
@@ -62,40 +51,6 @@ _REASON_WORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("init_failed", ("init failed", "initialisation", "initialization")),
 )
 
-CONFIG_RELOADS = MetricSpec("gpumon_config_reloads_total", MetricType.COUNTER,
-                            "SIGHUP reloads by result; a failed one keeps the running configuration.",
-                            labels=("result",))
-CONFIG_RELOAD_OK = MetricSpec("gpumon_config_last_reload_successful", MetricType.GAUGE,
-                              "0 when the latest reload was rejected and an older configuration runs.")
-
-SPECS = (BUILD_INFO, COLLECTOR_UP, COLLECTOR_STATE, COLLECTOR_DURATION, COLLECTOR_RUNS, COLLECTOR_ERRORS,
-         SINK_UP, SINK_EXPORTED, SINK_FAILED, SINK_DROPPED, CONFIG_RELOADS, CONFIG_RELOAD_OK)
-
-
-def _process(name: str, kind: MetricType, help: str, unit: str, otel: OtelMetric | None = None) -> MetricSpec:
-    return MetricSpec(name, kind, help, unit, otel=(otel,) if otel else ())
-
-
-PROCESS_SPECS = (
-    _process("process_cpu_seconds_total", MetricType.COUNTER,
-             "Total user and system CPU time spent in seconds.", "seconds",
-             OtelMetric("process.cpu.time", "s", Kind.COUNTER, Domain.PROCESS, semconv=True, cpu_modes=True,
-                        description="CPU time of the gpumon process.")),
-    _process("process_resident_memory_bytes", MetricType.GAUGE, "Resident memory size in bytes.", "bytes",
-             OtelMetric("process.memory.usage", "By", Kind.UPDOWN, Domain.PROCESS, semconv=True)),
-    _process("process_virtual_memory_bytes", MetricType.GAUGE, "Virtual memory size in bytes.", "bytes",
-             OtelMetric("process.memory.virtual", "By", Kind.UPDOWN, Domain.PROCESS, semconv=True)),
-    _process("process_open_fds", MetricType.GAUGE, "Number of open file descriptors.", "",
-             OtelMetric("process.unix.file_descriptor.count", "{file_descriptor}", Kind.UPDOWN,
-                        Domain.PROCESS, semconv=True)),
-    _process("process_max_fds", MetricType.GAUGE, "Maximum number of open file descriptors.", ""),
-    _process("process_start_time_seconds", MetricType.GAUGE,
-             "Start time of the process since unix epoch in seconds.", "seconds"),
-)
-"""The process_* metrics prometheus-client reads from /proc (names and meaning are its own), declared
-here so that they carry their sink hints (the process.* semantic conventions) and the docs list them.
-prometheus-client, not gpumon, makes the samples: :meth:`SelfMetrics._read_process` pairs each with
-its declaration by name, the one place a hint is found through a metric's name."""
 _PROCESS_BY_NAME = {spec.name: spec for spec in PROCESS_SPECS}
 
 
@@ -188,8 +143,7 @@ class SelfMetrics:
         name = f"gpumon_sink_{key}"
         spec = self._process_specs.get(name)
         if spec is None:
-            spec = MetricSpec(name, MetricType.GAUGE, f"Sink-specific gauge {key!r} (see the sink's docs).",
-                              labels=("sink",))
+            spec = SINK_GAUGES.get(name) or sink_gauge(key)
             self._process_specs[name] = spec
         return spec
 
@@ -209,8 +163,9 @@ class SelfMetrics:
                 spec = self._process_specs.get(sample.name)
                 if spec is None:
                     kind = MetricType.COUNTER if sample.name.endswith("_total") else MetricType.GAUGE
-                    unit = "seconds" if "seconds" in sample.name else ("bytes" if "bytes" in sample.name else "")
-                    declared = _PROCESS_BY_NAME.get(sample.name)  # gpumon's declaration: the hints
+                    declared = _PROCESS_BY_NAME.get(sample.name)  # gpumon's declaration: unit and hints
+                    unit = declared.unit if declared else (
+                        "seconds" if "seconds" in sample.name else ("bytes" if "bytes" in sample.name else ""))
                     spec = MetricSpec(sample.name, kind, metric.documentation, unit,
                                       otel=declared.otel if declared else (),
                                       azure=declared.azure if declared else ())

@@ -12,8 +12,7 @@ import sys
 import pytest
 import yaml
 
-from gpumon import selfmetrics
-from gpumon.health import stage as health_stage
+from gpumon.catalogue import daemon as daemon_metrics
 from gpumon.registry import available_collectors, collector_class
 from gpumon.rulefiles import rule_files
 from tests.conftest import REPO
@@ -39,7 +38,7 @@ def rules(kind: str) -> list[dict]:
 
 def known_metrics() -> set[str]:
     """Every metric name gpumon can export (counters with and without _total), plus the recording rules."""
-    names = {spec.name for spec in selfmetrics.SPECS + health_stage.SPECS}
+    names = {spec.name for spec in daemon_metrics.SELF_SPECS + daemon_metrics.HEALTH_SPECS}
     for name in available_collectors():
         names |= {spec.name for spec in collector_class(name).metrics()}
     names |= {r["record"] for r in rules("record")}

@@ -1,10 +1,16 @@
 """The layer picture of docs/architecture.md, enforced on the import graph (imports inside functions
 count; ``if TYPE_CHECKING:`` blocks do not): face -> loop -> collectors, health, sinks -> sources ->
-core; simulate beside them, reached only from the loop and the face."""
+core and the metric catalogue; simulate beside them, reached only from the loop and the face. And
+the catalogue's rule, enforced on the source: no metric name is written as a string outside it."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
+from gpumon.catalogue import every
 from gpumon.registry import BUILTIN_COLLECTORS
+from tests.conftest import REPO
 from tests.test_import_structure import graph
 
 FACE = ("gpumon.cli", "gpumon.__main__", "gpumon.report", "gpumon.confdoc")
@@ -13,8 +19,11 @@ LOOP = ("gpumon.daemon", "gpumon.registry", "gpumon.selfmetrics")
 COLLECTOR_MODULES = frozenset(target.partition(":")[0] for target in BUILTIN_COLLECTORS.values())
 """Modules a built-in collector is registered from; every other module in collectors/ is a helper."""
 
-SELF_CONTAINED = ("gpumon.model", "gpumon.config", "gpumon.table", "gpumon.backoff")
-"""The core types and the one backoff, which every layer may import; they import nothing of gpumon."""
+SELF_CONTAINED = ("gpumon.model", "gpumon.config", "gpumon.table", "gpumon.backoff",
+                  "gpumon.catalogue.hints", "gpumon.catalogue.units")
+"""The core types, the catalogue's hint and unit types and the one backoff, which every layer may
+import; they import nothing of gpumon (but the model names the hint types its specs carry)."""
+MODEL_MAY_IMPORT = frozenset({"gpumon.catalogue.hints"})
 
 KNOWN_BREACHES: set[tuple[str, str]] = set()
 """Edges that break a rule today, each to be removed by its module's owner; a fixed one must leave."""
@@ -53,13 +62,17 @@ def breaches() -> dict[str, set[tuple[str, str]]]:
             if inside(target, "gpumon.simulate") and not (
                     inside(source, "gpumon.simulate") or source in ("gpumon.daemon.context", "gpumon.cli")):
                 breach("simulate is imported only by simulate, daemon.context and cli", source, target)
-            if source in SELF_CONTAINED and target != "gpumon":
-                breach("model, config, table and backoff import nothing of gpumon", source, target)
+            if source in SELF_CONTAINED and target != "gpumon" and not (
+                    source == "gpumon.model" and target in MODEL_MAY_IMPORT):
+                breach("model, config, table, backoff and the hint and unit types import nothing of gpumon "
+                       "(the model only the hint types)", source, target)
             if inside(target, "gpumon.report") and not inside(source, *FACE):
                 breach("the report (once's output, the terminal tables) is imported only by the face",
                        source, target)
-            if source == "gpumon.metric_catalogue" and target != "gpumon.model":
-                breach("the metric catalogue (hint types, pure data) imports only the model", source, target)
+            if inside(source, "gpumon.catalogue") and not (
+                    inside(target, "gpumon.catalogue") or target in ("gpumon", "gpumon.model")):
+                breach("the metric catalogue (pure data, the ground floor) imports only the model and itself",
+                       source, target)
     return found
 
 
@@ -84,7 +97,8 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
     real = graph()
     planted = {**real, "gpumon.sources.kvp": real["gpumon.sources.kvp"] | {"gpumon.collectors.nvml"},
                "gpumon.collectors.kmsg": real["gpumon.collectors.kmsg"] | {"gpumon.collectors.xid"},
-               "gpumon.metric_catalogue": real["gpumon.metric_catalogue"] | {"gpumon.sources.ib_sysfs"},
+               "gpumon.catalogue.gpu": real["gpumon.catalogue.gpu"] | {"gpumon.sources.ib_sysfs"},
+               "gpumon.catalogue.hints": real["gpumon.catalogue.hints"] | {"gpumon.model"},
                "gpumon.sinks.otel_mapping": real["gpumon.sinks.otel_mapping"]
                | {"gpumon.collectors.nvml_metrics"},
                "gpumon.collectors.nvml": real["gpumon.collectors.nvml"] | {"gpumon.report.tables"},
@@ -95,7 +109,8 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
     found = {edge for edges in breaches().values() for edge in edges}
     assert ("gpumon.sources.kvp", "gpumon.collectors.nvml") in found
     assert ("gpumon.collectors.kmsg", "gpumon.collectors.xid") in found
-    assert ("gpumon.metric_catalogue", "gpumon.sources.ib_sysfs") in found
+    assert ("gpumon.catalogue.gpu", "gpumon.sources.ib_sysfs") in found
+    assert ("gpumon.catalogue.hints", "gpumon.model") in found
     assert ("gpumon.sinks.otel_mapping", "gpumon.collectors.nvml_metrics") in found
     assert ("gpumon.collectors.nvml", "gpumon.report.tables") in found
     assert ("gpumon.daemon.once", "gpumon.report") in found
@@ -109,3 +124,44 @@ def test_imports_point_down_the_layers():
     assert not unexpected, f"imports against docs/architecture.md's layers: {unexpected}"
     stale = KNOWN_BREACHES - {edge for edges in found.values() for edge in edges}
     assert not stale, f"fixed breaches still listed in KNOWN_BREACHES: {sorted(stale)}"
+
+
+# ------------------------------------------------------------------ metric names live in the catalogue
+CATALOGUE = Path(REPO) / "gpumon" / "catalogue"
+KNOWN_NAME_STRINGS: set[str] = set()
+"""Modules that still write a metric name as a string, each to move to the constant; a fixed one must leave."""
+
+
+def metric_name_strings(root: Path, names: frozenset[str]) -> list[tuple[Path, int, str]]:
+    """(path, line, name) for every string constant under ``root`` (gpumon/catalogue/ excepted) that is
+    a catalogue metric's name: such a module must refer to the metric by its constant."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if CATALOGUE in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                found.append((path, node.lineno, node.value))
+    return found
+
+
+def test_no_metric_name_is_written_as_a_string_outside_the_catalogue():
+    """One new metric is one edit in the catalogue: collectors, health rules, sinks, the report and the
+    docs generators name a metric by its constant (``gpu.LOST.name``), never as ``"gpumon_gpu_lost"``."""
+    names = frozenset(spec.name for spec in every.ALL)
+    assert {"gpumon_gpu_lost", "gpumon_ib_port_up", "gpumon_collector_up", "process_open_fds"} <= names
+    found = [(str(path.relative_to(REPO)), line, name)
+             for path, line, name in metric_name_strings(Path(REPO) / "gpumon", names)]
+    unexpected = [f"{path}:{line}: {name}" for path, line, name in found if path not in KNOWN_NAME_STRINGS]
+    assert not unexpected, "metric names written as strings outside gpumon/catalogue/:\n" + "\n".join(unexpected)
+    stale = KNOWN_NAME_STRINGS - {path for path, _, _ in found}
+    assert not stale, f"modules that no longer write metric names still listed in KNOWN_NAME_STRINGS: {stale}"
+
+
+def test_the_metric_name_rule_finds_a_planted_string(tmp_path):
+    """Guards the rule itself: a module that writes a catalogue name as a string is found; a longer
+    string that merely starts with one is not."""
+    (tmp_path / "planted.py").write_text('FAMILY = "gpumon_gpu_lost"\nOTHER = "gpumon_gpu_lost_not"\n')
+    names = frozenset(spec.name for spec in every.ALL)
+    assert [(p.name, line, name) for p, line, name in metric_name_strings(tmp_path, names)] == [
+        ("planted.py", 1, "gpumon_gpu_lost")]

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
+from gpumon.catalogue.hints import MetricColumns, NoColumns
+from gpumon.catalogue.lookup import azure_hints
 from gpumon.confdoc import declared_specs
-from gpumon.metric_catalogue import MetricColumns, NoColumns, azure_hints
 from gpumon.model import MetricType
 from gpumon.sinks.azure_rows import IDENTITY, TABLES, stream_columns
 

@@ -37,8 +37,8 @@ def gpumon_value(snap: Snapshot, name: str, gpu: str, **match: str) -> float:
 
 def test_every_default_field_with_a_source_is_served_for_every_gpu(snapshot) -> None:
     got = parsed(DcgmCompat("nd-node").render(snapshot))
-    expected = {f.name for f in FIELDS if snapshot.family(f.source) is not None and any(
-        all(s.label(k) == v for k, v in f.match) for s in snapshot.family(f.source).samples)}
+    expected = {f.name for f in FIELDS if snapshot.family(f.source.name) is not None and any(
+        all(s.label(k) == v for k, v in f.match) for s in snapshot.family(f.source.name).samples)}
     assert len(expected) >= 20  # all but the encoder (gpumon reads no encoder utilisation)
     expected.add("DCGM_FI_DEV_XID_ERRORS")
     assert set(got) >= expected

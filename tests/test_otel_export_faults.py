@@ -11,6 +11,7 @@ import pytest
 
 from gpumon.model import Event, Severity
 from gpumon.sinks import otel
+from gpumon.sinks.otel.transport import grpc_retry_delay
 from tests import test_otel_receiver as receivers
 from tests.conftest import closed_port, wait_for
 from tests.test_otel_export_wire import POINTS, snapshot
@@ -262,10 +263,10 @@ def test_retry_info_is_read_from_the_status_details():
     import grpc
 
     details = receivers.retry_info_status(grpc.StatusCode.RESOURCE_EXHAUSTED, 2.25)
-    assert otel._grpc_retry_delay([("grpc-status-details-bin", details)]) == 2.25
-    assert otel._grpc_retry_delay([("grpc-status-details-bin", b"\xff\x00 not a status")]) is None
-    assert otel._grpc_retry_delay([("retry-after", "3")]) == 3.0
-    assert otel._grpc_retry_delay([]) is None
+    assert grpc_retry_delay([("grpc-status-details-bin", details)]) == 2.25
+    assert grpc_retry_delay([("grpc-status-details-bin", b"\xff\x00 not a status")]) is None
+    assert grpc_retry_delay([("retry-after", "3")]) == 3.0
+    assert grpc_retry_delay([]) is None
 
 
 # ------------------------------------------------------------------- a transport that cannot be built

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
+from gpumon.catalogue import units
+from gpumon.catalogue.lookup import otel_hints
 from gpumon.confdoc import declared_specs
-from gpumon.metric_catalogue import otel_hints
 from gpumon.model import MetricSpec, MetricType
 from gpumon.sinks import otel_mapping as m
 
@@ -56,14 +57,14 @@ def test_semantic_convention_entries(prom, otel, unit, kind):
      m.Kind.GAUGE),
     (MetricSpec("gpumon_gpu_pcie_throughput_bytes_per_second", MetricType.GAUGE, "h", "bytes_per_second"),
      "gpumon.gpu.pcie_throughput", "By/s", m.Kind.GAUGE),
-    (MetricSpec("gpumon_ib_port_vl15_dropped_total", MetricType.COUNTER, "h"), "gpumon.ib.port_vl15_dropped",
+    (MetricSpec("gpumon_ib_port_vl15_dropped_total", MetricType.COUNTER, "h", units.PACKETS), "gpumon.ib.port_vl15_dropped",
      "{packet}", m.Kind.COUNTER),
-    (MetricSpec("gpumon_gpu_nvlink_errors_total", MetricType.COUNTER, "h"), "gpumon.gpu.nvlink_errors",
+    (MetricSpec("gpumon_gpu_nvlink_errors_total", MetricType.COUNTER, "h", units.ERRORS), "gpumon.gpu.nvlink_errors",
      "{error}", m.Kind.COUNTER),
     (MetricSpec("gpumon_gpu_info", MetricType.INFO, "h"), "gpumon.gpu.info", "{info}", m.Kind.GAUGE),
     (MetricSpec("gpumon_gpu_board_volts", MetricType.GAUGE, "h", "volts"), "gpumon.gpu.board", "V",
      m.Kind.GAUGE),
-    (MetricSpec("gpumon_up", MetricType.GAUGE, "h"), "gpumon.up", "{state}", m.Kind.GAUGE),
+    (MetricSpec("gpumon_up", MetricType.GAUGE, "h", units.STATE), "gpumon.up", "{state}", m.Kind.GAUGE),
     (MetricSpec("gpumon_gpu_widgets_total", MetricType.COUNTER, "h"), "gpumon.gpu.widgets", "{event}",
      m.Kind.COUNTER),
     (MetricSpec("gpumon_gpu_widget_count", MetricType.GAUGE, "h"), "gpumon.gpu.widget_count", "{count}",

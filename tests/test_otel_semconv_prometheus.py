@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from gpumon import selfmetrics
+from gpumon.catalogue import daemon as daemon_metrics
 from gpumon.confdoc import declared_specs
 from gpumon.model import MetricFamily
 from gpumon.sinks import otel_mapping as mapping
@@ -81,7 +81,7 @@ def received(tmp_path_factory):
     try:
         snap = host.snapshot()
         process = tuple(MetricFamily(spec, (spec.sample(value),)) for spec, value in zip(
-            selfmetrics.PROCESS_SPECS, (1.5, 2 ** 26, 2 ** 30, 12, 1024, time.time() - 5), strict=True))
+            daemon_metrics.PROCESS_SPECS, (1.5, 2 ** 26, 2 ** 30, 12, 1024, time.time() - 5), strict=True))
         snap = snap.__class__(snap.host, snap.time, snap.families + process, (), snap.collectors, snap.seq)
         sink.start()
         sink.publish(snap)

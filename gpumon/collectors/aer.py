@@ -15,33 +15,31 @@ import os
 import time
 from dataclasses import dataclass
 
+from gpumon.catalogue.host import (
+    AER_BY_TYPE as BY_TYPE,
+)
+from gpumon.catalogue.host import (
+    AER_ROOT as ROOT,
+)
+from gpumon.catalogue.host import (
+    AER_TOTAL as TOTAL,
+)
+from gpumon.catalogue.host import (
+    PCI_FUNCTION_INFO as INFO,
+)
 from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.log_once import COUNTED, LogOnce
-from gpumon.model import Collection, MetricSpec, MetricType, Sample
+from gpumon.model import Collection, MetricSpec, Sample
 from gpumon.sources import pci_aer
 from gpumon.sources.ib_sysfs import Fault, read_mode_cached
 from gpumon.sources.pci import nvml_bus_id
 
 log = logging.getLogger("gpumon.collectors.aer")
 
-LABELS = ("pci_bus_id", "role", "device")
 REDISCOVER = 3600.0
 """Seconds between walks of the PCI tree (a hot-plugged VF shows up within this)."""
 
-TOTAL = MetricSpec("gpumon_pcie_aer_errors_total", MetricType.COUNTER,
-                   "PCIe AER errors the function reported since boot, by severity (correctable, nonfatal, "
-                   "fatal): the TOTAL_ERR_* lines of aer_dev_*.", labels=LABELS + ("severity",))
-BY_TYPE = MetricSpec("gpumon_pcie_aer_error_types_total", MetricType.COUNTER,
-                     "PCIe AER errors by type (the aer_dev_* line name, e.g. RxErr, BadTLP, CmpltTO); by "
-                     "default only types that have counted.", labels=LABELS + ("severity", "type"))
-ROOT = MetricSpec("gpumon_pcie_aer_rootport_errors_total", MetricType.COUNTER,
-                  "Errors reported to a root port by the devices below it (aer_rootport_total_err_*).",
-                  labels=("pci_bus_id", "severity"))
-INFO = MetricSpec("gpumon_pcie_function_info", MetricType.INFO,
-                  "A watched PCI function; value 1. parent is the bridge above it (pci_bus_id form), "
-                  "sysfs_name the directory under /sys/bus/pci/devices.",
-                  labels=LABELS + ("parent", "sysfs_name"))
 
 
 @dataclass(frozen=True)

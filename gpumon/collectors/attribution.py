@@ -25,26 +25,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from gpumon.catalogue.host import (
+    ALLOCATION,
+)
+from gpumon.catalogue.host import (
+    ATTRIBUTION_SOURCE_UP as SOURCE_UP,
+)
 from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.collectors.gpu_directory import KEY as DIRECTORY_KEY
 from gpumon.collectors.gpu_directory import GpuDirectory, GpuEntry
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.log_once import LogOnce
-from gpumon.model import Collection, MetricSpec, MetricType
+from gpumon.model import Collection, MetricSpec
 from gpumon.sources import cgroup, jobmap, kubelet
 
 log = logging.getLogger(__name__)
 
-ALLOCATION = MetricSpec(
-    "gpumon_gpu_allocation_info", MetricType.INFO,
-    "Who holds a GPU: one series per pod container or job (labels that do not apply are empty). "
-    "Join with: ... * on(instance, gpu) group_left(namespace, pod) gpumon_gpu_allocation_info.",
-    labels=("gpu", "uuid", "gpu_instance", "namespace", "pod", "container", "job_id"))
-SOURCE_UP = MetricSpec(
-    "gpumon_attribution_source_up", MetricType.GAUGE,
-    "1 while an attribution source answers (kubelet, job_mapping, processes, simulation); 0 while it "
-    "fails.",
-    labels=("source",))
 
 KEEP_STALE_INTERVALS = 3
 MAX_HOLDERS_PER_GPU = 64

@@ -19,10 +19,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon import imds
+from gpumon.catalogue.host import (
+    SCHEDULED_EVENT as PENDING,
+)
+from gpumon.catalogue.host import (
+    SCHEDULED_EVENT_NOT_BEFORE as NOT_BEFORE,
+)
+from gpumon.catalogue.host import (
+    SCHEDULED_EVENTS_INCARNATION as INCARNATION,
+)
 from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.imds import EVENT_TYPES, ImdsError, ScheduledEvent, ScheduledEvents
-from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity
+from gpumon.model import Collection, Event, MetricSpec, Severity
 
 log = logging.getLogger("gpumon.collectors.azure_events")
 
@@ -33,19 +42,6 @@ STALE_POLLS = 3
 SEVERITY = {"Freeze": Severity.WARNING, "Reboot": Severity.ERROR, "Redeploy": Severity.ERROR,
             "Preempt": Severity.CRITICAL, "Terminate": Severity.CRITICAL}
 
-PENDING = MetricSpec(
-    "gpumon_azure_scheduled_event", MetricType.GAUGE,
-    "Scheduled Events in the IMDS document by type (Freeze, Reboot, Redeploy, Preempt, Terminate), source "
-    "(Platform, User) and status (Scheduled, Started); only combinations that have an event.",
-    labels=("type", "source", "status"))
-NOT_BEFORE = MetricSpec(
-    "gpumon_azure_scheduled_event_not_before_timestamp_seconds", MetricType.GAUGE,
-    "Unix time before which a Scheduled event will not start (its NotBefore); absent once it started.",
-    "seconds", ("event_id", "type", "source"))
-INCARNATION = MetricSpec(
-    "gpumon_azure_scheduled_events_document_incarnation", MetricType.GAUGE,
-    "DocumentIncarnation of the latest Scheduled Events document read (changes whenever an event does); "
-    "present while IMDS answers.")
 
 
 @dataclass(frozen=True)

@@ -14,21 +14,21 @@ import logging
 from dataclasses import dataclass
 
 from gpumon import imds
+from gpumon.catalogue.host import (
+    HOST_INFO as INFO,
+)
+from gpumon.catalogue.host import (
+    HOST_LABELS as LABELS,
+)
 from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.imds import AzureInstance, ImdsError
 from gpumon.log_once import COUNTED, LogOnce
-from gpumon.model import Collection, MetricSpec, MetricType
+from gpumon.model import Collection, MetricSpec
 from gpumon.sources import kvp
 
 log = logging.getLogger("gpumon.collectors.host_info")
 
-LABELS = ("vm_size", "region", "zone", "vmss", "vm_id", "placement_group", "fault_domain", "physical_host")
-INFO = MetricSpec(
-    "gpumon_host_info", MetricType.INFO,
-    "The Azure VM and its placement (value 1): IMDS vmSize, location, zone, vmScaleSetName, vmId, "
-    "placementGroupId, platformFaultDomain, and the Hyper-V KVP PhysicalHostName; empty where unknown.",
-    labels=LABELS)
 
 
 @dataclass(frozen=True)

@@ -19,33 +19,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.cadence import due
+from gpumon.catalogue import infiniband as C
+from gpumon.catalogue.infiniband import (
+    SPEC_HW,
+    SPEC_INFO,
+    SPEC_PHYS,
+    SPEC_PMA_OTHER,
+    SPEC_RATE,
+    SPEC_SATURATED,
+    SPEC_STATE,
+    SPEC_UP,
+)
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.flaps import is_up, shared_detector
-from gpumon.metric_catalogue import (
-    AGG_COUNTER,
-    AGG_LAST,
-    AGG_RATE,
-    ERRORS_DESCRIPTION,
-    IB,
-    RECEIVE,
-    STATUS_DESCRIPTION,
-    TRANSMIT,
-    AzureHint,
-    Domain,
-    InfoColumns,
-    Kind,
-    NoColumns,
-    OtelMetric,
-    camel,
-    port_columns,
-)
-from gpumon.model import Collection, Labels, MetricSpec, MetricType, Sample
+from gpumon.model import Collection, Labels, MetricSpec, Sample
 from gpumon.sources import ib_sysfs
 from gpumon.sources.ib_sysfs import (
     HW_NOT_COUNTERS,
-    MLX5_QUEUE_COUNTERS,
-    MLX5_ROCE_COUNTERS,
     PHYS_STATE_NAMES,
     PMA_BY_FILE,
     STATE_NAMES,
@@ -70,21 +61,18 @@ from gpumon.sources.ib_sysfs import (
 
 log = logging.getLogger("gpumon.collectors.infiniband")
 
-DEVICE_LABELS = ("device", "port")
-COUNTER_LABELS = ("device", "port", "counter")
 
 
 @dataclass(frozen=True)
 class PmaCounter:
-    """How one ``counters/`` file is exported; its width and scale are the source's (ib_sysfs). ``otel``
-    and ``azure`` are its metric's sink hints (:mod:`gpumon.metric_catalogue`)."""
+    """Which metric one ``counters/`` file is read into; its width and scale are the source's (ib_sysfs)."""
 
     file: str
-    metric: str
-    help: str
-    unit: str = ""
-    otel: tuple[OtelMetric, ...] = ()
-    azure: tuple[AzureHint, ...] = ()
+    spec: MetricSpec
+
+    @property
+    def metric(self) -> str:
+        return self.spec.name
 
     @property
     def width(self) -> int:
@@ -95,139 +83,30 @@ class PmaCounter:
         return PMA_BY_FILE[self.file].scale
 
 
-def _io(name: str, unit: str, direction: tuple[tuple[str, str], ...], what: str) -> tuple[OtelMetric, ...]:
-    """One half (receive or transmit) of hw.network.io / hw.network.packets."""
-    return (OtelMetric(name, unit, Kind.COUNTER, Domain.NETWORK, direction,
-                       description=f"{what} received and transmitted by the port.", semconv=True),)
-
-
-def _errors(error_type: str, direction: str = "") -> tuple[OtelMetric, ...]:
-    """A PMA error counter as hw.errors with hw.type=network, told apart by error.type (and direction)."""
-    attributes = (("error.type", error_type),) + ((("network.io.direction", direction),) if direction else ())
-    return (OtelMetric("hw.errors", "{error}", Kind.COUNTER, Domain.NETWORK, attributes,
-                       description=ERRORS_DESCRIPTION, semconv=True),)
-
-
-def _columns(column: str, aggs: tuple[str, ...] = ("increase",)) -> tuple[AzureHint, ...]:
-    return (port_columns(column, aggs),)
-
-
 PMA_COUNTERS: tuple[PmaCounter, ...] = (
-    PmaCounter("port_xmit_data", "gpumon_ib_port_data_transmitted_bytes_total",
-               "Bytes transmitted on all VLs (port_xmit_data x 4: the file counts 4-octet words).",
-               "bytes", _io("hw.network.io", "By", TRANSMIT, "Bytes"),
-               _columns("DataTransmittedBytes", AGG_RATE)),
-    PmaCounter("port_rcv_data", "gpumon_ib_port_data_received_bytes_total",
-               "Bytes received on all VLs (port_rcv_data x 4: the file counts 4-octet words).",
-               "bytes", _io("hw.network.io", "By", RECEIVE, "Bytes"),
-               _columns("DataReceivedBytes", AGG_RATE)),
-    PmaCounter("port_xmit_packets", "gpumon_ib_port_packets_transmitted_total",
-               "Packets transmitted on all VLs.", "",
-               _io("hw.network.packets", "{packet}", TRANSMIT, "Packets"),
-               _columns("PacketsTransmitted", AGG_RATE)),
-    PmaCounter("port_rcv_packets", "gpumon_ib_port_packets_received_total",
-               "Packets received on all VLs.", "",
-               _io("hw.network.packets", "{packet}", RECEIVE, "Packets"),
-               _columns("PacketsReceived", AGG_RATE)),
-    PmaCounter("unicast_xmit_packets", "gpumon_ib_port_unicast_packets_transmitted_total",
-               "Unicast packets transmitted.", azure=_columns("UnicastPacketsTransmitted")),
-    PmaCounter("unicast_rcv_packets", "gpumon_ib_port_unicast_packets_received_total",
-               "Unicast packets received.", azure=_columns("UnicastPacketsReceived")),
-    PmaCounter("multicast_xmit_packets", "gpumon_ib_port_multicast_packets_transmitted_total",
-               "Multicast packets transmitted.", azure=_columns("MulticastPacketsTransmitted")),
-    PmaCounter("multicast_rcv_packets", "gpumon_ib_port_multicast_packets_received_total",
-               "Multicast packets received.", azure=_columns("MulticastPacketsReceived")),
-    PmaCounter("symbol_error", "gpumon_ib_port_symbol_errors_total",
-               "Minor link errors detected on one or more physical lanes (16-bit, sticky).", "",
-               _errors("symbol"), _columns("SymbolErrors")),
-    PmaCounter("link_error_recovery", "gpumon_ib_port_link_error_recoveries_total",
-               "Successful link retrains after an error (8-bit, sticky).",
-               azure=_columns("LinkErrorRecoveries")),
-    PmaCounter("link_downed", "gpumon_ib_port_link_downed_total",
-               "Failed link recoveries that took the link down: the flap counter (8-bit, sticky).",
-               azure=_columns("LinkDowned", AGG_COUNTER)),
-    PmaCounter("port_rcv_errors", "gpumon_ib_port_receive_errors_total",
-               "Packets received with errors (16-bit, sticky).", "",
-               _errors("receive", "receive"), _columns("ReceiveErrors")),
-    PmaCounter("port_rcv_remote_physical_errors", "gpumon_ib_port_receive_remote_physical_errors_total",
-               "Packets received marked with the EBP delimiter (bad upstream; 16-bit, sticky).", "",
-               _errors("remote_physical", "receive"), _columns("ReceiveRemotePhysicalErrors")),
-    PmaCounter("port_rcv_switch_relay_errors", "gpumon_ib_port_receive_switch_relay_errors_total",
-               "Packets discarded because they could not be forwarded by the switch relay (16-bit).", "",
-               _errors("switch_relay", "receive"), _columns("ReceiveSwitchRelayErrors")),
-    PmaCounter("port_xmit_discards", "gpumon_ib_port_transmit_discards_total",
-               "Outbound packets discarded because the port was down or congested (16-bit, sticky).",
-               azure=_columns("TransmitDiscards")),
-    PmaCounter("port_xmit_constraint_errors", "gpumon_ib_port_transmit_constraint_errors_total",
-               "Packets not transmitted because of outbound raw filtering constraints (8-bit).", "",
-               _errors("constraint", "transmit"), _columns("TransmitConstraintErrors")),
-    PmaCounter("port_rcv_constraint_errors", "gpumon_ib_port_receive_constraint_errors_total",
-               "Packets discarded because of inbound raw filtering constraints (8-bit).", "",
-               _errors("constraint", "receive"), _columns("ReceiveConstraintErrors")),
-    PmaCounter("local_link_integrity_errors", "gpumon_ib_port_local_link_integrity_errors_total",
-               "Times local physical errors exceeded the threshold (4-bit, sticky).", "",
-               _errors("local_link_integrity"), _columns("LocalLinkIntegrityErrors")),
-    PmaCounter("excessive_buffer_overrun_errors",
-               "gpumon_ib_port_excessive_buffer_overrun_errors_total",
-               "Consecutive flow-control update periods with buffer overrun (4-bit, sticky).", "",
-               _errors("excessive_buffer_overrun"), _columns("ExcessiveBufferOverrunErrors")),
-    PmaCounter("VL15_dropped", "gpumon_ib_port_vl15_dropped_total",
-               "Subnet management packets (VL15) dropped for lack of buffers (16-bit, sticky).",
-               azure=_columns("Vl15Dropped")),
-    PmaCounter("port_xmit_wait", "gpumon_ib_port_transmit_wait_ticks_total",
-               "Ticks during which the port had data to send but no flow-control credits: "
-               "congestion (32-bit, sticky; tick length is implementation defined).", "ticks",
-               azure=_columns("TransmitWaitTicks", ("increase", "rate"))),
+    PmaCounter("port_xmit_data", C.DATA_TRANSMITTED),
+    PmaCounter("port_rcv_data", C.DATA_RECEIVED),
+    PmaCounter("port_xmit_packets", C.PACKETS_TRANSMITTED),
+    PmaCounter("port_rcv_packets", C.PACKETS_RECEIVED),
+    PmaCounter("unicast_xmit_packets", C.UNICAST_TRANSMITTED),
+    PmaCounter("unicast_rcv_packets", C.UNICAST_RECEIVED),
+    PmaCounter("multicast_xmit_packets", C.MULTICAST_TRANSMITTED),
+    PmaCounter("multicast_rcv_packets", C.MULTICAST_RECEIVED),
+    PmaCounter("symbol_error", C.SYMBOL_ERRORS),
+    PmaCounter("link_error_recovery", C.LINK_ERROR_RECOVERIES),
+    PmaCounter("link_downed", C.LINK_DOWNED),
+    PmaCounter("port_rcv_errors", C.RECEIVE_ERRORS),
+    PmaCounter("port_rcv_remote_physical_errors", C.RECEIVE_REMOTE_PHYSICAL_ERRORS),
+    PmaCounter("port_rcv_switch_relay_errors", C.RECEIVE_SWITCH_RELAY_ERRORS),
+    PmaCounter("port_xmit_discards", C.TRANSMIT_DISCARDS),
+    PmaCounter("port_xmit_constraint_errors", C.TRANSMIT_CONSTRAINT_ERRORS),
+    PmaCounter("port_rcv_constraint_errors", C.RECEIVE_CONSTRAINT_ERRORS),
+    PmaCounter("local_link_integrity_errors", C.LOCAL_LINK_INTEGRITY_ERRORS),
+    PmaCounter("excessive_buffer_overrun_errors", C.EXCESSIVE_BUFFER_OVERRUN_ERRORS),
+    PmaCounter("VL15_dropped", C.VL15_DROPPED),
+    PmaCounter("port_xmit_wait", C.TRANSMIT_WAIT),
 )
-PMA_METRICS = {c.file: c for c in PMA_COUNTERS}
-
-SPEC_INFO = MetricSpec(
-    "gpumon_ib_port_info", MetricType.INFO,
-    "Identity of an RDMA port; value 1. netdev lists the port's network interfaces, comma separated.",
-    labels=("device", "port", "link_layer", "fw_version", "board_id", "hca_type", "node_guid", "netdev"),
-    azure=(InfoColumns("", IB, (
-        ("link_layer", "LinkLayer"), ("fw_version", "FirmwareVersion"), ("board_id", "BoardId"),
-        ("hca_type", "HcaType"), ("node_guid", "NodeGuid"), ("netdev", "Netdev"))),))
-SPEC_STATE = MetricSpec(
-    "gpumon_ib_port_state", MetricType.GAUGE,
-    "Logical port state as the kernel numbers it: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER.",
-    labels=DEVICE_LABELS, azure=(port_columns("State", AGG_LAST),))
-SPEC_PHYS = MetricSpec(
-    "gpumon_ib_port_phys_state", MetricType.GAUGE,
-    "Physical port state: 1 Sleep, 2 Polling, 3 Disabled, 4 PortConfigurationTraining, 5 LinkUp, "
-    "6 LinkErrorRecovery, 7 PhyTest.", labels=DEVICE_LABELS, azure=(port_columns("PhysState", AGG_LAST),))
-SPEC_UP = MetricSpec(
-    "gpumon_ib_port_up", MetricType.GAUGE,
-    "1 when the port is ACTIVE and its physical link is LinkUp, else 0.", labels=DEVICE_LABELS,
-    otel=(OtelMetric("hw.network.up", "1", Kind.UPDOWN, Domain.NETWORK, semconv=True),
-          OtelMetric("hw.status", "1", Kind.STATUS, Domain.NETWORK, semconv=True,
-                     description=STATUS_DESCRIPTION)),
-    azure=(port_columns("Up", ("min", "max")),))
-SPEC_RATE = MetricSpec(
-    "gpumon_ib_port_rate_bytes_per_second", MetricType.GAUGE,
-    "Negotiated link rate (the rate file's Gb/s x 10^9 / 8).", "bytes_per_second", DEVICE_LABELS,
-    otel=(OtelMetric("hw.network.bandwidth.limit", "By/s", Kind.UPDOWN, Domain.NETWORK, semconv=True),),
-    azure=(port_columns("RateBytesPerSecond", AGG_LAST),))
-SPEC_PMA_OTHER = MetricSpec(
-    "gpumon_ib_port_pma_other_total", MetricType.COUNTER,
-    "A counters/ file this version of gpumon does not know by name, exported raw.",
-    labels=COUNTER_LABELS,
-    azure=(NoColumns("counters/ files gpumon does not know by name: no fixed column"),))
-SPEC_HW = MetricSpec(
-    "gpumon_ib_hw_stat_total", MetricType.COUNTER,
-    "A driver counter from hw_counters/ (whatever the firmware offers), named by the counter label.",
-    labels=COUNTER_LABELS,
-    # one Azure column per mlx5 counter, named by the file; others the firmware offers go to the other sinks
-    azure=(port_columns("", ("increase",), split_label="counter", split=tuple(
-        (name, camel(name)) for name in MLX5_QUEUE_COUNTERS + MLX5_ROCE_COUNTERS)),))
-SPEC_SATURATED = MetricSpec(
-    "gpumon_ib_port_saturated", MetricType.GAUGE,
-    "1 for a counter stuck at the maximum of its width: it no longer counts (reset it with "
-    "perfquery -R). Only stuck counters have a series.", labels=COUNTER_LABELS,
-    azure=(port_columns("CountersSaturated", AGG_LAST),))
-PMA_SPECS = {c.file: MetricSpec(c.metric, MetricType.COUNTER, c.help, c.unit, DEVICE_LABELS,
-                                otel=c.otel, azure=c.azure)
-             for c in PMA_COUNTERS}
+PMA_SPECS = {c.file: c.spec for c in PMA_COUNTERS}
 
 # ---------------------------------------------------------------------------------------- collector
 

@@ -24,11 +24,23 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.catalogue.host import (
+    KMSG_LOST as LOST,
+)
+from gpumon.catalogue.host import (
+    KMSG_RECORDS as RECORDS,
+)
+from gpumon.catalogue.host import (
+    KMSG_XIDS as XIDS,
+)
+from gpumon.catalogue.host import (
+    SXIDS,
+)
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.collectors.nvml_tables import xid_info
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.log_once import COUNTED, LogOnce
-from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity
+from gpumon.model import Collection, Event, MetricSpec, Severity
 from gpumon.sources import driver_log
 from gpumon.sources.kmsg import BOOT_ID_PATH, DEFAULT_PATH, FIRST_START, Batch, KmsgReader, Record
 from gpumon.sources.pci import nvml_bus_id, sysfs_name
@@ -51,18 +63,6 @@ NETDEV = re.compile(r"[\w.:-]{1,15}", re.ASCII)
 KINDS = ("xid", "gpu_off_bus", "sxid", "mlx5_health", "mlx5_port_module", "mlx5_port_module_error",
          "mlx5_pcie_power", "netdev_link_up", "netdev_link_down", "netdev_link_ready", "other", "userspace")
 
-RECORDS = MetricSpec("gpumon_kmsg_records_total", MetricType.COUNTER,
-                     "Kernel log records read, by the driver message recognised (other: anything else).",
-                     labels=("kind",))
-LOST = MetricSpec("gpumon_kmsg_lost_records_total", MetricType.COUNTER,
-                  "Kernel log records overwritten in the ring buffer before gpumon read them.")
-XIDS = MetricSpec("gpumon_kmsg_xid_errors_total", MetricType.COUNTER,
-                  "XIDs from the driver's kernel-log lines that NVML's event API did not report (add "
-                  "gpumon_gpu_xid_errors_total for all XIDs; join on pci_bus_id with gpumon_gpu_info).",
-                  labels=("pci_bus_id", "xid"))
-SXIDS = MetricSpec("gpumon_nvswitch_sxid_errors_total", MetricType.COUNTER,
-                   "NVSwitch SXID errors from the kernel log (Hopper and earlier), by switch and SXID.",
-                   labels=("switch", "pci_bus_id", "sxid"))
 
 
 @dataclass(frozen=True)

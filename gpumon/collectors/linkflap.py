@@ -15,11 +15,19 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpumon.catalogue.infiniband import (
+    SPEC_DOWN,
+    SPEC_FLAPPING,
+    SPEC_FLAPS,
+    SPEC_LAST,
+    SPEC_LAST_DOWN,
+    SPEC_SIGNALS,
+    SPEC_WINDOW,
+)
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.flaps import SIGNALS, PortFlapStatus, shared_detector
-from gpumon.metric_catalogue import AGG_COUNTER, AGG_FLAG, AGG_LAST, each, port_columns
-from gpumon.model import Collection, MetricFamily, MetricSpec, MetricType, Sample
+from gpumon.model import Collection, MetricFamily, MetricSpec, Sample
 from gpumon.sources import ib_sysfs
 from gpumon.sources.ib_sysfs import (
     DEVICE_OPTIONS,
@@ -42,37 +50,6 @@ from gpumon.sources.ib_sysfs import (
 DEVICE_LABELS = ("device", "port")
 
 log = logging.getLogger("gpumon.collectors.linkflap")
-
-SPEC_FLAPS = MetricSpec(
-    "gpumon_ib_link_flaps_total", MetricType.COUNTER,
-    "Link flaps (down and back) since gpumon started; one flap seen by several signals counts once.",
-    labels=DEVICE_LABELS, azure=(port_columns("Flaps", AGG_COUNTER),))
-SPEC_SIGNALS = MetricSpec(
-    "gpumon_ib_link_flap_signals_total", MetricType.COUNTER,
-    "Flaps each signal saw (state, link_downed, carrier_changes), before de-duplication.",
-    labels=("device", "port", "signal"),
-    azure=(port_columns("FlapSignals", ("increase",), split_label="signal", split=each("", SIGNALS)),))
-SPEC_WINDOW = MetricSpec(
-    "gpumon_ib_port_flaps_in_window", MetricType.GAUGE,
-    "Flaps within the flap window (default 24 h), kept across restarts.", labels=DEVICE_LABELS,
-    azure=(port_columns("FlapsInWindow", AGG_LAST),))
-SPEC_FLAPPING = MetricSpec(
-    "gpumon_ib_port_flapping", MetricType.GAUGE,
-    "1 when flaps in the window reach the threshold (default 5 in 24 h, as Azure's NHC2005), else 0.",
-    labels=DEVICE_LABELS, azure=(port_columns("Flapping", AGG_FLAG),))
-SPEC_LAST = MetricSpec(
-    "gpumon_ib_last_flap_timestamp_seconds", MetricType.GAUGE,
-    "Unix time of the port's last flap (only ports that have flapped within the window or since start).",
-    "seconds", DEVICE_LABELS, azure=(port_columns("LastFlapTimestampSeconds", AGG_LAST),))
-SPEC_DOWN = MetricSpec(
-    "gpumon_ib_port_down_seconds", MetricType.GAUGE,
-    "How long the port has been seen down (not ACTIVE/LinkUp); 0 while up.", "seconds", DEVICE_LABELS,
-    azure=(port_columns("DownSeconds", ("max",)),))
-SPEC_LAST_DOWN = MetricSpec(
-    "gpumon_ib_port_last_down_duration_seconds", MetricType.GAUGE,
-    "How long the last completed down period lasted, to within one watch interval.", "seconds",
-    DEVICE_LABELS, azure=(port_columns("LastDownDurationSeconds", AGG_LAST),))
-
 
 @dataclass(frozen=True)
 class LinkflapSettings:

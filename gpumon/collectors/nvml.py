@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.cadence import due
+from gpumon.catalogue import gpu as CG
 from gpumon.collectors import nvml_metrics as M
 from gpumon.collectors import nvml_process_util as PU
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
@@ -27,7 +28,6 @@ from gpumon.collectors.nvml_fabric import FABRIC_ITEM, FABRIC_LEGACY_ITEM, fabri
 from gpumon.collectors.nvml_gpm import GpmPair, alloc_samples, free_samples
 from gpumon.collectors.nvml_session import Device, NvmlSession, classify, nvml_code, shared_session, text
 from gpumon.collectors.nvml_tables import (
-    CLOCK_EVENT_REASONS,
     GPM_ALL_IDS,
     GPM_NVLINK,
     GPM_PCIE,
@@ -178,7 +178,7 @@ class NvmlCollector(Collector):
 
     @classmethod
     def metrics(cls) -> tuple[MetricSpec, ...]:
-        return M.ALL_SPECS
+        return CG.NVML_SPECS
 
     def probe(self) -> Availability:
         try:
@@ -255,15 +255,15 @@ class NvmlCollector(Collector):
             raise CollectorUnavailable(str(gone)) from None
 
         for gpu in self._gpus:
-            emit(gpu, [(M.LOST, (), 1.0 if gpu.dev.lost else 0.0)])
+            emit(gpu, [(CG.LOST, (), 1.0 if gpu.dev.lost else 0.0)])
         self._directory.publish(tuple(
             GpuEntry(str(g.dev.index), g.dev.uuid, g.info[1] if len(g.info) > 1 else "",
                      tuple((m.gpu_instance, m.uuid) for m in g.mig if m.uuid), g.processes)
             for g in self._gpus))  # a lost GPU is still held: the job it hurt is the one to name
-        for spec in M.ALL_SPECS:
+        for spec in CG.NVML_SPECS:
             if spec in rows_by_spec:
                 out.add(spec, rows_by_spec[spec])
-        out.add(M.CALLS, [M.CALLS.sample(n, fn) for fn, n in sorted(self.session.calls.items())])
+        out.add(CG.CALLS, [CG.CALLS.sample(n, fn) for fn, n in sorted(self.session.calls.items())])
         out.events.extend(self.session.drain_lost_events())
         return out
 
@@ -273,7 +273,7 @@ class NvmlCollector(Collector):
             gpu.dropped = {k: t for k, t in gpu.dropped.items() if now - t < reprobe}
         if gpu.static_at < 0 or now - gpu.static_at >= reprobe:
             self._refresh_static(gpu, now, out)
-        rows.append((M.INFO_SPEC, gpu.info, 1.0))
+        rows.append((CG.INFO_SPEC, gpu.info, 1.0))
         rows.extend(gpu.static_rows)
 
         calls = 0
@@ -292,7 +292,7 @@ class NvmlCollector(Collector):
         if self.settings.per_process:
             self._process_util(gpu, rows, out)   # asked every run, outside the budget: opt-in
         for mig in gpu.mig:
-            rows.append((M.MIG_INFO, (str(mig.gpu_instance), str(mig.compute_instance), mig.profile, mig.uuid),
+            rows.append((CG.MIG_INFO, (str(mig.gpu_instance), str(mig.compute_instance), mig.profile, mig.uuid),
                          1.0))
             rows.extend(self._mig_memory(gpu, mig, out))
         if gpu.gpm is not None:
@@ -324,7 +324,7 @@ class NvmlCollector(Collector):
             if key in active_keys:
                 rows.extend(cached)
         if gpu.gpm is not None and gpu.gpm.valid:
-            self._gpm_metrics(gpu, gpu.gpm, rows, (), M.ACTIVITY, out)
+            self._gpm_metrics(gpu, gpu.gpm, rows, (), CG.ACTIVITY, out)
         for gi, pair in gpu.mig_gpm.items():
             self._mig_gpm(gpu, gi, pair, rows, out)
 
@@ -447,8 +447,8 @@ class NvmlCollector(Collector):
         gpu.power_seen = max(ts for ts, _ in fresh)
         if not first:
             watts = [mw * 1e-3 for _, mw in fresh]
-            rows.extend([(M.POWER_MIN, (), min(watts)), (M.POWER_MAX, (), max(watts)),
-                         (M.POWER_MEAN, (), sum(watts) / len(watts))])
+            rows.extend([(CG.POWER_MIN, (), min(watts)), (CG.POWER_MAX, (), max(watts)),
+                         (CG.POWER_MEAN, (), sum(watts) / len(watts))])
         return True
 
     # --- per-process utilization ---------------------------------------------------------------------
@@ -529,9 +529,9 @@ class NvmlCollector(Collector):
         for clock, label in ((M.CLOCK_SM, "sm"), (M.CLOCK_MEM, "memory"), (M.CLOCK_GRAPHICS, "graphics")):
             v = self._try(gpu, ("static", "max_clock", clock), "nvmlDeviceGetMaxClockInfo", h, clock, out=out)
             if v is not None:
-                rows.append((M.CLOCK_MAX, (label,), float(v) * 1e6))
-        for fn, spec in (("nvmlDeviceGetMaxPcieLinkGeneration", M.PCIE_GEN_MAX),
-                         ("nvmlDeviceGetMaxPcieLinkWidth", M.PCIE_WIDTH_MAX)):
+                rows.append((CG.CLOCK_MAX, (label,), float(v) * 1e6))
+        for fn, spec in (("nvmlDeviceGetMaxPcieLinkGeneration", CG.PCIE_GEN_MAX),
+                         ("nvmlDeviceGetMaxPcieLinkWidth", CG.PCIE_WIDTH_MAX)):
             v = self._try(gpu, ("static", fn), fn, h, out=out)
             if v is not None:
                 rows.append((spec, (), float(v)))
@@ -539,17 +539,17 @@ class NvmlCollector(Collector):
             v = self._try(gpu, ("static", "threshold", threshold), "nvmlDeviceGetTemperatureThreshold", h,
                           threshold, out=out)
             if v is not None:
-                rows.append((M.TEMP_THRESHOLD, (label,), float(v)))
+                rows.append((CG.TEMP_THRESHOLD, (label,), float(v)))
         ecc = self._try(gpu, ("static", "ecc"), "nvmlDeviceGetEccMode", h, out=out)
         if ecc is not None:
-            rows.append((M.ECC_MODE, (), 1.0 if ecc[0] else 0.0))
+            rows.append((CG.ECC_MODE, (), 1.0 if ecc[0] else 0.0))
         gpu.link_count = 0
         links = self._try(gpu, ("static", "links"), "nvmlDeviceGetFieldValues", h,
                           [M.FIELD_NVLINK_LINK_COUNT], out=out)
         if links is not None and links[0].nvmlReturn == 0:
             gpu.link_count = int(_field_value(links[0]))
         if gpu.link_count:
-            rows.append((M.NVLINK_LINKS, (), float(gpu.link_count)))
+            rows.append((CG.NVLINK_LINKS, (), float(gpu.link_count)))
         gpu.static_rows = rows
         self._setup_gpm(gpu, out)
         self._setup_mig(gpu, mig_on, out)
@@ -697,11 +697,11 @@ class NvmlCollector(Collector):
         states = [got.get((M.FIELD_NVLINK_STATE, link)) for link in links]
         known = [s for s in states if s is not None]
         if known:
-            rows.append((M.NVLINK_ACTIVE, (), float(sum(1 for s in known if s == 1))))
+            rows.append((CG.NVLINK_ACTIVE, (), float(sum(1 for s in known if s == 1))))
         for fid, direction in ((M.FIELD_NVLINK_TX_KIB, "tx"), (M.FIELD_NVLINK_RX_KIB, "rx")):
             vals = self._all_links(gpu, got, fid)
             if vals is not None:
-                rows.append((M.NVLINK_BYTES, (direction,), sum(vals) * 1024.0))
+                rows.append((CG.NVLINK_BYTES, (direction,), sum(vals) * 1024.0))
         totals = {fs: self._all_links(gpu, got, fs.field_id) for fs in M.NVLINK_TOTAL_FIELDS}
         if any(vals and len(set(vals)) > 1 for vals in totals.values()):
             self._nvlink_totals_per_link.add(gpu.dev.uuid)
@@ -719,13 +719,13 @@ class NvmlCollector(Collector):
         for link in links:
             lk = str(link)
             if states[link] is not None:
-                rows.append((M.NVLINK_LINK_UP, (lk,), 1.0 if states[link] == 1 else 0.0))
+                rows.append((CG.NVLINK_LINK_UP, (lk,), 1.0 if states[link] == 1 else 0.0))
             for fid, kind in M.NVLINK_LINK_ERROR_FIELDS:
                 if (fid, link) in got:
-                    rows.append((M.NVLINK_LINK_ERRORS, (lk, kind), got[(fid, link)]))
+                    rows.append((CG.NVLINK_LINK_ERRORS, (lk, kind), got[(fid, link)]))
             for fid, direction in ((M.FIELD_NVLINK_TX_KIB, "tx"), (M.FIELD_NVLINK_RX_KIB, "rx")):
                 if (fid, link) in got:
-                    rows.append((M.NVLINK_LINK_BYTES, (lk, direction), got[(fid, link)] * 1024.0))
+                    rows.append((CG.NVLINK_LINK_BYTES, (lk, direction), got[(fid, link)] * 1024.0))
 
     # --- MIG -----------------------------------------------------------------------------------------
 
@@ -739,7 +739,7 @@ class NvmlCollector(Collector):
             self._handle_error(gpu, key, "nvmlDeviceGetMemoryInfo (MIG)", exc, out)
             return []
         extra = (str(mig.gpu_instance), str(mig.compute_instance))
-        return [(M.MIG_MEM_TOTAL, extra, float(mem.total)), (M.MIG_MEM_USED, extra, float(mem.used))]
+        return [(CG.MIG_MEM_TOTAL, extra, float(mem.total)), (CG.MIG_MEM_USED, extra, float(mem.used))]
 
     def _mig_gpm(self, gpu: _Gpu, gi: int, pair: GpmPair, rows: list[M.Row], out: Collection) -> None:
         if ("gpm_mig", gi) in gpu.dropped:
@@ -749,7 +749,7 @@ class NvmlCollector(Collector):
             return
         for mig in gpu.mig:
             if mig.gpu_instance == gi:
-                self._gpm_metrics(gpu, pair, rows, (str(gi), str(mig.compute_instance)), M.MIG_ACTIVITY, out,
+                self._gpm_metrics(gpu, pair, rows, (str(gi), str(mig.compute_instance)), CG.MIG_ACTIVITY, out,
                                   ratios_only=True)
                 break
 
@@ -775,7 +775,7 @@ class NvmlCollector(Collector):
         if gpu.gpm is not None and gpu.gpm.taken == 1:
             self._gpm_sample(gpu, gpu.gpm, out)
             if gpu.gpm is not None and gpu.gpm.valid:
-                self._gpm_metrics(gpu, gpu.gpm, rows, (), M.ACTIVITY, out)
+                self._gpm_metrics(gpu, gpu.gpm, rows, (), CG.ACTIVITY, out)
         for gi, pair in gpu.mig_gpm.items():
             if pair.taken == 1:
                 self._mig_gpm(gpu, gi, pair, rows, out)
@@ -809,9 +809,9 @@ class NvmlCollector(Collector):
             if mid in names:
                 target.append((ratio_spec, extra + (names[mid],), max(0.0, min(1.0, value / 100.0))))
             elif mid in pcie:
-                target.append((M.GPM_PCIE, (pcie[mid],), value * MIB))
+                target.append((CG.GPM_PCIE, (pcie[mid],), value * MIB))
             elif mid in nvlink:
-                target.append((M.GPM_NVLINK, (nvlink[mid],), value * MIB))
+                target.append((CG.GPM_NVLINK, (nvlink[mid],), value * MIB))
         if slow_due:
             gpu.gpm_slow_rows[extra] = slow_rows
             if all(code == 0 for mid, code, _ in read if mid in GPM_SLOW_IDS):
@@ -820,7 +820,7 @@ class NvmlCollector(Collector):
 
 
 def _link_error_parser(link: int) -> M.Parser:
-    return lambda v, _c: [(M.NVLINK_LINK_ERRORS, (str(link), "crc_data"), float(v))]
+    return lambda v, _c: [(CG.NVLINK_LINK_ERRORS, (str(link), "crc_data"), float(v))]
 
 
 def _code_error(code: int) -> BaseException:
@@ -838,10 +838,6 @@ def _code_error(code: int) -> BaseException:
 def _field_value(fv: Any) -> float:
     """A c_nvmlFieldValue_t's value, read through the union member its valueType names."""
     return union_value(fv.value, fv.valueType)
-
-
-# Reason names for the docs and the simulation (one source of truth with the bitmask decoder).
-REASON_NAMES = tuple(name for _, name in CLOCK_EVENT_REASONS)
 
 
 def mig_profile(name: str) -> str:

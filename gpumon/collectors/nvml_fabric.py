@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from gpumon.catalogue import gpu as CG
 from gpumon.collectors import nvml_metrics as M
 from gpumon.collectors.nvml_session import Device, nvml_code
 from gpumon.collectors.nvml_tables import (
@@ -75,20 +76,20 @@ def cluster_uuid(info: Any) -> str:
 def parse_fabric(info: Any, _ctx: M.ParseContext) -> list[M.Row]:
     """Rows for one struct of any version (v1 has no health, v2 no summary)."""
     state = int(info.state)
-    rows: list[M.Row] = [(M.FABRIC_STATE, (), float(state))]
+    rows: list[M.Row] = [(CG.FABRIC_STATE, (), float(state))]
     if state == FABRIC_STATE_COMPLETED:
-        rows.append((M.FABRIC_STATUS, (), float(int(info.status))))
+        rows.append((CG.FABRIC_STATUS, (), float(int(info.status))))
         uuid = cluster_uuid(info)
         if uuid != ZERO_UUID:   # Hopper + NVSwitch: completed with a zero UUID, no multi-node domain
-            rows.append((M.FABRIC_INFO, (uuid, str(int(info.cliqueId))), 1.0))
+            rows.append((CG.FABRIC_INFO, (uuid, str(int(info.cliqueId))), 1.0))
     mask = int(getattr(info, "healthMask", 0))
     for cond in FABRIC_CONDITIONS:
         holds = cond.decode(mask)
         if holds is not None:
-            rows.append((M.FABRIC_HEALTH, (cond.name,), 1.0 if holds else 0.0))
+            rows.append((CG.FABRIC_HEALTH, (cond.name,), 1.0 if holds else 0.0))
     summary = int(getattr(info, "healthSummary", 0))
     if summary in FABRIC_SUMMARIES:
-        rows.append((M.FABRIC_SUMMARY, (), float(summary)))
+        rows.append((CG.FABRIC_SUMMARY, (), float(summary)))
     return rows
 
 
@@ -104,13 +105,13 @@ def _facts(rows: list[M.Row]) -> dict[str, float]:
     """What an event compares: state, status, summary and each health condition."""
     facts: dict[str, float] = {}
     for spec, extra, value in rows:
-        if spec is M.FABRIC_STATE:
+        if spec is CG.FABRIC_STATE:
             facts["state"] = value
-        elif spec is M.FABRIC_STATUS:
+        elif spec is CG.FABRIC_STATUS:
             facts["status"] = value
-        elif spec is M.FABRIC_SUMMARY:
+        elif spec is CG.FABRIC_SUMMARY:
             facts["summary"] = value
-        elif spec is M.FABRIC_HEALTH:
+        elif spec is CG.FABRIC_HEALTH:
             facts[extra[0]] = value
     return facts
 

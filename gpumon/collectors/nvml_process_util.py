@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.catalogue import gpu as CG
 from gpumon.collectors import nvml_metrics as M
 
 INFO_FN = "nvmlDeviceGetProcessesUtilizationInfo"
@@ -81,11 +82,11 @@ def rows(per_pid: dict[int, tuple[float, ...]], state: ProcessUtilState, top: in
     for pid, util in ranked[:top]:
         name = comm(proc_root, pid)
         names[pid] = name if name is not None else state.names.get(pid, "")
-        out.extend((M.PROC_UTIL, (str(pid), names[pid], engine), value)
+        out.extend((CG.PROC_UTIL, (str(pid), names[pid], engine), value)
                    for (engine, _), value in zip(ENGINES, util))
     rest = ranked[top:]
     if rest:
         for i, (engine, _) in enumerate(ENGINES):
-            out.append((M.PROC_UTIL, (OTHER, OTHER, engine), min(1.0, sum(u[i] for _, u in rest))))
+            out.append((CG.PROC_UTIL, (OTHER, OTHER, engine), min(1.0, sum(u[i] for _, u in rest))))
     state.names = names
     return out

@@ -75,7 +75,6 @@ class Device:
     handle: Any   # None when even nvmlDeviceGetHandleByIndex failed at discovery
     uuid: str
     lost: bool = False
-    lost_reason: str = ""
     lost_since: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -369,7 +368,6 @@ class NvmlSession:
             if device.lost:
                 return False
             device.lost = True
-            device.lost_reason = reason
             device.lost_since = self._clock()
             attrs = {"reason": reason, **(attributes or {})}
             self._lost_events.append(Event(
@@ -392,7 +390,6 @@ class NvmlSession:
             if uuid:
                 device.uuid = uuid
             device.lost = False
-            device.lost_reason = ""
             self.recoveries += 1
             self._lost_events.append(Event(
                 "gpu_recovered", Severity.INFO, {"gpu": str(device.index), "uuid": device.uuid},

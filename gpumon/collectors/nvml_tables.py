@@ -201,7 +201,7 @@ class FabricCondition:
 
 
 # 2-bit fields answer 1 TRUE / 2 FALSE; partition and GFM state answer 1 good / 2 bad; the 4-bit
-# incorrect-configuration field answers 1 NONE or 2..8 the reason (FABRIC_MISCONFIGURATIONS).
+# incorrect-configuration field answers 1 NONE or 2..8 the reason.
 FABRIC_CONDITIONS: tuple[FabricCondition, ...] = (
     FabricCondition("degraded_bandwidth", "DEGRADED_BW", 0, 0x3, frozenset({1}), frozenset({2})),
     FabricCondition("route_recovery", "ROUTE_RECOVERY", 2, 0x3, frozenset({1}), frozenset({2})),
@@ -213,10 +213,6 @@ FABRIC_CONDITIONS: tuple[FabricCondition, ...] = (
     FabricCondition("partition_unassigned", "PARTITION_ASSIGNED", 12, 0x3, frozenset({2}), frozenset({1})),
     FabricCondition("gfm_disconnected", "GFM_STATE", 14, 0x3, frozenset({2}), frozenset({1})),
 )
-FABRIC_MISCONFIGURATIONS: dict[int, str] = {
-    2: "incorrect_sysguid", 3: "incorrect_chassis_sn", 4: "no_partition", 5: "insufficient_nvlinks",
-    6: "incompatible_gpu_fw", 7: "invalid_location", 8: "gpu_state_invalid",
-}
 
 # --- driver sample buffers (nvmlDeviceGetSamples) -----------------------------------------------------
 

@@ -21,6 +21,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.catalogue.gpu import (
+    RECOVERY_TOTAL,
+    THREAD_UP,
+    XID_TOTAL,
+)
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.collectors.nvml_session import Device, NvmlSession, classify, shared_session
 from gpumon.collectors.nvml_tables import (
@@ -34,8 +39,7 @@ from gpumon.collectors.nvml_tables import (
     xid_info,
 )
 from gpumon.config import Option, Section, SectionSchema
-from gpumon.metric_catalogue import ERRORS_DESCRIPTION, Domain, Kind, OtelMetric
-from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity
+from gpumon.model import Collection, Event, MetricSpec, Severity
 from gpumon.xid_ledger import bus_id_of, shared_ledger
 
 log = logging.getLogger("gpumon.xid")
@@ -46,19 +50,6 @@ through pynvml and classified) costs about 0.3 ms of CPU on a cold cache, so twi
 times (an event still returns the wait at once)."""
 ERROR_PAUSE = 1.0
 XID_GPU_LOST = 79
-
-XID_TOTAL = MetricSpec("gpumon_gpu_xid_errors_total", MetricType.COUNTER,
-                       "XID errors reported by the driver since gpumon started, by XID number.", "",
-                       ("gpu", "uuid", "xid"),
-                       otel=(OtelMetric("hw.errors", "{error}", Kind.COUNTER, Domain.GPU,
-                                        label_map=(("xid", "error.type"),), description=ERRORS_DESCRIPTION,
-                                        semconv=True),))
-RECOVERY_TOTAL = MetricSpec("gpumon_gpu_recovery_action_events_total", MetricType.COUNTER,
-                            "Recovery-action events from the driver, by requested action.", "",
-                            ("gpu", "uuid", "action"))
-THREAD_UP = MetricSpec("gpumon_xid_watcher_up", MetricType.GAUGE,
-                       "1 while the XID event thread is waiting on NVML events.")
-
 
 @dataclass(frozen=True)
 class XidSettings:

@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from gpumon.catalogue import gpu as gpu_metrics
+from gpumon.catalogue import host as host_metrics
 from gpumon.fleet.promql import Client, QueryFailed, Sample
 
 GPU_SCORE = "gpumon_job:straggler_score"
@@ -22,7 +24,7 @@ HOST_SCORE = "gpumon_job_host:straggler_score"
 RECORDING_RULES = (GPU_SCORE, HOST_SCORE)
 STRAGGLER_ALERT = "GpumonJobStraggler"
 STALLED_ALERT = "GpumonJobStalled"
-ALLOCATION = "gpumon_gpu_allocation_info"
+ALLOCATION = host_metrics.ALLOCATION.name
 VERDICTS = {0: "healthy", 1: "degraded", 2: "unhealthy"}
 IB_WINDOW = "1m"
 FLAP_WINDOW = "1h"
@@ -167,7 +169,7 @@ class JobView:
         per_host(f"{HOST_SCORE}{{job_id={j}}}", lambda r, s: best(r, s, "host_score", "host_signal"))
         per_gpu(f'gpumon_gpu_utilization_ratio{{engine="gpu"}} {on_gpu}', lambda r, s: setattr(r, "activity", s.value))
         per_gpu(f'gpumon_gpu_activity_ratio{{activity="sm"}} {on_gpu}', lambda r, s: setattr(r, "activity", s.value))
-        per_gpu(f"gpumon_gpu_power_watts {on_gpu}", lambda r, s: setattr(r, "power_watts", s.value))
+        per_gpu(f"{gpu_metrics.POWER.name} {on_gpu}", lambda r, s: setattr(r, "power_watts", s.value))
         per_gpu(f'gpumon_gpu_clock_hertz{{clock="sm"}} {on_gpu}', lambda r, s: setattr(r, "sm_clock_hertz", s.value))
         per_gpu(f'gpumon_gpu_clock_hertz{{clock="sm"}} / ignoring(clock) '
                 f'gpumon_gpu_clock_max_hertz{{clock="sm"}} {on_gpu}',

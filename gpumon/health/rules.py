@@ -12,14 +12,17 @@ import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gpumon.catalogue import gpu as gpu_metrics
+from gpumon.catalogue import host as host_metrics
+from gpumon.catalogue import infiniband as ib_metrics
 from gpumon.health.catalogue import RECOVERY_ACTIONS, RULE_BY_ID, XID_POLICY, Level, XidPolicy
 from gpumon.health.skus import Expected
 from gpumon.model import MetricFamily, Sample, Snapshot
 
 Subject = tuple[tuple[str, str], ...]
-IB_ERROR_COUNTERS = ("gpumon_ib_port_symbol_errors_total", "gpumon_ib_port_link_error_recoveries_total",
-                     "gpumon_ib_port_local_link_integrity_errors_total",
-                     "gpumon_ib_port_excessive_buffer_overrun_errors_total")
+IB_ERROR_COUNTERS = (ib_metrics.SYMBOL_ERRORS.name, ib_metrics.LINK_ERROR_RECOVERIES.name,
+                     ib_metrics.LOCAL_LINK_INTEGRITY_ERRORS.name,
+                     ib_metrics.EXCESSIVE_BUFFER_OVERRUN_ERRORS.name)
 THERMAL_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown")
 WATCHED_COLLECTORS = ("nvml", "infiniband")
 IB_STATE_ACTIVE = 4
@@ -167,27 +170,27 @@ class Evaluator:
 
     def _gpu_rules(self, fams: Mapping[str, MetricFamily]) -> list[Finding]:
         out = []
-        for s in _samples(fams, "gpumon_gpu_lost"):
+        for s in _samples(fams, gpu_metrics.LOST.name):
             out.append(self._flag("gpu.lost", _gpu(s), s.value >= 1, f"GPU {s.label('gpu')} fell off the bus "
                                   "(NVML answers GPU_IS_LOST)"))
-        for s in _samples(fams, "gpumon_gpu_remapped_rows_failure"):
+        for s in _samples(fams, gpu_metrics.REMAP_FAILURE.name):
             out.append(self._flag("gpu.row_remap.failure", _gpu(s), s.value >= 1,
                                   f"GPU {s.label('gpu')}: row remapping failed"))
-        for s in _samples(fams, "gpumon_gpu_remapped_rows_pending"):
+        for s in _samples(fams, gpu_metrics.REMAP_PENDING.name):
             out.append(self._flag("gpu.row_remap.pending", _gpu(s), s.value >= 1,
                                   f"GPU {s.label('gpu')}: a row remap is pending a GPU reset"))
-        for s in _samples(fams, "gpumon_gpu_recovery_action"):
+        for s in _samples(fams, gpu_metrics.RECOVERY.name):
             code = int(s.value)
             out.append(self._flag("gpu.recovery_action", _gpu(s), code > 0,
                                   f"GPU {s.label('gpu')}: the driver asks for recovery action {code}",
                                   action=RECOVERY_ACTIONS.get(code, "reset_gpu"),
                                   level=Level.DEGRADED if code == 3 else None))
-        for s in _samples(fams, "gpumon_gpu_ecc_errors_total"):
+        for s in _samples(fams, gpu_metrics.ECC.name):
             if s.label("type") == "uncorrected" and s.label("counter") == "volatile":
                 out.append(self._flag("gpu.ecc.uncorrectable", _gpu(s), s.value > 0,
                                       f"GPU {s.label('gpu')}: {int(s.value)} uncorrectable ECC errors since reset"))
         thermal: dict[Subject, bool] = {}
-        for s in _samples(fams, "gpumon_gpu_clock_event_reason_active"):
+        for s in _samples(fams, gpu_metrics.CLOCK_REASON.name):
             if s.label("reason") in THERMAL_REASONS:
                 thermal[_gpu(s)] = thermal.get(_gpu(s), False) or s.value >= 1
         for subject, hot in thermal.items():
@@ -201,14 +204,14 @@ class Evaluator:
         """NVLink fabric (GB200 and later; an H100 with NVSwitch answers COMPLETED and no health)."""
         out = []
         worst: dict[Subject, tuple[Level, list[str]]] = {}
-        for s in _samples(fams, "gpumon_gpu_fabric_health_condition"):
+        for s in _samples(fams, gpu_metrics.FABRIC_HEALTH.name):
             level, names = worst.get(_gpu(s), (Level.OK, []))
             if s.value >= 1:
                 cond = s.label("condition") or ""
                 names.append(cond)
                 level = max(level, Level.UNHEALTHY if cond in FABRIC_UNHEALTHY else Level.DEGRADED)
             worst[_gpu(s)] = (level, names)
-        for s in _samples(fams, "gpumon_gpu_fabric_health_overall"):
+        for s in _samples(fams, gpu_metrics.FABRIC_SUMMARY.name):
             level, names = worst.get(_gpu(s), (Level.OK, []))
             summary = {2: (Level.UNHEALTHY, "summary unhealthy"), 3: (Level.DEGRADED, "limited capacity")}
             if int(s.value) in summary:
@@ -218,8 +221,8 @@ class Evaluator:
         for subject, (level, names) in sorted(worst.items()):
             out.append(self._flag("gpu.fabric.health", subject, level > Level.OK,
                                   f"GPU {subject[0][1]}: NVLink fabric {', '.join(names)}", level=level))
-        status = {_gpu(s): s.value for s in _samples(fams, "gpumon_gpu_fabric_status")}
-        for s in _samples(fams, "gpumon_gpu_fabric_state"):
+        status = {_gpu(s): s.value for s in _samples(fams, gpu_metrics.FABRIC_STATUS.name)}
+        for s in _samples(fams, gpu_metrics.FABRIC_STATE.name):
             state, code = int(s.value), status.get(_gpu(s), 0.0)
             bad = state in (1, 2) or (state == 3 and code != 0)
             what = {1: "not started", 2: "in progress"}.get(state, f"completed with NVML error {code:g}")
@@ -231,8 +234,8 @@ class Evaluator:
         exp = self.expected
         if exp is None or exp.pcie_width is None or exp.pcie_gen is None:
             return []
-        width = {_gpu(s): s.value for s in _samples(fams, "gpumon_gpu_pcie_link_width")}
-        gen_max = {_gpu(s): s.value for s in _samples(fams, "gpumon_gpu_pcie_link_generation_max")}
+        width = {_gpu(s): s.value for s in _samples(fams, gpu_metrics.PCIE_WIDTH.name)}
+        gen_max = {_gpu(s): s.value for s in _samples(fams, gpu_metrics.PCIE_GEN_MAX.name)}
         out = []
         for subject in sorted(set(width) | set(gen_max)):
             w, g = width.get(subject), gen_max.get(subject)
@@ -249,7 +252,7 @@ class Evaluator:
         out = []
         t = self.thresholds
         by_bus = _by_bus(fams)
-        for name in ("gpumon_gpu_xid_errors_total", "gpumon_kmsg_xid_errors_total"):
+        for name in (gpu_metrics.XID_TOTAL.name, host_metrics.KMSG_XIDS.name):
             for s in _samples(fams, name):
                 xid_text = s.label("xid") or ""
                 bus = s.label("pci_bus_id")
@@ -331,18 +334,18 @@ class Evaluator:
     # -- InfiniBand ---------------------------------------------------------------------------
     def _ib_ports(self, fams: Mapping[str, MetricFamily]) -> set[Subject]:
         """InfiniBand ports (Ethernet ports of the same HCAs, such as mlx5_an0, are not judged)."""
-        return {_port(s) for s in _samples(fams, "gpumon_ib_port_info") if s.label("link_layer") == "InfiniBand"}
+        return {_port(s) for s in _samples(fams, ib_metrics.SPEC_INFO.name) if s.label("link_layer") == "InfiniBand"}
 
     def _ib_rules(self, fams: Mapping[str, MetricFamily], now: float) -> list[Finding]:
         ports = self._ib_ports(fams)
         out = []
-        for s in _samples(fams, "gpumon_ib_port_state"):
+        for s in _samples(fams, ib_metrics.SPEC_STATE.name):
             if _port(s) in ports:
                 out.append(self._flag("ib.port.down", _port(s), s.value != IB_STATE_ACTIVE,
                                       f"{s.label('device')}/{s.label('port')} is not ACTIVE (state {s.value:g})"))
         exp = self.expected
         if exp is not None and exp.ib_rate_gbps:
-            for s in _samples(fams, "gpumon_ib_port_rate_bytes_per_second"):
+            for s in _samples(fams, ib_metrics.SPEC_RATE.name):
                 if _port(s) in ports:
                     gbps = s.value * 8 / 1e9
                     out.append(self._flag("ib.port.rate", _port(s), gbps < exp.ib_rate_gbps,
@@ -355,7 +358,7 @@ class Evaluator:
     def _flaps(self, fams: Mapping[str, MetricFamily], ports: set[Subject], now: float) -> list[Finding]:
         t = self.thresholds
         out = []
-        for s in _samples(fams, "gpumon_ib_link_flaps_total"):
+        for s in _samples(fams, ib_metrics.SPEC_FLAPS.name):
             subject = _port(s)
             if subject not in ports:
                 continue
@@ -400,7 +403,7 @@ class Evaluator:
         if exp is None:
             return []
         out = []
-        info = _samples(fams, "gpumon_gpu_info")
+        info = _samples(fams, gpu_metrics.INFO_SPEC.name)
         if "nvml" in judgeable and exp.gpus:
             out.append(self._flag("gpu.missing", (), len(info) < exp.gpus,
                                   f"{len(info)} of {exp.gpus} GPUs of a {exp.family} present"))
@@ -426,7 +429,7 @@ class Evaluator:
 
 def _by_bus(fams: Mapping[str, MetricFamily]) -> dict[str, str]:
     """The kernel log names a GPU by its PCI address: gpumon_gpu_info maps it to the index."""
-    return {(s.label("pci_bus_id") or "").lower(): s.label("gpu") or "" for s in _samples(fams, "gpumon_gpu_info")}
+    return {(s.label("pci_bus_id") or "").lower(): s.label("gpu") or "" for s in _samples(fams, gpu_metrics.INFO_SPEC.name)}
 
 
 def _judgeable(snapshot: Snapshot) -> set[str]:

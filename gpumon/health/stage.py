@@ -15,30 +15,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.catalogue import gpu as gpu_metrics
+from gpumon.catalogue import host as host_metrics
+from gpumon.catalogue import infiniband as ib_metrics
+from gpumon.catalogue.daemon import ACTION_FAILURES, ACTION_RUNS, GHR_REPORTS
+from gpumon.catalogue.daemon import HEALTH_STATE as STATE
+from gpumon.catalogue.daemon import NODE_HEALTH as NODE
 from gpumon.health.catalogue import REMEDIATION_ACTIONS, Level, worst_action
 from gpumon.health.faultcodes import with_code
 from gpumon.health.rules import Evaluator, Finding, History, Thresholds
 from gpumon.health.skus import Expected, expected_for
 from gpumon.health.state import Active, HealthState, StateStore, boot_id
-from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Sample, Severity, Snapshot
+from gpumon.model import Event, MetricFamily, Sample, Severity, Snapshot
 
 log = logging.getLogger(__name__)
 
-STATE = MetricSpec("gpumon_health_state", MetricType.GAUGE,
-                   "Health of one rule on one GPU, port or the node: 0 ok, 1 degraded, 2 unhealthy.",
-                   labels=("rule", "gpu", "device", "port"))
-NODE = MetricSpec("gpumon_node_health", MetricType.GAUGE,
-                  "The node's verdict: 0 healthy, 1 degraded, 2 unhealthy (the worst of gpumon_health_state).")
-ACTION_RUNS = MetricSpec("gpumon_health_action_runs_total", MetricType.COUNTER,
-                         "Attempts of a health action (slurm, kubernetes, hook), retries included.",
-                         labels=("action",))
-ACTION_FAILURES = MetricSpec("gpumon_health_action_failures_total", MetricType.COUNTER,
-                             "Failed attempts of a health action (each retried with backoff).",
-                             labels=("action",))
-GHR_REPORTS = MetricSpec("gpumon_health_azure_ghr_reports_total", MetricType.COUNTER,
-                         "Guest Health Reports by outcome: filed, already_filed (409), rate_limited, rejected "
-                         "(400), not_onboarded (403), unauthorized (401), dry_run.", labels=("outcome",))
-SPECS = (STATE, NODE, ACTION_RUNS, ACTION_FAILURES, GHR_REPORTS)
 SAVE_EVERY = 60.0
 _SEVERITY = {Level.OK: Severity.INFO, Level.DEGRADED: Severity.WARNING, Level.UNHEALTHY: Severity.CRITICAL}
 
@@ -256,7 +247,7 @@ class HealthStage:
         """A GPU whose energy counter went backwards was reset (or its driver reloaded): its sticky
         verdicts are repaired, and the repair is remembered (a fault that keeps coming back after
         resets is ``gpu.reset.repeated``)."""
-        fam = snapshot.family("gpumon_gpu_energy_joules_total")
+        fam = snapshot.family(gpu_metrics.ENERGY.name)
         if fam is None:
             return
         for s in fam.samples:
@@ -316,10 +307,10 @@ class HealthStage:
                        tuple(a.as_dict(now) for a in ordered if a.stale), facts)
 
     def _learn_facts(self, snapshot: Snapshot) -> None:
-        info = snapshot.family("gpumon_gpu_info")
+        info = snapshot.family(gpu_metrics.INFO_SPEC.name)
         for s in info.samples if info else ():
             self._gpus[s.label("gpu") or ""] = {k: s.label(k) or "" for k in ("uuid", "serial", "pci_bus_id")}
-        host = snapshot.family("gpumon_host_info")
+        host = snapshot.family(host_metrics.HOST_INFO.name)
         for s in host.samples if host else ():
             self._physical_host = s.label("physical_host") or self._physical_host
 
@@ -383,7 +374,7 @@ def _gpus_present(snapshot: Snapshot) -> dict[str, str] | None:
     if status is None or (status.available and not status.ok):
         return None
     gpus: dict[str, str] = {}
-    for name in ("gpumon_gpu_info", "gpumon_gpu_lost"):
+    for name in (gpu_metrics.INFO_SPEC.name, gpu_metrics.LOST.name):
         fam = snapshot.family(name)
         for s in fam.samples if fam else ():
             gpu = s.label("gpu") or ""
@@ -426,15 +417,15 @@ def _baseline(snapshot: Snapshot) -> dict[str, Any]:
         fam = snapshot.family(name)
         return [s.value for s in fam.samples] if fam else []
 
-    info = snapshot.family("gpumon_gpu_info")
+    info = snapshot.family(gpu_metrics.INFO_SPEC.name)
     models = sorted({s.label("model") or "" for s in info.samples}) if info else []
-    ports = snapshot.family("gpumon_ib_port_info")
+    ports = snapshot.family(ib_metrics.SPEC_INFO.name)
     ib = [s for s in ports.samples if s.label("link_layer") == "InfiniBand"] if ports else []
     ib_keys = {(s.label("device"), s.label("port")) for s in ib}
-    rates = snapshot.family("gpumon_ib_port_rate_bytes_per_second")
+    rates = snapshot.family(ib_metrics.SPEC_RATE.name)
     ib_rates = [s.value * 8 / 1e9 for s in rates.samples if (s.label("device"), s.label("port")) in ib_keys] \
         if rates else []
-    widths, gens = values("gpumon_gpu_pcie_link_width"), values("gpumon_gpu_pcie_link_generation_max")
+    widths, gens = values(gpu_metrics.PCIE_WIDTH.name), values(gpu_metrics.PCIE_GEN_MAX.name)
     return {"gpus": len(info.samples) if info else 0, "gpu_model": models[0] if len(models) == 1 else "",
             "ib_ports": len(ib), "ib_rate_gbps": int(min(ib_rates)) if ib_rates else 0,
             "pcie_gen": int(min(gens)) if gens else None, "pcie_width": int(min(widths)) if widths else None}

@@ -1,10 +1,10 @@
 """The built-in collectors' sections of ``gpumon once --format table``, one function per collector.
 
-Each builds its section from the snapshot alone (the metric specs the collector declares, read back
-from the families), and returns None when the snapshot holds nothing of that collector. :func:`table_for`
+Each builds its section from the snapshot alone (the catalogue's metric specs, read back from the
+families), and returns None when the snapshot holds nothing of that collector. :func:`table_for`
 looks one up by collector name; a collector without one here (a plugin's) may build its own section in
 its class's ``summarize`` (:mod:`gpumon.report` asks that second). The report is a face: it may import
-the collectors' specs; no collector imports this module.
+a collector's reading tables (the IB ``counters/`` files); no collector imports this module.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpumon.collectors import nvml_metrics as M
-from gpumon.collectors.host_info import INFO as HOST_INFO
-from gpumon.collectors.host_info import LABELS as HOST_LABELS
-from gpumon.collectors.infiniband import PMA_COUNTERS, PMA_SPECS, SPEC_INFO, SPEC_RATE, SPEC_STATE
+from gpumon.catalogue import gpu as gpu_metrics
+from gpumon.catalogue import infiniband as ib_metrics
+from gpumon.catalogue.host import HOST_INFO, HOST_LABELS
+from gpumon.catalogue.infiniband import SPEC_INFO, SPEC_RATE, SPEC_STATE
+from gpumon.collectors.infiniband import PMA_COUNTERS, PMA_SPECS
 from gpumon.collectors.nvml_tables import THROTTLE_REASONS
 from gpumon.model import MetricSpec, Sample, Snapshot
 from gpumon.sources.ib_sysfs import STATE_NAMES
@@ -26,8 +27,8 @@ TableFunction = Callable[[Snapshot], Table | None]
 
 def nvml_table(snapshot: Snapshot) -> Table | None:
     """``nvml``: one row per GPU (a lost one says LOST), within 100 columns."""
-    info = snapshot.family(M.INFO_SPEC.name)
-    lost = snapshot.family(M.LOST.name)
+    info = snapshot.family(gpu_metrics.INFO_SPEC.name)
+    lost = snapshot.family(gpu_metrics.LOST.name)
     if info is None and lost is None:
         return None
     gpus: dict[str, dict[str, Any]] = {}
@@ -47,28 +48,28 @@ def nvml_table(snapshot: Snapshot) -> Table | None:
                 yield gpus[gpu], s
 
     columns: tuple[tuple[str, MetricSpec, dict[str, str]], ...] = (
-        ("util", M.UTIL, {"engine": "gpu"}), ("used", M.MEM_USED, {}), ("total", M.MEM_TOTAL, {}),
-        ("temp", M.TEMP, {"sensor": "gpu"}), ("power", M.POWER, {}), ("limit", M.POWER_LIMIT, {}),
-        ("sm", M.CLOCK, {"clock": "sm"}))
+        ("util", gpu_metrics.UTIL, {"engine": "gpu"}), ("used", gpu_metrics.MEM_USED, {}), ("total", gpu_metrics.MEM_TOTAL, {}),
+        ("temp", gpu_metrics.TEMP, {"sensor": "gpu"}), ("power", gpu_metrics.POWER, {}), ("limit", gpu_metrics.POWER_LIMIT, {}),
+        ("sm", gpu_metrics.CLOCK, {"clock": "sm"}))
     for column, spec, match in columns:
         for row, s in each(spec.name, **match):
             row[column] = s.value
     short = {"sw_power_cap": "pwr", "hw_slowdown": "hw", "sync_boost": "sync",
              "sw_thermal_slowdown": "swtherm", "hw_thermal_slowdown": "hwtherm",
              "hw_power_brake_slowdown": "brake"}
-    for row, s in each(M.CLOCK_REASON.name):
+    for row, s in each(gpu_metrics.CLOCK_REASON.name):
         if s.value == 1 and s.label("reason") in THROTTLE_REASONS:
             row.setdefault("reasons", []).append(short.get(s.label("reason") or "", "?"))
-    for row, s in each(M.ECC.name, type="uncorrected", counter="volatile"):
+    for row, s in each(gpu_metrics.ECC.name, type="uncorrected", counter="volatile"):
         if s.value:
             row.setdefault("health", []).append(f"dbe{int(s.value)}")
-    for row, s in each(M.REMAP_PENDING.name):
+    for row, s in each(gpu_metrics.REMAP_PENDING.name):
         if s.value:
             row.setdefault("health", []).append("remap-pend")
-    for row, s in each(M.REMAP_FAILURE.name):
+    for row, s in each(gpu_metrics.REMAP_FAILURE.name):
         if s.value:
             row.setdefault("health", []).append("remap-FAIL")
-    xid_fam = snapshot.family("gpumon_gpu_xid_errors_total")
+    xid_fam = snapshot.family(gpu_metrics.XID_TOTAL.name)
     for s in xid_fam.samples if xid_fam else ():
         xid_row = gpus.get(s.label("gpu") or "")
         if xid_row is not None and s.value:
@@ -115,7 +116,7 @@ def infiniband_table(snapshot: Snapshot) -> Table | None:
     rate = by_port(SPEC_RATE.name)
     rx = by_port(PMA_SPECS["port_rcv_data"].name)
     tx = by_port(PMA_SPECS["port_xmit_data"].name)
-    flaps = by_port("gpumon_ib_link_flaps_total")
+    flaps = by_port(ib_metrics.SPEC_FLAPS.name)
     errors: dict[tuple[str | None, str | None], list[str]] = {}
     for counter in PMA_COUNTERS:
         if counter.scale != 1 or "packets" in counter.file:

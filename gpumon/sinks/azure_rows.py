@@ -1,7 +1,7 @@
 """Snapshots -> Log Analytics rows: the column table, the interval aggregation, the event rows.
 
 The custom tables have a *fixed* set of columns (a DCR stream declaration cannot grow at run time), so
-the columns a metric fills are the ``azure`` hint on its declaration (:mod:`gpumon.metric_catalogue`).
+the columns a metric fills are the ``azure`` hint on its declaration (:mod:`gpumon.catalogue`).
 ``deploy/azure/generate.py`` builds the template's ``streamDeclarations`` from :func:`stream_columns`
 over every declared metric (:func:`gpumon.confdoc.declared_specs`), and a test checks that the
 committed template equals the generated one: the code and the deployed schema cannot drift apart.
@@ -34,8 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon import attribution_labels
-from gpumon.imds import AzureInstance
-from gpumon.metric_catalogue import (
+from gpumon.catalogue.hints import (
     EVENTS,
     GPU,
     IB,
@@ -43,8 +42,9 @@ from gpumon.metric_catalogue import (
     AzureHint,
     InfoColumns,
     MetricColumns,
-    azure_hints,
 )
+from gpumon.catalogue.lookup import azure_hints
+from gpumon.imds import AzureInstance
 from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Snapshot
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")

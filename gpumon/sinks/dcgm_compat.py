@@ -2,12 +2,12 @@
 
 People moving from dcgm-exporter have dashboards and alert rules written against ``DCGM_FI_*``.
 This module turns a Snapshot's gpumon families into dcgm-exporter's default counter set
-(``etc/default-counters.csv`` of NVIDIA/dcgm-exporter, read at commit d5e5f51, 2026-05-12) with its
+(:mod:`gpumon.catalogue.dcgm`: ``etc/default-counters.csv`` of NVIDIA/dcgm-exporter) with its
 units (MHz, C, W, mJ, %, MiB), its labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device`` =
 ``nvidia<N>``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``; ``namespace``/``pod``/
 ``container`` or ``hpc_job`` when attributed), and its
 semantics where they differ from gpumon's (``DCGM_FI_DEV_XID_ERRORS`` is the last XID seen, with
-``err_code``). The table is data: one row per DCGM field, naming the gpumon family it comes from.
+``err_code``). The table is data in the catalogue: one row per DCGM field, naming the gpumon metric it comes from.
 
 MIG, as dcgm-exporter 4.5.3-4.8.2 (commit d5e5f51) serves it with its default ``--devices f``
 (pkg/cmd/app.go: "monitor all GPU instances in MIG mode, all GPUs if MIG mode is disabled";
@@ -33,96 +33,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpumon.attribution_labels import ALLOCATION_FAMILY
+from gpumon.catalogue.dcgm import FIELDS, MIB, XID_FIELD, XID_HELP, XID_SOURCE, Field
+from gpumon.catalogue.gpu import INFO_SPEC, MIG_INFO
 from gpumon.model import MetricFamily, Sample, Snapshot
 from gpumon.render import escape_help, format_value, series_prefix
-
-MIB = 1024.0 * 1024.0
-
-
-@dataclass(frozen=True)
-class Field:
-    """One dcgm-exporter field: where its value comes from in gpumon and how it is scaled."""
-
-    name: str
-    type: str  # "gauge" or "counter", as dcgm-exporter declares it
-    help: str
-    source: str  # the gpumon family
-    match: tuple[tuple[str, str], ...] = ()  # labels a gpumon sample must have
-    scale: float = 1.0
-    sum_over: str = ""  # a label summed away (per GPU totals)
-    #: Under MIG: "gpu" repeats the GPU's value on each GPU instance (a device-wide field);
-    #: "instance" serves the instance's own value from ``mig_source`` (absent without one).
-    scope: str = "gpu"
-    mig_source: str = ""
-    mig_match: tuple[tuple[str, str], ...] = ()
-    mig_minus: str = ""  # a family subtracted from ``mig_source`` (free = total - used)
-
-
-MIG_TOTAL, MIG_USED = "gpumon_gpu_mig_memory_total_bytes", "gpumon_gpu_mig_memory_used_bytes"
-MIG_ACTIVITY, MIG_INFO = "gpumon_gpu_mig_activity_ratio", "gpumon_gpu_mig_info"
-
-
-# dcgm-exporter's default counter set, in its file's order. DCGM_FI_DEV_VGPU_LICENSE_STATUS is left
-# out: Azure's ND/NC GPUs are passed through, not vGPU, so the field has no value there (as DCGM
-# itself reports it blank and dcgm-exporter then skips the series).
-FIELDS: tuple[Field, ...] = (
-    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
-          "gpumon_gpu_clock_hertz", (("clock", "sm"),), 1e-6),
-    Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).",
-          "gpumon_gpu_clock_hertz", (("clock", "memory"),), 1e-6),
-    Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).",
-          "gpumon_gpu_temperature_celsius", (("sensor", "memory"),)),
-    Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).",
-          "gpumon_gpu_temperature_celsius", (("sensor", "gpu"),)),
-    Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", "gpumon_gpu_power_watts"),
-    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
-          "Total energy consumption since boot (in mJ).", "gpumon_gpu_energy_joules_total", (), 1000.0),
-    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
-          "gpumon_gpu_pcie_replay_total"),
-    Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).",
-          "gpumon_gpu_utilization_ratio", (("engine", "gpu"),), 100.0, scope="instance"),
-    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).",
-          "gpumon_gpu_utilization_ratio", (("engine", "memory"),), 100.0, scope="instance"),
-    Field("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).",
-          "gpumon_gpu_utilization_ratio", (("engine", "encoder"),), 100.0, scope="instance"),
-    Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).",
-          "gpumon_gpu_utilization_ratio", (("engine", "decoder"),), 100.0, scope="instance"),
-    Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).",
-          "gpumon_gpu_memory_free_bytes", (), 1 / MIB, scope="instance", mig_source=MIG_TOTAL, mig_minus=MIG_USED),
-    Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).",
-          "gpumon_gpu_memory_used_bytes", (), 1 / MIB, scope="instance", mig_source=MIG_USED),
-    Field("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
-          "gpumon_gpu_memory_reserved_bytes", (), 1 / MIB, scope="instance"),
-    Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
-          "Total number of NVLink bandwidth counters for all lanes.",
-          "gpumon_gpu_nvlink_bytes_total", (), 1.0, "direction"),
-    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
-          "Number of remapped rows for uncorrectable errors",
-          "gpumon_gpu_remapped_rows", (("cause", "uncorrectable"),)),
-    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors",
-          "gpumon_gpu_remapped_rows", (("cause", "correctable"),)),
-    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
-          "gpumon_gpu_remapped_rows_failure"),
-    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
-          "gpumon_gpu_activity_ratio", (("activity", "graphics"),), scope="instance", mig_source=MIG_ACTIVITY,
-          mig_match=(("activity", "graphics"),)),
-    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
-          "gpumon_gpu_activity_ratio", (("activity", "tensor"),), scope="instance", mig_source=MIG_ACTIVITY,
-          mig_match=(("activity", "tensor"),)),
-    Field("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
-          "Ratio of cycles the device memory interface is active sending or receiving data.",
-          "gpumon_gpu_activity_ratio", (("activity", "dram_bandwidth"),), scope="instance",
-          mig_source=MIG_ACTIVITY, mig_match=(("activity", "dram_bandwidth"),)),
-    Field("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus - including "
-          "both protocol headers and data payloads - in bytes per second.",
-          "gpumon_gpu_pcie_throughput_bytes_per_second", (("direction", "tx"),)),
-    Field("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus - including "
-          "both protocol headers and data payloads - in bytes per second.",
-          "gpumon_gpu_pcie_throughput_bytes_per_second", (("direction", "rx"),)),
-)
-XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
-XID_HELP = "Value of the last XID error encountered."
-
 
 Key = tuple[str, str]
 """One series' entity: the GPU index and its GPU instance id ("" for a whole GPU)."""
@@ -150,10 +64,10 @@ class DcgmCompat:
         entities = self._entities(by_name)
         if not entities:
             return ""
-        self._track_xids(by_name.get("gpumon_gpu_xid_errors_total"))
+        self._track_xids(by_name.get(XID_SOURCE.name))
         parts: list[str] = []
         for spec in FIELDS:
-            per_gpu = _values(by_name.get(spec.source), spec)
+            per_gpu = _values(by_name.get(spec.source.name), spec)
             per_instance = _instance_values(by_name, spec)
             values: Values = {}
             for key in entities:
@@ -183,11 +97,11 @@ class DcgmCompat:
     def _entities(self, by_name: Mapping[str, MetricFamily]) -> dict[Key, _Entity]:
         """A GPU without MIG instances is one entity; a GPU with them is one entity per GPU instance
         (dcgm-exporter's default ``--devices f``), labelled ``GPU_I_PROFILE`` and ``GPU_I_ID``."""
-        info = by_name.get("gpumon_gpu_info")
+        info = by_name.get(INFO_SPEC.name)
         if info is None:
             return {}
         owners = _owners(by_name.get(ALLOCATION_FAMILY))
-        instances = _instances(by_name.get(MIG_INFO))
+        instances = _instances(by_name.get(MIG_INFO.name))
         out: dict[Key, _Entity] = {}
         for sample in info.samples:
             lab = dict(sample.labels)
@@ -255,10 +169,10 @@ def _per_instance(fam: MetricFamily | None, match: Iterable[tuple[str, str]] = (
 
 def _instance_values(by_name: Mapping[str, MetricFamily], spec: Field) -> dict[Key, float]:
     """Per GPU instance: the field's value from gpumon's MIG series (scaled), if it has one."""
-    if not spec.mig_source:
+    if spec.mig_source is None:
         return {}
-    values = _per_instance(by_name.get(spec.mig_source), spec.mig_match)
-    minus = _per_instance(by_name.get(spec.mig_minus)) if spec.mig_minus else {}
+    values = _per_instance(by_name.get(spec.mig_source.name), spec.mig_match)
+    minus = _per_instance(by_name.get(spec.mig_minus.name)) if spec.mig_minus is not None else {}
     return {key: (value - minus.get(key, 0.0)) * spec.scale for key, value in values.items()
             if not spec.mig_minus or key in minus}
 
@@ -309,8 +223,8 @@ def markdown_table() -> str:
                       1 / MIB: "bytes to MiB"}.get(f.scale, f"x {f.scale:g}")
         if f.sum_over:
             conversion += f", summed over `{f.sum_over}`"
-        rows.append(f"| `{f.name}` | {f.type} | {_source(f.source, f.match)} | {conversion} | {_under_mig(f)} |")
-    rows.append(f"| `{XID_FIELD}` | gauge | `gpumon_gpu_xid_errors_total` | the last XID whose count rose "
+        rows.append(f"| `{f.name}` | {f.type} | {_source(f.source.name, f.match)} | {conversion} | {_under_mig(f)} |")
+    rows.append(f"| `{XID_FIELD}` | gauge | `{XID_SOURCE.name}` | the last XID whose count rose "
                 "(0 before any), label `err_code` | the GPU's, on each instance |")
     return "\n".join(rows) + "\n"
 
@@ -324,10 +238,10 @@ def _under_mig(f: Field) -> str:
     """The table's MIG column: where a GPU instance's value comes from."""
     if f.scope == "gpu":
         return "the GPU's, on each instance"
-    if not f.mig_source:
+    if f.mig_source is None:
         return "absent"
-    source = _source(f.mig_source, f.mig_match)
-    return f"{source} minus `{f.mig_minus}`" if f.mig_minus else source
+    source = _source(f.mig_source.name, f.mig_match)
+    return f"{source} minus `{f.mig_minus.name}`" if f.mig_minus is not None else source
 
 
 if __name__ == "__main__":  # python -m gpumon.sinks.dcgm_compat: the table in docs/dcgm-exporter.md

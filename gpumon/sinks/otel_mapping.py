@@ -1,6 +1,6 @@
 """How a gpumon (Prometheus-named) metric becomes an OpenTelemetry metric.
 
-A spec's ``otel`` hint (:mod:`gpumon.metric_catalogue`), on its declaration, says which OpenTelemetry
+A spec's ``otel`` hint (:mod:`gpumon.catalogue`), on its declaration, says which OpenTelemetry
 hardware semantic convention a metric maps to (``hw.gpu.utilization``, ``hw.network.io`` ...).
 Everything else is mapped mechanically: ``gpumon_<domain>_<rest>[_<unit>][_total]`` becomes
 ``gpumon.<domain>.<rest>`` with a UCUM unit derived from the spec's unit, so a metric a collector adds
@@ -16,13 +16,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.metric_catalogue import Domain, Kind, OtelMetric, otel_hints
+from gpumon.catalogue import gpu as gpu_metrics
+from gpumon.catalogue import infiniband as ib_metrics
+from gpumon.catalogue.hints import Domain, Kind, OtelMetric
+from gpumon.catalogue.lookup import otel_hints
+from gpumon.catalogue.units import Unit
 from gpumon.model import MetricSpec, MetricType
 
 __all__ = ["Domain", "Kind", "OtelMetric", "routes", "resolve", "attributes", "markdown_table"]
 
-GPU_INFO = "gpumon_gpu_info"
-IB_PORT_INFO = "gpumon_ib_port_info"
+GPU_INFO = gpu_metrics.INFO_SPEC.name
+IB_PORT_INFO = ib_metrics.SPEC_INFO.name
 
 # Label values renamed where the attribute has a convention of its own.
 VALUE_MAPS: dict[str, dict[str, str]] = {
@@ -38,7 +42,8 @@ VALUE_FORMATS: dict[tuple[str, str], str] = {
 _THRESHOLD_SENSOR = {"memory_max": "memory"}
 """The sensor a temperature threshold belongs to, where it is not the GPU die's."""
 
-# Prometheus/spec unit words -> UCUM. Anything else becomes an annotation ``{word}``.
+# A plugin's unit word -> UCUM (gpumon's own metrics carry theirs: catalogue.units.Unit). Anything
+# else becomes an annotation ``{word}``.
 UNITS: dict[str, str] = {
     "bytes": "By",
     "seconds": "s",
@@ -61,66 +66,26 @@ UNITS: dict[str, str] = {
 # Name suffixes that state the unit; stripped from the mechanical name (the unit says it).
 _UNIT_SUFFIXES = ("bytes_per_second", "bytes", "seconds", "watts", "joules", "celsius", "hertz", "ratio",
                   "volts", "amperes", "percent")
-# Words that, ending a unit-less metric's name, say what is counted. The conventions keep unit ``1`` for
-# fractions; a count is ``{thing}``, which the OTLP -> Prometheus translation leaves out of the name
-# (unit ``1`` on a gauge would come out as ``..._ratio``).
-_COUNT_WORDS = {"errors": "{error}", "error": "{error}", "packets": "{packet}", "events": "{event}",
-                "flaps": "{flap}", "resets": "{reset}", "retries": "{retry}", "drops": "{packet}",
-                "discards": "{packet}", "calls": "{call}", "dropped": "{packet}", "downed": "{event}",
-                "recoveries": "{event}", "runs": "{run}", "reloads": "{reload}", "records": "{record}",
-                "signals": "{signal}", "processes": "{process}", "links": "{link}", "pages": "{page}",
-                "rows": "{row}", "window": "{flap}", "points": "{data_point}", "failures": "{failure}"}
-# Words that, ending a unit-less gauge's name, say it is a state (0/1 or an enumeration's number).
-_STATE_WORDS = {"up", "active", "enabled", "pending", "failure", "lost", "flapping", "saturated",
-                "successful", "state", "status", "condition", "summary", "action", "mode"}
-# Units of unit-less metrics whose name alone does not say what they count.
-UNIT_BY_NAME: dict[str, str] = {
-    "gpumon_gpu_pcie_link_generation": "{generation}",
-    "gpumon_gpu_pcie_link_generation_max": "{generation}",
-    "gpumon_gpu_pcie_link_width": "{lane}",
-    "gpumon_gpu_pcie_link_width_max": "{lane}",
-    "gpumon_gpu_performance_state": "{pstate}",
-    "gpumon_gpu_nvlink_links_active": "{link}",
-    "gpumon_ib_hw_stat_total": "{event}",
-    "gpumon_ib_port_pma_other_total": "{event}",
-    "gpumon_ib_port_unicast_packets_received_total": "{packet}",
-    "gpumon_ib_port_unicast_packets_transmitted_total": "{packet}",
-    "gpumon_ib_port_multicast_packets_received_total": "{packet}",
-    "gpumon_ib_port_multicast_packets_transmitted_total": "{packet}",
-    "gpumon_ib_port_vl15_dropped_total": "{packet}",
-    "gpumon_ib_port_transmit_discards_total": "{packet}",
-    "gpumon_sink_dropped_total": "{item}",
-    "gpumon_sink_exported_total": "{item}",
-    "gpumon_sink_failed_total": "{request}",
-    "process_max_fds": "{file_descriptor}",
-}
 
 
-def ucum(unit: str, name: str = "", kind: MetricType | None = None) -> str:
-    """The UCUM unit for a spec's unit word (``bytes`` -> ``By``). A unit-less metric gets ``{thing}``
-    from its name: ``_info`` -> ``{info}``, a state -> ``{state}``, a count -> ``{error}``, ``{run}`` ...;
-    ``1`` only for a ratio."""
-    word = unit.strip().lower()
+def ucum(spec: MetricSpec) -> str:
+    """The UCUM unit of ``spec``: its typed unit's (every metric of gpumon's declares one, so nothing is
+    guessed from its name); for a plugin's plain unit word, that word in UCUM (``bytes`` -> ``By``,
+    else ``{word}``), and without one ``{info}``, ``{event}`` (a counter) or ``{count}``. The
+    conventions keep ``1`` for fractions; a count is ``{thing}``, which the OTLP -> Prometheus
+    translation leaves out of the name."""
+    if isinstance(spec.unit, Unit):
+        return spec.unit.ucum
+    word = spec.unit.strip().lower()
     if word:
         if word in UNITS:
             return UNITS[word]
         if word.startswith("{") or word in ("1", "By", "s", "W", "J", "Cel", "Hz", "By/s"):
-            return unit.strip()
+            return spec.unit.strip()
         return "{" + word + "}"
-    if name in UNIT_BY_NAME:
-        return UNIT_BY_NAME[name]
-    stem = name.removesuffix("_total")
-    for suffix in _UNIT_SUFFIXES:
-        if stem.endswith("_" + suffix):
-            return UNITS[suffix]
-    last = stem.rsplit("_", 1)[-1]
-    if kind is MetricType.INFO or last == "info":
+    if spec.type is MetricType.INFO:
         return "{info}"
-    if last in _COUNT_WORDS:
-        return _COUNT_WORDS[last]
-    if kind is not MetricType.COUNTER and last in _STATE_WORDS:
-        return "{state}"
-    return "{event}" if kind is MetricType.COUNTER else "{count}"
+    return "{event}" if spec.type is MetricType.COUNTER else "{count}"
 
 
 def mechanical_name(name: str) -> str:
@@ -151,7 +116,7 @@ def routes(spec: MetricSpec) -> tuple[OtelMetric, ...]:
     explicit = otel_hints(spec)
     if explicit:
         return explicit
-    return (OtelMetric(mechanical_name(spec.name), ucum(spec.unit, spec.name, spec.type), _KIND[spec.type],
+    return (OtelMetric(mechanical_name(spec.name), ucum(spec), _KIND[spec.type],
                        _domain_for(spec)),)
 
 

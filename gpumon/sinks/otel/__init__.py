@@ -58,9 +58,6 @@ from gpumon.sinks.otel.transport import (
     send,
 )
 
-# the gRPC trailer parser, which the export-fault tests read through the package
-from gpumon.sinks.otel.transport import _grpc_retry_delay as _grpc_retry_delay
-
 __all__ = [
     "DEFAULT_GRPC_ENDPOINT", "DEFAULT_HTTP_ENDPOINT", "DEFAULT_TIMEOUT", "GRPC", "HTTP_PROTOBUF", "IMDS_ALIASES",
     "OPTIONS", "PHYSICAL_HOST", "RETRYABLE_HTTP", "SEVERITY_NUMBER", "SIGNALS", "THROTTLED_LOG_ATTEMPTS",

@@ -288,7 +288,7 @@ class GrpcTransport:
             name = getattr(code, "name", str(code))
             details = receiver_text(str(exc.details() or ""), self._secrets) if hasattr(exc, "details") else ""
             trailing = (exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else ()
-            retry_after = _grpc_retry_delay(trailing)
+            retry_after = grpc_retry_delay(trailing)
             if name == "RESOURCE_EXHAUSTED":
                 if retry_after is None:  # no sign that the server will recover: the spec says drop
                     return SendResult(False, False, f"gRPC {name}: {details}", throttled=True)
@@ -302,7 +302,7 @@ class GrpcTransport:
         self._channel.close()
 
 
-def _grpc_retry_delay(trailing: Any) -> float | None:
+def grpc_retry_delay(trailing: Any) -> float | None:
     """Seconds the server asks the client to wait: google.rpc.RetryInfo in the status details
     (``grpc-status-details-bin``), else a ``retry-after`` trailer in seconds; None when neither."""
     delay = None

@@ -1,7 +1,8 @@
-"""The metric catalogue: the types of the hints a sink needs to map a metric.
+"""The types of the hints a sink needs to map a metric, and helpers to write them short.
 
-A metric is declared once, as a :class:`gpumon.model.MetricSpec` (name, type, unit, help, labels),
-by the module that produces it. What a sink needs beyond that is a *hint* on the same declaration:
+A metric is declared once, in the catalogue (:mod:`gpumon.catalogue`), as a
+:class:`gpumon.model.MetricSpec`. What a sink needs beyond its name, type, unit, help and labels is a
+*hint* on the same declaration:
 
 - ``MetricSpec.otel``: the OpenTelemetry metric(s) it maps to (:class:`OtelMetric`), where a semantic
   convention or a better name applies; without one the OTel sink derives a name mechanically;
@@ -9,20 +10,16 @@ by the module that produces it. What a sink needs beyond that is a *hint* on the
   or :class:`NoColumns` for a metric of gpumon's that deliberately has none; without any the Azure
   Monitor sink sends it as generic rows (``GpuMonMetrics_CL``: Name, Labels, Value).
 
-:func:`otel_hints` and :func:`azure_hints` read them; the spec is the only source, so the sinks keep no
-tables of their own and nothing here is keyed by metric name. The helpers below (:func:`gpu_columns`,
-:func:`port_columns`, the ``AGG_*`` aggregations) keep the declarations short. Pure data: nothing here
-imports a collector, a sink or an SDK (collectors import this module).
+:mod:`gpumon.catalogue.lookup` reads them. Pure data: this module imports nothing of gpumon, so that
+:mod:`gpumon.model` can name these types on :class:`~gpumon.model.MetricSpec`.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
-
-from gpumon.model import MetricSpec
 
 
 # ------------------------------------------------------------------------------------ OpenTelemetry
@@ -183,23 +180,3 @@ def gpu_columns(column: str, aggs: tuple[str, ...] = AGG_MINMAX, **kw: Any) -> M
 def port_columns(column: str, aggs: tuple[str, ...] = AGG_COUNTER, **kw: Any) -> MetricColumns:
     """Columns of the per-port row (GpuMonInfiniBand_CL) for the spec they are declared on."""
     return MetricColumns("", IB, column, aggs, **kw)
-
-
-def otel_hints(spec: MetricSpec) -> tuple[OtelMetric, ...]:
-    """The OpenTelemetry metrics ``spec`` names beside its declaration; () when it names none (the
-    sink derives a name mechanically)."""
-    return tuple(spec.otel)
-
-
-def azure_hints(spec: MetricSpec) -> tuple[AzureHint, ...]:
-    """The Azure hints of ``spec``, each naming it (``metric``); () when it has none (generic rows),
-    and for a name that is not gpumon's: a plugin's metric cannot add columns to the deployed tables."""
-    if spec.azure and owns_columns(spec.name):
-        return tuple(h if h.metric else replace(h, metric=spec.name) for h in spec.azure)
-    return ()
-
-
-def owns_columns(name: str) -> bool:
-    """Whether a metric may have columns of its own: the DCR template is generated from gpumon's
-    declarations, so only gpumon's names (``gpumon_``, ``process_``) can have deployed columns."""
-    return name.startswith(("gpumon_", "process_"))
