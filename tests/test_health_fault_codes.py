@@ -35,6 +35,7 @@ EXPECTED = {
     "gpu.xid.48": ("NHC2014", "Resource.Hpc.Unhealthy.XID48DoubleBitECC"),
     "gpu.fabric.health": ("NHC2016", "Resource.Hpc.Unhealthy.NvLink"),
     "gpu.ecc.uncorrectable": ("NHC2019", "Resource.Hpc.Unhealthy.DBEOverLimit"),
+    "gpu.retired_pages.full": ("NHC2018", "Resource.Hpc.Unhealthy.ECCPageRetirementTableFull"),
 }
 
 
@@ -50,6 +51,23 @@ def test_every_mapped_rule_exists_and_unmapped_rules_have_no_code() -> None:
     assert all(code in faultcodes.FAULT_CODES for code in faultcodes.RULE_CODES.values())
     assert faultcodes.for_rule("collector.down") is None and faultcodes.for_rule("gpu.model") is None
     assert len(faultcodes.FAULT_CODES) == 22
+
+
+def test_a_gpu_whose_page_retirement_table_is_full_is_unhealthy_with_nhc2018() -> None:
+    # A GPU before Ampere (V100, T4) retires at most 64 pages; NVML fields 29/30 (sbe/dbe) feed the series.
+    from gpumon.catalogue import gpu as gpu_metrics
+    from gpumon.health.rules import Evaluator, Thresholds
+    from gpumon.model import MetricFamily, Sample, Snapshot
+
+    pages = {("0", "sbe"): 40, ("0", "dbe"): 24, ("1", "sbe"): 62, ("1", "dbe"): 1}
+    fam = MetricFamily(gpu_metrics.RETIRED, tuple(Sample((("gpu", g), ("cause", c)), v)
+                                                  for (g, c), v in sorted(pages.items())))
+    found = {f.subject: f for f in Evaluator(Thresholds()).evaluate(Snapshot("n", 0.0, (fam,), (), ()), 0.0)
+             if f.rule == "gpu.retired_pages.full"}
+    full, short = found[(("gpu", "0"),)], found[(("gpu", "1"),)]
+    assert (full.level, full.action) == (Level.UNHEALTHY, "replace_hardware") and "64 pages retired" in full.reason
+    assert short.level == Level.OK                       # 63: one page left
+    assert faultcodes.nhc_line(full.rule, full.reason).endswith("FaultCode: NHC2018")
 
 
 def test_an_xid_79_finding_and_its_event_carry_nhc2013(tmp_path) -> None:

@@ -46,6 +46,9 @@ RULES: tuple[Rule, ...] = (
     Rule("gpu.lost", Level.UNHEALTHY, "reboot", True, "The GPU stopped answering (fell off the bus)."),
     Rule("gpu.row_remap.failure", Level.UNHEALTHY, "replace_hardware", True,
          "A row remap failed: the GPU's memory cannot be repaired."),
+    Rule("gpu.retired_pages.full", Level.UNHEALTHY, "replace_hardware", False,
+         "A GPU before Ampere has retired 64 pages (single- and double-bit), all its page retirement "
+         "table holds: a new bad page cannot be mapped out."),
     Rule("gpu.row_remap.pending", Level.DEGRADED, "reset_gpu", False,
          "A row remap waits for a GPU reset to take effect."),
     Rule("gpu.recovery_action", Level.UNHEALTHY, "reset_gpu", False,

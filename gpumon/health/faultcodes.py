@@ -57,6 +57,7 @@ RULE_CODES: dict[str, str] = {
     "gpu.missing": "NHC2009",        # check_gpu_count (AKS: "Expected to see 8 GPUs but found 7")
     "gpu.lost": "NHC2013",           # NVML GPU_IS_LOST is the GPU fallen off the bus, as XID 79
     "gpu.row_remap.failure": "NHC2007",
+    "gpu.retired_pages.full": "NHC2018",  # ECCPageRetirementTableFull: pre-Ampere, 64 pages retired
     "gpu.ecc.uncorrectable": "NHC2019",  # check_gpu_ecc: volatile double-bit errors over its limit
     "gpu.thermal_slowdown": "NHC2017",
     "gpu.fabric.health": "NHC2016",
@@ -68,7 +69,7 @@ RULE_CODES: dict[str, str] = {
     "gpu.xid.74": "NHC2016",         # NVLink error
     **{f"gpu.xid.{x}": "NHC2016" for x in range(144, 151)},  # GB200 NVLink XIDs
 }
-"""gpumon rule id -> AzNHC fault code. The retired-pages checks (NHC2018) have no gpumon rule yet."""
+"""gpumon rule id -> AzNHC fault code."""
 
 
 def for_rule(rule: str) -> FaultCode | None:

@@ -26,6 +26,10 @@ IB_ERROR_COUNTERS = (ib_metrics.SYMBOL_ERRORS.name, ib_metrics.LINK_ERROR_RECOVE
 THERMAL_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown")
 WATCHED_COLLECTORS = ("nvml", "infiniband")
 IB_STATE_ACTIVE = 4
+# Page retirement (GPUs before Ampere) supports at most 64 retirements of the frame buffer (NVIDIA, "GPU
+# memory error management: row remapping", page retirement vs row remapping); AzNHC's NHC2018
+# ECCPageRetirementTableFull is that table full.
+RETIRED_PAGES_MAX = 64
 # NVLink fabric conditions that stop a GPU's NVLink traffic; the others slow it (nvml.h healthMask)
 FABRIC_UNHEALTHY = frozenset({"route_unhealthy", "incorrect_configuration", "gfm_disconnected"})  # /sys/class/infiniband/*/ports/*/state "4: ACTIVE"
 
@@ -176,6 +180,13 @@ class Evaluator:
         for s in _samples(fams, gpu_metrics.REMAP_FAILURE.name):
             out.append(self._flag("gpu.row_remap.failure", _gpu(s), s.value >= 1,
                                   f"GPU {s.label('gpu')}: row remapping failed"))
+        retired: dict[Subject, float] = {}
+        for s in _samples(fams, gpu_metrics.RETIRED.name):
+            retired[_gpu(s)] = retired.get(_gpu(s), 0.0) + s.value
+        for subject, pages in sorted(retired.items()):
+            out.append(self._flag("gpu.retired_pages.full", subject, pages >= RETIRED_PAGES_MAX,
+                                  f"GPU {subject[0][1]}: {int(pages)} pages retired, all its page "
+                                  f"retirement table holds ({RETIRED_PAGES_MAX})"))
         for s in _samples(fams, gpu_metrics.REMAP_PENDING.name):
             out.append(self._flag("gpu.row_remap.pending", _gpu(s), s.value >= 1,
                                   f"GPU {s.label('gpu')}: a row remap is pending a GPU reset"))
