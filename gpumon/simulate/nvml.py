@@ -164,7 +164,9 @@ _UTIL_PERIOD_US = 100_000
 # gets a sample (375 of 376 answers held one sample), so a process that waits gets none rather than a
 # 0 % one; the driver keeps the newest sample of each running process, however old, and answers it to
 # lastSeenTimeStamp 0; a process that ended is forgotten at once (gone from a lastSeenTimeStamp 0
-# answer within 1.3 s of its end). The double hands the periods to the running processes in turn.
+# answer within 1.3 s of its end). NVML's reference says the same of nvmlDeviceGetProcessUtilization: "one
+# utilization sample structure is returned per process running, that had some non-zero utilization during
+# the last sample period". The double hands the periods to the running processes in turn.
 _PROC_SAMPLE_US = 200_000
 #: The first PID the double gives a workload's processes (the default process of GPU i is 4000 + 10 i).
 _WORKLOAD_PID_BASE = 200_000
