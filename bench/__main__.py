@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="real_gpu, job_rules: seconds measured (default 150)")
     parser.add_argument("--warm", type=float, default=None,
                         help="job_rules: seconds before measuring (default 390; at least 330 for its windows)")
+    parser.add_argument("--faults", default=None, metavar="TEXT",
+                        help="job_straggler: only the fault cases whose name contains TEXT (e.g. congest)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary line of each benchmark")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = parser.parse_args(argv)
@@ -80,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         opts.extra["healthy_seconds"] = args.healthy_seconds
     if args.window is not None:
         opts.extra["window_s"] = args.window
+    if args.faults is not None:
+        opts.extra["faults"] = args.faults
     if args.warm is not None:
         opts.extra["warm_s"] = args.warm
     if args.flips is not None:

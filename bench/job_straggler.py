@@ -84,6 +84,8 @@ def run(opts: Options) -> dict[str, Any]:
     healthy_seconds = float(opts.extra.get("healthy_seconds", 10 if opts.smoke else 600))
     warmup = 5.0 if opts.smoke else 130.0   # the rules' [2m] averages fill before anything is judged
     faults = FAULTS[:1] if opts.smoke else FAULTS
+    if opts.extra.get("faults"):
+        faults = tuple(f for f in faults if opts.extra["faults"] in f[0])
     tmp = tempfile.mkdtemp(prefix="gpumon-bench-job-")
     procs: list[subprocess.Popen] = []
     try:
@@ -111,7 +113,7 @@ def run(opts: Options) -> dict[str, Any]:
             wait_until(lambda workdir=workdir: os.path.isdir(os.path.join(workdir, "control")), 60, 0.1)
             for gpu in range(8):
                 control(workdir, {"action": "allocate", "gpu": gpu, "job_id": JOB})
-        client = Client(f"http://127.0.0.1:{prom_port}", timeout=5)
+        client = Client(f"http://127.0.0.1:{prom_port}", timeout=30)  # a loaded machine answers late, not never
 
         def scored() -> bool:
             try:
@@ -179,9 +181,15 @@ def run(opts: Options) -> dict[str, Any]:
                                        + (f"{crossed:.1f} s" if crossed is not None else f"more than {CASE_TIMEOUT:g} s")
                                        if found is not None else f"not the highest within {CASE_TIMEOUT:g} s"))
             control(workdirs[SLOW_HOST], undo)
+            def settled() -> bool:
+                try:
+                    return worst(client) <= threshold and not named("gpumon_job:straggler_score", gpu_want, False) \
+                        and not named("gpumon_job_host:straggler_score", host_want, False)
+                except QueryFailed:
+                    return False
+
             try:   # the next fault starts from a job where nothing of this one stands out
-                wait_until(lambda: worst(client) <= threshold and not named("gpumon_job:straggler_score", gpu_want, False)
-                           and not named("gpumon_job_host:straggler_score", host_want, False), 300, 1.0)
+                wait_until(settled, 300, 1.0)
             except TimeoutError:
                 cases[name]["settled"] = False
         return {"hosts": HOSTS, "gpus": HOSTS * 8, "scrape_interval_seconds": 1, "rules": which,
