@@ -2,9 +2,10 @@
 
 ``publish`` (the loop's thread) folds each snapshot into per-GPU and per-port statistics
 (:mod:`gpumon.sinks.azure_rows`) and, at each ``upload_interval`` boundary and for every event at
-once, appends rows to the on-disk spool (:mod:`gpumon.sinks.spool`) and wakes the uploader. The
-uploader thread sends what the spool holds with ``LogsIngestionClient`` and acknowledges it only
-after the service said 204, so an outage or a kill -9 re-sends rather than loses (each row carries a
+once, appends rows to the on-disk spool (:mod:`gpumon.sinks.spool`) and wakes the shared uploader
+(:class:`gpumon.sinks.delivery.Uploader`), whose thread hands what the spool holds to
+:meth:`AzureMonitorSink.send`; that sends it with ``LogsIngestionClient`` and classifies the answer,
+and the uploader acknowledges it only after the service said 204, so an outage or a kill -9 re-sends rather than loses (each row carries a
 ``RowId`` to de-duplicate in KQL). Backoff honours ``Retry-After``, and the first failure that is not
 about the rows (429, 5xx, timeout, 401/403/404) ends the batch: its later chunks wait for the retry.
 A 400/413 chunk is bisected until the rejected rows are isolated and written to ``deadletter.jsonl``,
@@ -41,7 +42,8 @@ from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
 from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, METRICS, TABLES, RowBuilder, host_values
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.common import DeliveryCounters, retry_after_from_headers
-from gpumon.sinks.spool import Spool, SpoolError
+from gpumon.sinks.delivery import BatchSize, Outcome, Uploader
+from gpumon.sinks.spool import Batch, Spool, SpoolError
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")
 
@@ -135,6 +137,8 @@ _RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 _CONFIG_STATUS = {401, 403, 404}
 _ROW_STATUS = {400, 413}
 """Statuses that may be about some rows only: isolated by bisection, the rest of the batch goes on."""
+_BATCH = BatchSize(records=2000)
+"""Rows read from the spool for one round (one ``upload`` per stream)."""
 _DEADLETTER_MAX = 16 << 20
 _UPLOADER_FAULT = "uploader error:"
 _LONGEST_WAIT = 3600.0
@@ -192,9 +196,9 @@ class AzureMonitorSink(Sink):
             self._streams[METRICS] = self.settings.stream_metrics
         self._lock = threading.Lock()
         self._window_start: float | None = None
-        self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        """Set at stop: ends the host-facts thread."""
+        self._uploader: Uploader | None = None
         self._counters = DeliveryCounters()
         """``last_error`` is the reason the sink is down (empty: up); ``dropped`` counts rows rejected
         for good and rows the spool could not take (the spool's own drops are added in health())."""
@@ -267,8 +271,12 @@ class AzureMonitorSink(Sink):
         self._imds = azure_host.imds_client(self.ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
         if self._imds is not None:
             threading.Thread(target=self._fetch_vm, name="azure-monitor-imds", daemon=True).start()
-        self._thread = threading.Thread(target=self._run, name="azure-monitor-upload", daemon=True)
-        self._thread.start()
+        backoff = Backoff(self.backoff_min, self.backoff_max, jitter=(0.8, 1.2), retry_after_max=_LONGEST_WAIT,
+                          retry_after_exact=True)
+        self._uploader = Uploader("azure-monitor-upload", self._spool, self, backoff, size=_BATCH,
+                                  config_floor=self.config_backoff_min, clock=self._clock, idle_resets=True,
+                                  after_round=self._spool_works)
+        self._uploader.start()
         stats = self._spool.stats()
         log.info("azure_monitor: sending to %s (DCR %s), %d rows spooled from before",
                  self.settings.endpoint, self.settings.dcr_immutable_id, stats.records)
@@ -321,53 +329,36 @@ class AzureMonitorSink(Sink):
             self._log_once.error("append", "azure_monitor: cannot write the spool %s: %s (rows dropped and "
                                  "counted)", self.spool_dir, exc)
             return
-        self._wake.set()
+        if self._uploader is not None:
+            self._uploader.notify()
 
-    # -- the uploader ---------------------------------------------------------------------------
+    # -- the uploader's side: send and classify ----------------------------------------------------
 
-    def _run(self) -> None:
-        """Upload until stopped. A failing round (spool I/O such as EIO or ENOSPC, or a bug) is counted,
-        logged once and retried with backoff: the thread must outlive it, or nothing is sent until restart."""
-        backoff = Backoff(self.backoff_min, self.backoff_max, jitter=(0.8, 1.2), retry_after_max=_LONGEST_WAIT,
-                          retry_after_exact=True)
-        while not self._stopping.is_set():
-            try:
-                outcome = self._round()
-            except Exception as exc:
-                outcome = self._uploader_fault(exc)
-            else:
-                if self._counters.last_error.startswith(_UPLOADER_FAULT):
-                    self._counters.last_error = ""  # the spool works again
-            if outcome is None or outcome.ok:
-                backoff.succeeded()
-                continue
-            floor = self.config_backoff_min if outcome.config_fault else None
-            self._stopping.wait(backoff.failed(self._clock(), outcome.delay, floor))
-
-    def _round(self) -> _Outcome | None:
-        """Sync the spool, send one batch, acknowledge it if delivered; None after waiting idle."""
-        assert self._spool is not None
-        self._wake.clear()
-        self._spool.sync()
-        batch = self._spool.read(max_records=2000)
-        if batch is None:
-            self._wake.wait(timeout=5.0)
-            return None
+    def send(self, batch: Batch) -> Outcome:
+        """Upload one batch of spooled rows (the uploader's thread); the uploader acknowledges it when
+        every row went or was dead-lettered. Backoff: doubling from ``backoff_min`` (from
+        ``config_backoff_min`` for a configuration fault), Retry-After as the delay."""
         outcome = self._deliver(batch.records)
         if outcome.ok:
-            self._spool.ack(batch)
             self._delivered.clear()
-        return outcome
+            return Outcome(ack=True, delivered=True)
+        return Outcome(ack=False, retry=True, retry_after=outcome.delay, config=outcome.config_fault)
 
-    def _uploader_fault(self, exc: Exception) -> _Outcome:
-        """Count a round that raised; log each kind once (with the traceback when it is not disk I/O)."""
+    def fault(self, exc: Exception) -> Outcome:
+        """Count a round that raised (spool I/O such as EIO or ENOSPC, or a bug); log each kind once
+        (with the traceback when it is not disk I/O). The uploader retries it with backoff."""
         self._counters.failed_attempt(1)
         where = f"spool {self.spool_dir}" if isinstance(exc, OSError) else type(exc).__name__
         reason = f"{_UPLOADER_FAULT} {where}: {exc}; retrying"
         if not isinstance(exc, OSError):
             self._log_once.error(reason, "azure_monitor: %s", reason, exc_info=exc)
         self._note(reason, logging.ERROR)  # (not logged again when logged with its traceback above)
-        return _Outcome(False, 0.0, False, reason)
+        return Outcome(ack=False, retry=True)
+
+    def _spool_works(self) -> None:
+        """After a round that did not raise: an uploader fault is no longer the reason the sink is down."""
+        if self._counters.last_error.startswith(_UPLOADER_FAULT):
+            self._counters.last_error = ""
 
     def _deliver(self, records: tuple[bytes, ...]) -> _Outcome:
         by_stream: dict[str, list[dict[str, Any]]] = {}
@@ -591,19 +582,11 @@ class AzureMonitorSink(Sink):
                 self._window_start = None
         if records:
             self._append(records)
-        spool = self._spool
-        if spool is not None and self._thread is not None and self._thread.is_alive():
-            while spool.stats().records and self._clock() < deadline and self._thread.is_alive():
-                self._wake.set()
-                time.sleep(0.02)  # polling the spool with a deadline; the uploader does the work
+        if self._uploader is not None:
+            self._uploader.stop(deadline)
+        elif self._spool is not None:
+            self._spool.close()
         self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(max(0.0, deadline - self._clock()))
-        if spool is not None and (self._thread is None or not self._thread.is_alive()):
-            spool.close()
-        elif spool is not None:
-            spool.sync()
 
     def health(self) -> SinkHealth:
         stats = self._spool.stats() if self._spool is not None else None
@@ -616,7 +599,7 @@ class AzureMonitorSink(Sink):
         }
         dropped = (stats.dropped if stats else 0) + c.dropped
         spool_error = stats.error if stats else ""
-        up = self._thread is not None and self._thread.is_alive() and not c.last_error and not spool_error
+        up = self._uploader is not None and self._uploader.running and not c.last_error and not spool_error
         return SinkHealth(up=up, exported=c.sent, failed=c.failed, dropped=dropped,
                           detail=spool_error or c.last_error, extra=extra)
 

@@ -68,11 +68,13 @@ class Uploader:
     ``backoff`` is the sink's policy; ``config_floor`` the seconds a configuration fault waits at
     least; ``idle_resets``: an empty spool starts the backoff over (otherwise only a delivery does).
     ``drain_margin``: seconds of the stop deadline kept for ending the request in flight (``abort``)
-    and joining the thread after the drain."""
+    and joining the thread after the drain. ``after_round``: called after every round that did not
+    raise (an empty one included), as a sink that reported a raising round clears that report."""
 
     def __init__(self, name: str, spool: Spool, sender: Sender, backoff: Backoff, *, size: BatchSize,
                  config_floor: float, clock: Callable[[], float] = time.monotonic,
-                 idle_resets: bool = False, drain_margin: float = 0.0) -> None:
+                 idle_resets: bool = False, drain_margin: float = 0.0,
+                 after_round: Callable[[], None] | None = None) -> None:
         self.spool = spool
         self.backoff = backoff
         self._sender = sender
@@ -81,8 +83,8 @@ class Uploader:
         self._clock = clock
         self._idle_resets = idle_resets
         self._drain_margin = drain_margin
+        self._after_round = after_round
         self._wake = threading.Event()
-        self._idle = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -93,7 +95,6 @@ class Uploader:
 
     def notify(self) -> None:
         """Records were appended: look at the spool now."""
-        self._idle.clear()
         self._wake.set()
 
     @property
@@ -127,11 +128,10 @@ class Uploader:
             self.spool.close()
 
     def _drain(self, until: float) -> None:
-        """Wait until the thread found the spool empty (or ``until``, or the thread is gone)."""
-        while self._thread.is_alive():
-            left = until - self._clock()
-            if left <= 0 or self._idle.wait(min(left, 0.05)):
-                return
+        """Wait until every record is acknowledged (or ``until``, or the thread is gone)."""
+        while self.spool.stats().records and self._clock() < until and self._thread.is_alive():
+            self._wake.set()
+            time.sleep(0.02)  # polling the spool with a deadline; the uploader does the work
 
     # -- the thread -----------------------------------------------------------------------------
 
@@ -142,6 +142,9 @@ class Uploader:
                 outcome = self._round()
             except Exception as exc:  # spool I/O or a bug: the thread must outlive it
                 outcome = self._sender.fault(exc)
+            else:
+                if self._after_round is not None:
+                    self._after_round()
             delay = self._account(outcome)
             if delay:
                 self._stopping.wait(delay)
@@ -152,7 +155,6 @@ class Uploader:
         self.spool.sync()
         batch = self.spool.read(max_records=self._size.records, max_bytes=self._size.bytes)
         if batch is None:
-            self._idle.set()
             self._wake.wait(timeout=IDLE_WAIT)
             return None
         outcome = self._sender.send(batch)
