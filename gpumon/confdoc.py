@@ -70,6 +70,11 @@ def reference_markdown(schemas: list[SectionSchema]) -> str:
         "running one is kept. A complete file with every default is in",
         "[`examples/gpumon.toml`](../examples/gpumon.toml).",
         "",
+        "A key renamed to be named the same in every section keeps its old name as a deprecated alias",
+        "(\"Deprecated alias\" below): a file or variable using it still works and logs one warning",
+        "(`[azure_monitor] ca_bundle is deprecated (honoured for now): use [azure_monitor] ca_file`);",
+        "setting both the key and its alias in one section is an error.",
+        "",
     ]
     for schema in schemas:
         out += [f"## `[{schema.name}]`", "", schema.help, "",
@@ -80,6 +85,8 @@ def reference_markdown(schemas: list[SectionSchema]) -> str:
             bounds = _bounds(opt)
             if bounds:
                 meaning += f" ({bounds})"
+            if opt.aliases:
+                meaning += " Deprecated alias: " + ", ".join(f"`{alias}`" for alias in opt.aliases) + "."
             out.append(f"| `{opt.key}` | {opt.type.__name__} | `{default}` | `{env_name(schema.name, opt.key)}` "
                        f"| {meaning} |")
         out.append("")

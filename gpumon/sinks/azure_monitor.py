@@ -38,18 +38,19 @@ from gpumon.imds import IMDS_URL, ImdsClient
 from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
 from gpumon.sinks import azure_host
-from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
+from gpumon.sinks.azure_identity import make_credential
 from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, METRICS, TABLES, RowBuilder, host_values
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.common import DeliveryCounters, retry_after_from_headers
 from gpumon.sinks.delivery import BatchSize, Outcome, Uploader
+from gpumon.sinks.options import azure_credential_options, spool_options, tls_options
 from gpumon.sinks.spool import Batch, Spool, SpoolError
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")
 
 MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
 
-def _ca_bundle_check(value: str) -> str | None:
+def _ca_file_check(value: str) -> str | None:
     """``readable_file_check``, saying "no such file" in this sink's words for a path not there."""
     if value and not os.path.lexists(value):
         return f"no such file: {value}"
@@ -74,7 +75,7 @@ class AzureMonitorSettings:
     spool_max_bytes: int
     omit_zero_increases: bool
     static_every: float
-    ca_bundle: str
+    ca_file: str
     timeout: float
     imds_url: str
 
@@ -95,31 +96,18 @@ OPTIONS = SectionSchema(
                "Stream declared for generic rows (Name, Labels, Value) of metrics without columns of their "
                "own, such as a plugin's; empty: such metrics are logged and counted but not sent (a DCR "
                "deployed before the stream existed)."),
-        Option("credential", str, "managed_identity",
-               "How to get a token: `managed_identity` (VM/VMSS, system-assigned or the user-assigned "
-               "`client_id`), `workload_identity` (AKS), `service_principal` (tenant_id, client_id, "
-               "client_secret) or `default` (azure-identity's chain).", choices=CREDENTIALS),
-        Option("client_id", str, "", "Client id of a user-assigned identity or of the service principal."),
-        Option("tenant_id", str, "", "Entra tenant id (service principal; workload identity reads it "
-               "from AZURE_TENANT_ID when empty)."),
-        Option("client_secret", str, "", "Service principal secret. Prefer GPUMON_AZURE_MONITOR_CLIENT_SECRET "
-               "over the file; it is never logged or printed.", secret=True),
-        Option("audience", str, "https://monitor.azure.com",
-               "Token audience: https://monitor.azure.us or https://monitor.azure.cn in sovereign clouds."),
+        *azure_credential_options("azure_monitor"),
         Option("upload_interval", float, 60.0,
                "Seconds aggregated into one GPU/port row; events are sent within seconds regardless.",
                min=0.05, max=3600.0),
-        Option("spool_dir", str, "", "Spool directory; empty means <state_dir>/spool/azure_monitor."),
-        Option("spool_max_bytes", int, 256 << 20,
-               "Spool size cap; past it the oldest rows are dropped and counted.", min=65536),
+        *spool_options("azure_monitor", "rows"),
         Option("omit_zero_increases", bool, True,
                "Leave out counter `...Increase` columns that are 0 (most error counters, most of the "
                "time): about a third less data; in KQL sum() is unchanged, coalesce(x, 0) shows zeros."),
         Option("static_every", float, 3600.0,
                "Seconds between rows that repeat unchanged static columns (model, serial, firmware, limits, "
                "sizes); a change is sent at once; 0 = on every row.", min=0.0, max=86400.0),
-        Option("ca_bundle", str, "", "PEM file of CAs to trust for the endpoint (private CAs, tests); "
-               "empty means the system's.", check=_ca_bundle_check),
+        *tls_options("endpoint", client=False, ca_aliases=("ca_bundle",), check=_ca_file_check),
         Option("timeout", float, 30.0, "Seconds to connect or to wait for a response.", min=0.1, max=600.0),
         Option("imds_url", str, IMDS_URL,
                "Deprecated alias of `[azure] imds_url` (where the rows' VM and placement columns come "
@@ -255,7 +243,7 @@ class AzureMonitorSink(Sink):
             http_logging_policy=HttpLoggingPolicy(logger=http_log),
             credential_scopes=[self.settings.audience.rstrip("/") + "/.default"],
             retry_total=0,  # the uploader thread owns retries, so stop() is never stuck in a sleep
-            connection_verify=self.settings.ca_bundle or True,
+            connection_verify=self.settings.ca_file or True,
             connection_timeout=self.settings.timeout,
             read_timeout=self.settings.timeout,
         )
@@ -663,8 +651,8 @@ def _target_problem(opt: AzureMonitorSettings) -> tuple[str, str] | None:
             return key, "is required (see the outputs of deploy/azure/)"
     if not opt.endpoint.startswith("https://"):
         return "endpoint", f"must be an https:// URL (got {opt.endpoint!r})"
-    if opt.ca_bundle and not os.path.isfile(opt.ca_bundle):
-        return "ca_bundle", f"no such file: {opt.ca_bundle}"
+    if opt.ca_file and not os.path.isfile(opt.ca_file):
+        return "ca_file", f"no such file: {opt.ca_file}"
     if opt.credential == "service_principal":
         for key in ("tenant_id", "client_id", "client_secret"):
             if not getattr(opt, key):

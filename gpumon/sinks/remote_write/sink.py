@@ -38,7 +38,7 @@ from gpumon.backoff import Backoff
 from gpumon.config import ConfigError, Option, SectionSchema, readable_file_check
 from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
-from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
+from gpumon.sinks.azure_identity import make_credential
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.common import (
     DeliveryCounters,
@@ -48,6 +48,7 @@ from gpumon.sinks.common import (
     redact_url,
 )
 from gpumon.sinks.delivery import BatchSize, Outcome, Uploader
+from gpumon.sinks.options import azure_credential_options, backoff_options, spool_options, tls_options
 from gpumon.sinks.remote_write import encoding
 from gpumon.sinks.remote_write.limits import BodyLimit
 from gpumon.sinks.remote_write.transport import (
@@ -140,25 +141,10 @@ OPTIONS = SectionSchema(
                check=readable_file_check),
         Option("bearer_token_file", str, "", "File holding a bearer token (re-read on every request, so a "
                "rotated token is picked up).", check=readable_file_check),
-        Option("ca_file", str, "", "PEM file of CAs that verify the receiver; empty means the system's.",
-               check=readable_file_check),
-        Option("cert_file", str, "", "Client certificate (PEM) for mutual TLS.", check=readable_file_check),
-        Option("key_file", str, "", "Client private key (PEM) for mutual TLS.", check=readable_file_check),
-        Option("credential", str, "managed_identity", "With auth = azure: `managed_identity`, "
-               "`workload_identity`, `service_principal` or `default`, as in [azure_monitor].",
-               choices=CREDENTIALS),
-        Option("client_id", str, "", "Client id of a user-assigned identity or of the service principal."),
-        Option("tenant_id", str, "", "Entra tenant id (service principal)."),
-        Option("client_secret", str, "", "Service principal secret; prefer GPUMON_REMOTE_WRITE_CLIENT_SECRET.",
-               secret=True),
-        Option("audience", str, "https://monitor.azure.com",
-               "Token audience: https://monitor.azure.us or https://monitor.azure.cn in sovereign clouds."),
-        Option("spool_dir", str, "", "Spool directory; empty means <state_dir>/spool/remote_write."),
-        Option("spool_max_bytes", int, 256 << 20, "Spool size cap; past it the oldest requests are dropped "
-               "and counted.", min=65536),
-        Option("backoff_initial", float, 1.0, "Seconds before the first retry; doubles (with jitter) up to "
-               "backoff_max.", min=0.01, max=600.0),
-        Option("backoff_max", float, 60.0, "Longest wait between retries, in seconds.", min=0.01, max=3600.0),
+        *tls_options("receiver"),
+        *azure_credential_options("remote_write", "With auth = azure: "),
+        *spool_options("remote_write", "requests"),
+        *backoff_options(),
     ),
     RemoteWriteSettings,
 )
