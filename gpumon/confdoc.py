@@ -129,7 +129,7 @@ def declared_specs() -> list[MetricSpec]:
 
 def otel_table() -> str:
     """The Prometheus -> OpenTelemetry table of docs/metrics.md, over every declared metric."""
-    from gpumon.sinks.otel_mapping import markdown_table
+    from gpumon.sinks.otel.mapping import markdown_table
 
     return markdown_table(declared_specs())
 
