@@ -107,7 +107,7 @@ def _braces(labels: dict[str, str]) -> str:
 
 
 def _azure(snapshot: Any) -> list[str]:
-    from gpumon.sinks.azure_rows import RowBuilder
+    from gpumon.sinks.azure_monitor.rows import RowBuilder
 
     rows = RowBuilder(HOST)
     now = time.monotonic()
@@ -157,7 +157,7 @@ def _join(sections: list[tuple[str, Callable[[], list[str]]]]) -> str:
 
 
 def _describe(spec: Any) -> list[str]:
-    from gpumon.sinks.azure_rows import column_hints
+    from gpumon.sinks.azure_monitor.rows import column_hints
     from gpumon.sinks.otel.mapping import routes
 
     lines = [f"{spec.name} {spec.type.value} unit={str(spec.unit)!r} labels={list(spec.labels)}", f"  help: {spec.help}"]

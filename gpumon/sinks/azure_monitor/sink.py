@@ -1,7 +1,7 @@
 """Azure Monitor Logs Ingestion: GPU and IB rows per interval and one row per event, through a spool.
 
 ``publish`` (the loop's thread) folds each snapshot into per-GPU and per-port statistics
-(:mod:`gpumon.sinks.azure_rows`) and, at each ``upload_interval`` boundary and for every event at
+(:mod:`gpumon.sinks.azure_monitor.rows`) and, at each ``upload_interval`` boundary and for every event at
 once, appends rows to the on-disk spool (:mod:`gpumon.sinks.spool`) and wakes the shared uploader
 (:class:`gpumon.sinks.delivery.Uploader`), whose thread hands what the spool holds to
 :meth:`AzureMonitorSink.send`; that sends it with ``LogsIngestionClient`` and classifies the answer,
@@ -39,7 +39,16 @@ from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
 from gpumon.sinks import azure_host
 from gpumon.sinks.azure_identity import make_credential
-from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, METRICS, TABLES, RowBuilder, host_values
+from gpumon.sinks.azure_monitor.rows import (
+    DEFAULT_STREAMS,
+    EVENTS,
+    GPU,
+    IB,
+    METRICS,
+    TABLES,
+    RowBuilder,
+    host_values,
+)
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.common import DeliveryCounters, retry_after_from_headers
 from gpumon.sinks.delivery import BatchSize, Outcome, Uploader
