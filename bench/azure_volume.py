@@ -65,7 +65,7 @@ def measure(intervals: int, upload_interval: float, collect_every: float, option
         collectors.append(cls(ctx, _section(cls)))
     clock = Clock()
     with IngestionServer() as srv:
-        cfg = {"endpoint": srv.endpoint, "dcr_immutable_id": srv.dcr_id, "ca_bundle": srv.ca_path,
+        cfg = {"endpoint": srv.endpoint, "dcr_immutable_id": srv.dcr_id, "ca_file": srv.ca_path,
                "imds_url": "", "upload_interval": upload_interval, **(options or {})}
         sink = AzureMonitorSink(SinkContext(ctx.hostname, work, "bench"), cfg, credential=FakeCredential(),
                                 clock=clock)

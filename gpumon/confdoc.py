@@ -70,6 +70,11 @@ def reference_markdown(schemas: list[SectionSchema]) -> str:
         "running one is kept. A complete file with every default is in",
         "[`examples/gpumon.toml`](../examples/gpumon.toml).",
         "",
+        "A key renamed to be named the same in every section keeps its old name as a deprecated alias",
+        "(\"Deprecated alias\" below): a file or variable using it still works and logs one warning",
+        "(`[azure_monitor] ca_bundle is deprecated (honoured for now): use [azure_monitor] ca_file`);",
+        "setting both the key and its alias in one section is an error.",
+        "",
     ]
     for schema in schemas:
         out += [f"## `[{schema.name}]`", "", schema.help, "",
@@ -80,6 +85,8 @@ def reference_markdown(schemas: list[SectionSchema]) -> str:
             bounds = _bounds(opt)
             if bounds:
                 meaning += f" ({bounds})"
+            if opt.aliases:
+                meaning += " Deprecated alias: " + ", ".join(f"`{alias}`" for alias in opt.aliases) + "."
             out.append(f"| `{opt.key}` | {opt.type.__name__} | `{default}` | `{env_name(schema.name, opt.key)}` "
                        f"| {meaning} |")
         out.append("")
@@ -122,7 +129,7 @@ def declared_specs() -> list[MetricSpec]:
 
 def otel_table() -> str:
     """The Prometheus -> OpenTelemetry table of docs/metrics.md, over every declared metric."""
-    from gpumon.sinks.otel_mapping import markdown_table
+    from gpumon.sinks.otel.mapping import markdown_table
 
     return markdown_table(declared_specs())
 

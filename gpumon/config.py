@@ -7,6 +7,7 @@ variables, command-line flags. Every error names the key and where the bad value
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -56,6 +57,9 @@ class Option:
     choices: tuple[str, ...] | None = None
     check: Callable[[Any], str | None] | None = None
     secret: bool = False
+    aliases: tuple[str, ...] = ()
+    """Deprecated names of this key, still read (in a file, the environment or a section given to a
+    plugin) with a warning, logged once per section and name: see :func:`deprecated_key`."""
 
     def validate(self, value: Any) -> Any:
         """Return the value coerced to the option's type, or raise ValueError with a reason (which,
@@ -264,14 +268,26 @@ class SectionSchema(Generic[S]):
             _check_settings(name, options, settings)
 
     def option(self, key: str) -> Option | None:
+        """The option named ``key``, or by one of its deprecated aliases."""
         for opt in self.options:
-            if opt.key == key:
+            if opt.key == key or key in opt.aliases:
                 return opt
         return None
 
+    def aliases(self) -> dict[str, str]:
+        """Every deprecated key of this section -> the key it stands for."""
+        return {alias: opt.key for opt in self.options for alias in opt.aliases}
+
     def values(self, cfg: Mapping[str, Any] | None) -> dict[str, Any]:
-        """Every option: the section's values over this schema's defaults."""
-        return {**{opt.key: opt.default for opt in self.options}, **(dict(cfg) if cfg is not None else {})}
+        """Every option: the section's values over this schema's defaults (a value given under a
+        deprecated alias counts under its key, with the warning)."""
+        given = dict(cfg) if cfg is not None else {}
+        aliases = self.aliases()
+        for alias in [k for k in given if k in aliases]:
+            deprecated_key(self.name, alias, aliases[alias])
+            value = given.pop(alias)
+            given.setdefault(aliases[alias], value)
+        return {**{opt.key: opt.default for opt in self.options}, **given}
 
     def value(self, cfg: Mapping[str, Any] | None, key: str) -> Any:
         """``key`` from a validated section, or this schema's default where the section (or the key)
@@ -289,7 +305,7 @@ class SectionSchema(Generic[S]):
         know is a programming error (a validated section never has one): TypeError."""
         values = self.values(cfg)
         if self.settings is None:
-            return cast(S, Section(self.name, values))
+            return cast(S, Section(self.name, values, self.aliases()))
         types = {opt.key: opt.type for opt in self.options}
         unknown = sorted(set(values) - set(types))
         if unknown:
@@ -329,20 +345,38 @@ def _settled(kind: type, value: Any) -> Any:
     return value
 
 
-class Section(Mapping[str, Any]):
-    """The validated values of one section; read them as attributes (``cfg.interval``)."""
+_warned: set[tuple[str, str]] = set()
+_log = logging.getLogger("gpumon.config")
 
-    def __init__(self, name: str, values: Mapping[str, Any]) -> None:
+
+def deprecated_key(section: str, old: str, new: str) -> None:
+    """Say once per process that ``[section] old`` is a deprecated name of ``new`` (still honoured)."""
+    if (section, old) in _warned:
+        return
+    _warned.add((section, old))
+    _log.warning("[%s] %s is deprecated (honoured for now): use [%s] %s", section, old, section, new)
+
+
+class Section(Mapping[str, Any]):
+    """The validated values of one section; read them as attributes (``cfg.interval``). A key's
+    deprecated alias (``aliases``: old -> new) reads the same value."""
+
+    def __init__(self, name: str, values: Mapping[str, Any], aliases: Mapping[str, str] | None = None) -> None:
         self._name = name
         self._values = dict(values)
+        self._aliases = dict(aliases or {})
 
     def __getattr__(self, key: str) -> Any:
+        if key.startswith("_"):  # copy and pickle look for dunders before __init__ ran
+            raise AttributeError(key)
         try:
-            return self._values[key]
+            return self[key]
         except KeyError:
             raise AttributeError(f"[{self._name}] has no option {key!r}") from None
 
     def __getitem__(self, key: str) -> Any:
+        if key not in self._values and key in self._aliases:
+            return self._values[self._aliases[key]]
         return self._values[key]
 
     def __iter__(self):
@@ -375,7 +409,8 @@ class Config:
     def replace(self, section: str, **values: Any) -> Config:
         """A copy with some values of one section replaced (already-validated values only)."""
         sections = dict(self.sections)
-        sections[section] = Section(section, {**self.sections[section], **values})
+        old = self.sections[section]
+        sections[section] = Section(section, {**old, **values}, getattr(old, "_aliases", None))
         return Config(sections, self.source, self.origins)
 
 
@@ -461,8 +496,11 @@ def load(
                 raise ConfigError(path, f"[{section_name}]", "must be a table")
             for key, raw in table.items():
                 opt = _option(schema, key, path)
-                values[section_name][key] = _validated(opt, raw, path, section_name)
-                origins[f"{section_name}.{key}"] = path
+                if key != opt.key and opt.key in table:
+                    raise ConfigError(path, f"[{section_name}] {key}",
+                                      f"is a deprecated name of {opt.key}, which is set too: keep {opt.key}")
+                values[section_name][opt.key] = _validated(opt, raw, path, section_name, key)
+                origins[f"{section_name}.{opt.key}"] = path
 
     for var, text in environ.items():
         if not var.startswith("GPUMON_"):
@@ -480,8 +518,8 @@ def load(
             raw = _from_text(opt.type, text)
         except ValueError as exc:
             raise ConfigError(where, f"[{section_name}] {key}", str(exc)) from None
-        values[section_name][key] = _validated(opt, raw, where, section_name)
-        origins[f"{section_name}.{key}"] = where
+        values[section_name][opt.key] = _validated(opt, raw, where, section_name, key)
+        origins[f"{section_name}.{opt.key}"] = where
 
     for flag, raw in (flags or {}).items():
         if raw is None:
@@ -499,7 +537,7 @@ def load(
         values[section_name][key] = _validated(opt, raw, where, section_name)
         origins[f"{section_name}.{key}"] = where
 
-    return Config({n: Section(n, v) for n, v in values.items()}, source, origins)
+    return Config({n: Section(n, v, by_name[n].aliases()) for n, v in values.items()}, source, origins)
 
 
 def _copy(value: Any) -> Any:
@@ -552,14 +590,17 @@ def _option(schema: SectionSchema, key: str, where: str) -> Option:
     if opt is None:
         known = ", ".join(o.key for o in schema.options)
         raise ConfigError(where, f"[{schema.name}] {key}", f"unknown key (known: {known})")
+    if key != opt.key:
+        deprecated_key(schema.name, key, opt.key)
     return opt
 
 
-def _validated(opt: Option, raw: Any, where: str, section: str) -> Any:
+def _validated(opt: Option, raw: Any, where: str, section: str, written: str | None = None) -> Any:
+    """The value checked; an error names the key as it was ``written`` (a deprecated alias too)."""
     try:
         return opt.validate(raw)
     except (ValueError, OverflowError, RecursionError) as exc:  # a plugin's check may raise those too
-        raise ConfigError(where, f"[{section}] {opt.key}", str(exc) or type(exc).__name__) from None
+        raise ConfigError(where, f"[{section}] {written or opt.key}", str(exc) or type(exc).__name__) from None
 
 
 def _split_env(var: str, schemas: Mapping[str, SectionSchema]) -> tuple[str | None, str]:

@@ -86,7 +86,7 @@ def _plain(value: Any) -> Any:
 
 
 def _otel(snapshot: Any) -> list[str]:
-    from gpumon.sinks.otel_mapping import Identity, attributes, routes
+    from gpumon.sinks.otel.mapping import Identity, attributes, routes
 
     identity = Identity.from_families((f.name, [dict(s.labels) for s in f.samples]) for f in snapshot.families)
     out = []
@@ -107,7 +107,7 @@ def _braces(labels: dict[str, str]) -> str:
 
 
 def _azure(snapshot: Any) -> list[str]:
-    from gpumon.sinks.azure_rows import RowBuilder
+    from gpumon.sinks.azure_monitor.rows import RowBuilder
 
     rows = RowBuilder(HOST)
     now = time.monotonic()
@@ -157,8 +157,8 @@ def _join(sections: list[tuple[str, Callable[[], list[str]]]]) -> str:
 
 
 def _describe(spec: Any) -> list[str]:
-    from gpumon.sinks.azure_rows import column_hints
-    from gpumon.sinks.otel_mapping import routes
+    from gpumon.sinks.azure_monitor.rows import column_hints
+    from gpumon.sinks.otel.mapping import routes
 
     lines = [f"{spec.name} {spec.type.value} unit={str(spec.unit)!r} labels={list(spec.labels)}", f"  help: {spec.help}"]
     for metric in routes(spec):

@@ -99,7 +99,7 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
                "gpumon.collectors.kmsg": real["gpumon.collectors.kmsg"] | {"gpumon.collectors.xid"},
                "gpumon.catalogue.gpu": real["gpumon.catalogue.gpu"] | {"gpumon.sources.ib_sysfs"},
                "gpumon.catalogue.hints": real["gpumon.catalogue.hints"] | {"gpumon.model"},
-               "gpumon.sinks.otel_mapping": real["gpumon.sinks.otel_mapping"]
+               "gpumon.sinks.otel.mapping": real["gpumon.sinks.otel.mapping"]
                | {"gpumon.collectors.nvml_metrics"},
                "gpumon.collectors.nvml": real["gpumon.collectors.nvml"] | {"gpumon.report.tables"},
                "gpumon.daemon.once": real["gpumon.daemon.once"] | {"gpumon.report"},
@@ -111,7 +111,7 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
     assert ("gpumon.collectors.kmsg", "gpumon.collectors.xid") in found
     assert ("gpumon.catalogue.gpu", "gpumon.sources.ib_sysfs") in found
     assert ("gpumon.catalogue.hints", "gpumon.model") in found
-    assert ("gpumon.sinks.otel_mapping", "gpumon.collectors.nvml_metrics") in found
+    assert ("gpumon.sinks.otel.mapping", "gpumon.collectors.nvml_metrics") in found
     assert ("gpumon.collectors.nvml", "gpumon.report.tables") in found
     assert ("gpumon.daemon.once", "gpumon.report") in found
     assert ("gpumon.table", "gpumon.model") in found
@@ -165,3 +165,44 @@ def test_the_metric_name_rule_finds_a_planted_string(tmp_path):
     names = frozenset(spec.name for spec in every.ALL)
     assert [(p.name, line, name) for p, line, name in metric_name_strings(tmp_path, names)] == [
         ("planted.py", 1, "gpumon_gpu_lost")]
+
+
+# ------------------------------------------------------------------ one delivery machine for the sinks
+SINKS = Path(REPO) / "gpumon" / "sinks"
+DELIVERY = SINKS / "delivery.py"
+KNOWN_RETRY_LOOPS: set[str] = {"gpumon/sinks/otel/sink.py"}
+"""Sink modules that still drive a backoff themselves (their own retry loop), each to move onto the
+shared Uploader; a moved one must leave. Owner: the OpenTelemetry sink (a latest-snapshot slot and an
+event queue, not a spool)."""
+
+
+def retry_loops(root: Path, skip: Path | None = DELIVERY) -> list[tuple[Path, int]]:
+    """(path, line) of every call of a backoff's ``failed`` or ``succeeded`` under ``root``, outside
+    ``skip`` (``delivery.py``): the retry loop that calls them is the Uploader's, a sink only classifies."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path == skip:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("failed", "succeeded")
+                    and "backoff" in ast.unparse(node.func.value).lower()):
+                found.append((path, node.lineno))
+    return found
+
+
+def test_no_sink_module_runs_its_own_retry_loop():
+    """A new HTTP sink is an encoder and a classifier over ``sinks/delivery.py``'s Uploader, which
+    alone waits out the backoff; a sink module that calls ``backoff.failed(...)`` has grown a loop."""
+    found = {str(path.relative_to(REPO)) for path, _ in retry_loops(SINKS)}
+    assert not found - KNOWN_RETRY_LOOPS, f"sink modules with their own retry loop: {sorted(found - KNOWN_RETRY_LOOPS)}"
+    stale = KNOWN_RETRY_LOOPS - found
+    assert not stale, f"modules on the Uploader now still listed in KNOWN_RETRY_LOOPS: {stale}"
+    assert DELIVERY in {path for path, _ in retry_loops(SINKS, skip=None)}  # the rule sees the real loop
+
+
+def test_the_retry_loop_rule_finds_a_planted_loop(tmp_path):
+    (tmp_path / "planted.py").write_text(
+        "def run(self):\n    while True:\n        delay = self._backoff.failed(now, retry_after)\n"
+        "        self.backoff.succeeded()\n        counters.failed_attempt(1)\n")
+    assert [(p.name, line) for p, line in retry_loops(tmp_path)] == [("planted.py", 3), ("planted.py", 4)]

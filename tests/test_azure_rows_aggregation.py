@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
-from gpumon.sinks.azure_rows import GPU, IB, RowBuilder
+from gpumon.sinks.azure_monitor.rows import GPU, IB, RowBuilder
 from tests.azure_ingestion_server import load_declarations, validate_row
 from tests.declared_hints import hinted
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Snapshot
-from gpumon.sinks.azure_rows import GPU, METRICS, RowBuilder
+from gpumon.sinks.azure_monitor.rows import GPU, METRICS, RowBuilder
 from tests.azure_ingestion_server import load_declarations, validate_row
 from tests.declared_hints import hinted
 

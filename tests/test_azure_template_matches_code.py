@@ -16,7 +16,7 @@ from gpumon.catalogue.hints import MetricColumns, NoColumns
 from gpumon.catalogue.lookup import azure_hints
 from gpumon.confdoc import declared_specs
 from gpumon.model import MetricType
-from gpumon.sinks.azure_rows import IDENTITY, TABLES, stream_columns
+from gpumon.sinks.azure_monitor.rows import IDENTITY, TABLES, stream_columns
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(REPO, "deploy", "azure", "azuredeploy.json")

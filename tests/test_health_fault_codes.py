@@ -17,7 +17,7 @@ from gpumon.health.catalogue import RULE_BY_ID, XID_POLICY, Level
 from gpumon.health.stage import Verdict
 from gpumon.health.state import Active, HealthState, boot_id
 from gpumon.model import Event, Severity
-from gpumon.sinks.azure_rows import RowBuilder
+from gpumon.sinks.azure_monitor.rows import RowBuilder
 from tests.azure_ingestion_server import load_declarations, validate_row
 from tests.conftest import clean_env
 from tests.test_health_stage import Clock, Host, stage, until

@@ -73,7 +73,7 @@ def imports_of(path: str) -> set[str]:
 
 
 def test_the_ib_modules_import_no_collector_but_their_own_base():
-    for module in ("collectors/infiniband.py", "collectors/linkflap.py", "sinks/azure_rows.py",
+    for module in ("collectors/infiniband.py", "collectors/linkflap.py", "sinks/azure_monitor/rows.py",
                    "simulate/sysfs.py", "sources/ib_sysfs.py", "flaps.py"):
         found = imports_of(os.path.join(REPO, "gpumon", module))
         bad = sorted(m for m in found if m.startswith("gpumon.collectors.")

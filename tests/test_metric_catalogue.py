@@ -21,8 +21,8 @@ from gpumon.catalogue import lookup
 from gpumon.collectors import nvml_metrics
 from gpumon.confdoc import declared_specs
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
-from gpumon.sinks import otel_mapping
-from gpumon.sinks.azure_rows import GPU, IB, RowBuilder, stream_columns
+from gpumon.sinks.azure_monitor.rows import GPU, IB, RowBuilder, stream_columns
+from gpumon.sinks.otel import mapping as otel_mapping
 
 OWN = MetricSpec(
     "gpumon_gpu_widget_ratio", MetricType.GAUGE, "A widget.", "ratio", ("gpu", "uuid"),

@@ -9,7 +9,7 @@ from gpumon import attribution_labels as al
 from gpumon.collectors.attribution import ALLOCATION
 from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
 from gpumon.sinks import otel
-from gpumon.sinks import otel_mapping as m
+from gpumon.sinks.otel import mapping as m
 from tests.declared_hints import hinted
 
 pytest.importorskip("opentelemetry.proto.metrics.v1.metrics_pb2")

@@ -14,7 +14,7 @@ from gpumon.catalogue import units
 from gpumon.catalogue.lookup import otel_hints
 from gpumon.confdoc import declared_specs
 from gpumon.model import MetricSpec, MetricType
-from gpumon.sinks import otel_mapping as m
+from gpumon.sinks.otel import mapping as m
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OTEL_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_.\-/]{0,254}$")

@@ -23,7 +23,7 @@ import pytest
 from gpumon.catalogue import daemon as daemon_metrics
 from gpumon.confdoc import declared_specs
 from gpumon.model import MetricFamily
-from gpumon.sinks import otel_mapping as mapping
+from gpumon.sinks.otel import mapping
 from tests import test_otel_receiver as receivers
 from tests.simulated_host import SimulatedHost
 from tests.test_otel_export_wire import attrs

@@ -13,7 +13,7 @@ import pytest
 
 from gpumon.model import Snapshot
 from gpumon.simulate import control
-from gpumon.sinks import otel_mapping as mapping
+from gpumon.sinks.otel import mapping
 from tests import test_otel_receiver as receivers
 from tests.conftest import clean_env
 from tests.simulated_host import SimulatedHost

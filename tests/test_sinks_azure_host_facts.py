@@ -19,7 +19,7 @@ from gpumon.simulate.azure import write_kvp_pool
 from gpumon.simulate.imds import COMPUTE, ImdsServer
 from gpumon.sinks import azure_host, otel
 from gpumon.sinks import azure_monitor as am
-from gpumon.sinks.azure_rows import HOST_COLUMNS
+from gpumon.sinks.azure_monitor.rows import HOST_COLUMNS
 from gpumon.sinks.base import SinkContext
 from tests import test_otel_receiver as receivers
 from tests.azure_ingestion_server import FakeCredential, IngestionServer
@@ -112,7 +112,7 @@ def test_both_sinks_share_the_configured_client_and_carry_the_placement(http_rec
 
 
 def test_the_ib_table_declares_the_host_columns_too():
-    from gpumon.sinks.azure_rows import IB, stream_columns
+    from gpumon.sinks.azure_monitor.rows import IB, stream_columns
 
     names = [c for c, _ in stream_columns()[IB]]
     assert all(column in names for _, column in HOST_COLUMNS)

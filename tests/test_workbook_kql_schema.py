@@ -203,7 +203,7 @@ def arg_max_columns(kql: str) -> list[str]:
 
 def static_columns() -> set[str]:
     from gpumon.confdoc import declared_specs
-    from gpumon.sinks.azure_rows import InfoColumns, MetricColumns, column_hints
+    from gpumon.sinks.azure_monitor.rows import InfoColumns, MetricColumns, column_hints
 
     hints = column_hints(declared_specs())
     out = {col for info in hints if isinstance(info, InfoColumns) for _, col in info.labels}

@@ -5,7 +5,7 @@ column table, so the template, the docs and the code agree.
     python deploy/azure/generate.py           # rewrite the template
     python deploy/azure/generate.py --check   # exit 1 if the committed template is stale
 
-The stream declarations and the table schemas come from ``gpumon.sinks.azure_rows.stream_columns`` over
+The stream declarations and the table schemas come from ``gpumon.sinks.azure_monitor.rows.stream_columns`` over
 every declared metric's Azure hint (the metric catalogue);
 everything else (DCR, optional DCE, role assignment, outputs) is laid out here.
 """
@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 from gpumon.confdoc import declared_specs  # noqa: E402
 from gpumon.generated import sync  # noqa: E402
-from gpumon.sinks.azure_rows import (  # noqa: E402
+from gpumon.sinks.azure_monitor.rows import (  # noqa: E402
     DEFAULT_STREAMS,
     HOLDER_COLUMNS,
     TABLES,

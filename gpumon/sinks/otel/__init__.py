@@ -13,7 +13,7 @@ module to read the class attributes, and a daemon without the ``otel`` sink must
 - :mod:`~gpumon.sinks.otel.settings`: ``[otel]`` and the OTEL_EXPORTER_OTLP_* variables, per signal;
 - :mod:`~gpumon.sinks.otel.resource`: the resource attributes (host, Azure, Kubernetes);
 - :mod:`~gpumon.sinks.otel.encoding`: snapshots and events as OTLP messages (names from
-  :mod:`gpumon.sinks.otel_mapping`);
+  :mod:`gpumon.sinks.otel.mapping`);
 - :mod:`~gpumon.sinks.otel.transport`: OTLP/HTTP and OTLP/gRPC, and what an answer means;
 - :mod:`~gpumon.sinks.otel.sink`: the OtelSink and its two export threads.
 """

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpumon.model import Event, Severity, Snapshot
-from gpumon.sinks import otel_mapping as mapping
+from gpumon.sinks.otel import mapping
 
 if TYPE_CHECKING:
     pass

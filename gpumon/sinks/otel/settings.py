@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpumon.config import Option, SectionSchema, readable_file_check
+from gpumon.config import Option, SectionSchema
 from gpumon.imds import IMDS_URL
 from gpumon.sinks.common import header_list_check, header_problem
+from gpumon.sinks.options import backoff_options, tls_options
 
 if TYPE_CHECKING:
     pass
@@ -48,9 +49,9 @@ class OtelSettings:
     compression: str
     timeout: float
     insecure: bool
-    certificate: str
-    client_certificate: str
-    client_key: str
+    ca_file: str
+    cert_file: str
+    key_file: str
     interval: float
     resource_attributes: tuple[str, ...]
     logs: bool
@@ -82,11 +83,9 @@ OPTIONS = SectionSchema(
                "(milliseconds), else 10.", min=0.0, max=600.0),
         Option("insecure", bool, False, "gRPC without TLS for an endpoint given without a scheme "
                "(OTEL_EXPORTER_OTLP_INSECURE does the same). `http://` endpoints never use TLS."),
-        Option("certificate", str, "", "CA bundle (PEM) that verifies the collector's certificate; "
-               "empty: OTEL_EXPORTER_OTLP_CERTIFICATE, else the system store.", check=readable_file_check),
-        Option("client_certificate", str, "", "Client certificate (PEM) for mutual TLS.",
-               check=readable_file_check),
-        Option("client_key", str, "", "Client private key (PEM) for mutual TLS.", check=readable_file_check),
+        *tls_options("collector", fallback="OTEL_EXPORTER_OTLP_CERTIFICATE (and _CLIENT_CERTIFICATE, "
+                     "_CLIENT_KEY for the client pair)", ca_aliases=("certificate",),
+                     cert_aliases=("client_certificate",), key_aliases=("client_key",)),
         Option("interval", float, 0.0, "Seconds between metric exports; 0 exports every new snapshot, "
                "so the export follows the collection interval.", min=0.0, max=3600.0),
         Option("resource_attributes", list, [], "Extra resource attributes as KEY=VALUE; they win over "
@@ -102,9 +101,7 @@ OPTIONS = SectionSchema(
                "(with a warning).", min=0.05, max=30.0),
         Option("max_queued_records", int, 10000, "Log records kept while the collector is unreachable; "
                "beyond this the oldest are dropped (counted).", min=1, max=10_000_000),
-        Option("backoff_initial", float, 1.0, "Seconds before the first retry after a failed export; "
-               "doubles (with jitter) up to backoff_max.", min=0.01, max=600.0),
-        Option("backoff_max", float, 60.0, "Longest wait between retries, in seconds.", min=0.01, max=3600.0),
+        *backoff_options(),
     ),
     OtelSettings,
 )
@@ -229,9 +226,9 @@ def resolve_settings(cfg: OtelSettings | Mapping[str, Any], signal: str, environ
         timeout=timeout,
         compression=compression,
         tls=tls,
-        certificate=cfg.certificate or _env(environ, signal, "CERTIFICATE"),
-        client_certificate=cfg.client_certificate or _env(environ, signal, "CLIENT_CERTIFICATE"),
-        client_key=cfg.client_key or _env(environ, signal, "CLIENT_KEY"),
+        certificate=cfg.ca_file or _env(environ, signal, "CERTIFICATE"),
+        client_certificate=cfg.cert_file or _env(environ, signal, "CLIENT_CERTIFICATE"),
+        client_key=cfg.key_file or _env(environ, signal, "CLIENT_KEY"),
     )
 
 

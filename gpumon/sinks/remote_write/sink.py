@@ -2,9 +2,10 @@
 
 ``publish`` (the loop's thread) encodes the snapshot into one snappy-compressed WriteRequest
 (:mod:`.encoding`, about a millisecond for an ND H100 v5 host) and appends it to an on-disk spool
-(:mod:`gpumon.sinks.spool`); an uploader thread sends the spool's records in order and acknowledges
-each only once the receiver took it, so an outage or a restart re-sends rather than loses, within the
-spool's bound. Faults, each counted and logged once per kind:
+(:mod:`gpumon.sinks.spool`); the shared uploader (:class:`gpumon.sinks.delivery.Uploader`) hands the
+spool's records to :meth:`RemoteWriteSink.send` one at a time, in order, and acknowledges each only
+once the receiver took it, so an outage or a restart re-sends rather than loses, within the spool's
+bound. This module encodes, sends and classifies; faults, each counted and logged once per kind:
 
 - no connection, a timeout (whole-request deadline), 5xx, 408, 429, a 1xx as the final answer: the
   record stays, retried with backoff and jitter, Retry-After honoured;
@@ -27,10 +28,9 @@ import logging
 import os
 import re
 import struct
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpumon import __version__
@@ -38,7 +38,7 @@ from gpumon.backoff import Backoff
 from gpumon.config import ConfigError, Option, SectionSchema, readable_file_check
 from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
-from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
+from gpumon.sinks.azure_identity import make_credential
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.common import (
     DeliveryCounters,
@@ -47,6 +47,8 @@ from gpumon.sinks.common import (
     read_regular_file,
     redact_url,
 )
+from gpumon.sinks.delivery import BatchSize, Outcome, Uploader
+from gpumon.sinks.options import azure_credential_options, backoff_options, spool_options, tls_options
 from gpumon.sinks.remote_write import encoding
 from gpumon.sinks.remote_write.limits import BodyLimit
 from gpumon.sinks.remote_write.transport import (
@@ -139,25 +141,10 @@ OPTIONS = SectionSchema(
                check=readable_file_check),
         Option("bearer_token_file", str, "", "File holding a bearer token (re-read on every request, so a "
                "rotated token is picked up).", check=readable_file_check),
-        Option("ca_file", str, "", "PEM file of CAs that verify the receiver; empty means the system's.",
-               check=readable_file_check),
-        Option("cert_file", str, "", "Client certificate (PEM) for mutual TLS.", check=readable_file_check),
-        Option("key_file", str, "", "Client private key (PEM) for mutual TLS.", check=readable_file_check),
-        Option("credential", str, "managed_identity", "With auth = azure: `managed_identity`, "
-               "`workload_identity`, `service_principal` or `default`, as in [azure_monitor].",
-               choices=CREDENTIALS),
-        Option("client_id", str, "", "Client id of a user-assigned identity or of the service principal."),
-        Option("tenant_id", str, "", "Entra tenant id (service principal)."),
-        Option("client_secret", str, "", "Service principal secret; prefer GPUMON_REMOTE_WRITE_CLIENT_SECRET.",
-               secret=True),
-        Option("audience", str, "https://monitor.azure.com",
-               "Token audience: https://monitor.azure.us or https://monitor.azure.cn in sovereign clouds."),
-        Option("spool_dir", str, "", "Spool directory; empty means <state_dir>/spool/remote_write."),
-        Option("spool_max_bytes", int, 256 << 20, "Spool size cap; past it the oldest requests are dropped "
-               "and counted.", min=65536),
-        Option("backoff_initial", float, 1.0, "Seconds before the first retry; doubles (with jitter) up to "
-               "backoff_max.", min=0.01, max=600.0),
-        Option("backoff_max", float, 60.0, "Longest wait between retries, in seconds.", min=0.01, max=3600.0),
+        *tls_options("receiver"),
+        *azure_credential_options("remote_write", "With auth = azure: "),
+        *spool_options("remote_write", "requests"),
+        *backoff_options(),
     ),
     RemoteWriteSettings,
 )
@@ -168,20 +155,13 @@ def _record_samples(record: bytes) -> int:
     return _RECORD_HEAD.unpack_from(record)[0] if len(record) >= _RECORD_HEAD.size else 0
 
 
-@dataclass(frozen=True)
-class _Verdict:
-    """What became of one record: delivered or given up on (``done``), or kept to retry after ``delay``."""
-
-    done: bool
-    delay: float = 0.0
-    rest: tuple[tuple[bytes, int], ...] = ()
-    """With ``done``: the parts of a split request that did not go (compressed body, samples), to be
-    spooled as new records while the original is acknowledged, so that the parts that went are not
-    sent (and counted) again."""
-
-
-_SPLIT_NOW = _Verdict(False)
+_DONE = Outcome(ack=True)
+_SPLIT_NOW = Outcome(ack=False)
 """``_post``'s answer to a first 413 about size: split the part and send the halves now."""
+_BATCH = BatchSize(records=1, bytes=64 << 10)
+"""One record (one request) per round."""
+_DRAIN_MARGIN = 0.5
+"""Seconds of the stop deadline kept for aborting the request in flight and joining the uploader."""
 
 
 class RemoteWriteSink(Sink):
@@ -213,10 +193,9 @@ class RemoteWriteSink(Sink):
         """413 answers since the latest success: the first splits at once, each further one backs off."""
         self._log_once = LogOnce(log)
         self._backoff = Backoff(self.settings.backoff_initial, self.settings.backoff_max)
-        self._wake = threading.Event()
-        self._idle = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._uploader: Uploader | None = None
+        self._delivered = False
+        """A request of the record in hand went through: the backoff starts over."""
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -281,8 +260,10 @@ class RemoteWriteSink(Sink):
         except SpoolError as exc:
             raise ConfigError("[remote_write]", "spool_dir", str(exc)) from None
         self._transport = self._make_transport()
-        self._thread = threading.Thread(target=self._run, name="remote-write-upload", daemon=True)
-        self._thread.start()
+        self._uploader = Uploader("remote-write-upload", self._spool, self, self._backoff, size=_BATCH,
+                                  config_floor=self.config_backoff_min, clock=self._clock,
+                                  drain_margin=_DRAIN_MARGIN)
+        self._uploader.start()
         log.info("remote_write: sending to %s, %d requests spooled from before",
                  redact_url(self.settings.url), self._spool.stats().records)
 
@@ -291,7 +272,7 @@ class RemoteWriteSink(Sink):
     def publish(self, snapshot: Snapshot) -> None:
         """Encode and spool the snapshot: one with a new collector run, or with ``interval`` the newest
         at most once per interval. Never raises."""
-        if self._spool is None:
+        if self._spool is None or self._uploader is None:
             return
         now = self._clock()
         interval = self.settings.interval
@@ -312,8 +293,7 @@ class RemoteWriteSink(Sink):
             self._log_once.warning(f"publish:{type(exc).__name__}", "remote_write: publish failed: %r", exc)
             return
         self._log_once.clear("spool")
-        self._idle.clear()
-        self._wake.set()
+        self._uploader.notify()
 
     def _record(self, snapshot: Snapshot) -> bytes:
         body, samples = self._encoder.encode(snapshot.families, int(round(snapshot.time * 1000)))
@@ -322,63 +302,49 @@ class RemoteWriteSink(Sink):
 
     _encoded_samples = 0
 
-    # -- the uploader ---------------------------------------------------------------------------
+    # -- the uploader's side: send and classify ----------------------------------------------------
 
-    def _run(self) -> None:
-        """Send the spool's records in order until stopped; a fault in a round is counted and retried."""
-        assert self._spool is not None
-        while not self._stopping.is_set():
-            try:
-                delay = self._round(self._spool)
-            except Exception as exc:  # spool I/O or a bug: the thread must outlive it
-                self._counters.failed_attempt(0, f"uploader: {exc}")
-                self._log_once.warning(f"round:{type(exc).__name__}", "remote_write: uploader error: %r", exc)
-                delay = self._backoff.failed(self._clock())
-            if delay:
-                self._stopping.wait(delay)
+    def send(self, batch: Batch) -> Outcome:
+        """Deliver one spool record (the uploader's thread)."""
+        self._delivered = False
+        return replace(self._deliver(batch), delivered=self._delivered)
 
-    def _round(self, spool: Spool) -> float:
-        """Send one record; the seconds to wait before the next round."""
-        self._wake.clear()
-        spool.sync()
-        batch = spool.read(max_records=1, max_bytes=64 << 10)
-        if batch is None:
-            self._idle.set()
-            self._wake.wait(timeout=5.0)
-            return 0.0
-        verdict = self._deliver(batch)
-        if verdict.done:
-            if verdict.rest:  # appended before the ack: a crash between the two re-sends, never loses
-                spool.append([_RECORD_HEAD.pack(samples) + body for body, samples in verdict.rest])
-            spool.ack(batch)
-        return verdict.delay
+    def fault(self, exc: Exception) -> Outcome:
+        """A round that raised (spool I/O or a bug): counted, logged once per kind, retried."""
+        self._counters.failed_attempt(0, f"uploader: {exc}")
+        self._log_once.warning(f"round:{type(exc).__name__}", "remote_write: uploader error: %r", exc)
+        return Outcome(ack=False, retry=True)
 
-    def _deliver(self, batch: Batch) -> _Verdict:
+    def _deliver(self, batch: Batch) -> Outcome:
         record = batch.records[0]
         if len(record) < _RECORD_HEAD.size:
             self._counters.dropped_items(0, "unreadable spool record")
-            return _Verdict(True)
+            return _DONE
         (samples,) = _RECORD_HEAD.unpack_from(record)
         return self._send(record[_RECORD_HEAD.size:], samples)
 
-    def _send(self, body: bytes, samples: int) -> _Verdict:
+    def _send(self, body: bytes, samples: int) -> Outcome:
         """Send one record, split first into parts under the smallest body the receiver refused."""
         parts, went = self._fit([(body, samples)])
         # ``went``: some part was delivered or given up on, so the original cannot be kept as it is
         while parts:
             part, count = parts[0]
-            verdict = self._post(part, count)
-            if verdict is _SPLIT_NOW:  # a 413 about size: the limit is lower now, split again
+            outcome = self._post(part, count)
+            if outcome is _SPLIT_NOW:  # a 413 about size: the limit is lower now, split again
                 parts, dropped = self._fit(parts)
                 went = went or dropped
                 continue
-            if not verdict.done:
+            if not outcome.ack:
                 if not went:
-                    return verdict  # nothing went: the whole record stays as it is
-                return _Verdict(True, verdict.delay, tuple(parts))  # what did not go is kept apart
+                    return outcome  # nothing went: the whole record stays as it is
+                # what did not go is kept apart, appended before the uploader acknowledges the
+                # original: a crash between the two re-sends, never loses
+                assert self._spool is not None
+                self._spool.append([_RECORD_HEAD.pack(n) + b for b, n in parts])
+                return replace(outcome, ack=True)
             parts.pop(0)
             went = True
-        return _Verdict(True)
+        return _DONE
 
     def _fit(self, parts: Sequence[tuple[bytes, int]]) -> tuple[list[tuple[bytes, int]], bool]:
         """``parts`` with each one the receiver refused a body as large as split in halves (before any
@@ -406,7 +372,7 @@ class RemoteWriteSink(Sink):
             stack.append((encoding.compress(first), half))
         return out, dropped
 
-    def _post(self, body: bytes, samples: int) -> _Verdict:
+    def _post(self, body: bytes, samples: int) -> Outcome:
         """One request and what its answer means for the record."""
         assert self._transport is not None
         try:
@@ -422,9 +388,9 @@ class RemoteWriteSink(Sink):
             self._counters.succeeded(samples, self._clock())
             self._limit.was_accepted(len(body))
             self._refusals_413 = 0
-            self._backoff.succeeded()
+            self._delivered = True
             self._log_once.clear()
-            return _Verdict(True)
+            return _DONE
         if status == 413:
             about_size = self._limit.was_refused(len(body), self._clock())
             self._refusals_413 += 1
@@ -443,37 +409,28 @@ class RemoteWriteSink(Sink):
         self._counters.refused(samples, _describe(response))
         self._log_once.warning(f"refused {status}", "remote_write: %s refused %d samples, dropped "
                                "(not retried): %s", redact_url(self.settings.url), samples, _describe(response))
-        return _Verdict(True)
+        return _DONE
 
     def _retry(self, samples: int, key: str, reason: str, retry_after: float | None = None,
-               config: bool = False) -> _Verdict:
+               config: bool = False) -> Outcome:
+        """The record stays; the uploader backs off (from ``config_backoff_min`` for a config fault)."""
         self._counters.failed_attempt(samples, reason)
         self._log_once.warning(key, "remote_write: %s: %s; %s", redact_url(self.settings.url), reason,
                                "check the configuration; retrying slowly" if config else "retrying")
-        floor = self.config_backoff_min if config else None
-        return _Verdict(False, self._backoff.failed(self._clock(), retry_after, floor))
+        return Outcome(ack=False, retry=True, retry_after=retry_after, config=config)
 
     # -- shutdown and health --------------------------------------------------------------------
 
     def stop(self, timeout: float = 5.0) -> None:
         """Give the uploader until ``timeout`` to send what is spooled; the rest waits on disk."""
         deadline = self._clock() + timeout
-        if self._thread is not None and self._thread.is_alive():
-            self._wake.set()
-            self._idle.wait(max(0.0, deadline - self._clock() - 0.5))
-        self._stopping.set()
-        self._wake.set()
-        if self._transport is not None:
-            self._transport.abort()
-        if self._thread is not None:
-            self._thread.join(max(0.0, deadline - self._clock()))
-        if self._transport is not None:
-            self._transport.close()
-        if self._spool is not None:
-            if self._thread is None or not self._thread.is_alive():
-                self._spool.close()
-            else:
-                self._spool.sync()
+        transport = self._transport
+        if self._uploader is not None:
+            self._uploader.stop(deadline, transport.abort if transport is not None else None)
+        elif self._spool is not None:
+            self._spool.close()
+        if transport is not None:
+            transport.close()
 
     def health(self) -> SinkHealth:
         stats = self._spool.stats() if self._spool is not None else None
@@ -481,7 +438,7 @@ class RemoteWriteSink(Sink):
         lost = stats.dropped_weight if stats else 0  # samples of the records the spool dropped, exact
         extra = {"spool_bytes": float(stats.bytes if stats else 0),
                  "requests_queued": float(stats.records if stats else 0)}
-        up = self._thread is not None and self._thread.is_alive() and c.consecutive_failures == 0
+        up = self._uploader is not None and self._uploader.running and c.consecutive_failures == 0
         return SinkHealth(up=up, exported=c.sent, failed=c.failed, dropped=c.dropped + lost,
                           detail=c.last_error, extra=extra)
 

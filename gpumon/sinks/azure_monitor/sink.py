@@ -1,10 +1,11 @@
 """Azure Monitor Logs Ingestion: GPU and IB rows per interval and one row per event, through a spool.
 
 ``publish`` (the loop's thread) folds each snapshot into per-GPU and per-port statistics
-(:mod:`gpumon.sinks.azure_rows`) and, at each ``upload_interval`` boundary and for every event at
-once, appends rows to the on-disk spool (:mod:`gpumon.sinks.spool`) and wakes the uploader. The
-uploader thread sends what the spool holds with ``LogsIngestionClient`` and acknowledges it only
-after the service said 204, so an outage or a kill -9 re-sends rather than loses (each row carries a
+(:mod:`gpumon.sinks.azure_monitor.rows`) and, at each ``upload_interval`` boundary and for every event at
+once, appends rows to the on-disk spool (:mod:`gpumon.sinks.spool`) and wakes the shared uploader
+(:class:`gpumon.sinks.delivery.Uploader`), whose thread hands what the spool holds to
+:meth:`AzureMonitorSink.send`; that sends it with ``LogsIngestionClient`` and classifies the answer,
+and the uploader acknowledges it only after the service said 204, so an outage or a kill -9 re-sends rather than loses (each row carries a
 ``RowId`` to de-duplicate in KQL). Backoff honours ``Retry-After``, and the first failure that is not
 about the rows (429, 5xx, timeout, 401/403/404) ends the batch: its later chunks wait for the retry.
 A 400/413 chunk is bisected until the rejected rows are isolated and written to ``deadletter.jsonl``,
@@ -37,17 +38,28 @@ from gpumon.imds import IMDS_URL, ImdsClient
 from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
 from gpumon.sinks import azure_host
-from gpumon.sinks.azure_identity import CREDENTIALS, make_credential
-from gpumon.sinks.azure_rows import DEFAULT_STREAMS, EVENTS, GPU, IB, METRICS, TABLES, RowBuilder, host_values
+from gpumon.sinks.azure_identity import make_credential
+from gpumon.sinks.azure_monitor.rows import (
+    DEFAULT_STREAMS,
+    EVENTS,
+    GPU,
+    IB,
+    METRICS,
+    TABLES,
+    RowBuilder,
+    host_values,
+)
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.common import DeliveryCounters, retry_after_from_headers
-from gpumon.sinks.spool import Spool, SpoolError
+from gpumon.sinks.delivery import BatchSize, Outcome, Uploader
+from gpumon.sinks.options import azure_credential_options, spool_options, tls_options
+from gpumon.sinks.spool import Batch, Spool, SpoolError
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")
 
 MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
 
-def _ca_bundle_check(value: str) -> str | None:
+def _ca_file_check(value: str) -> str | None:
     """``readable_file_check``, saying "no such file" in this sink's words for a path not there."""
     if value and not os.path.lexists(value):
         return f"no such file: {value}"
@@ -72,7 +84,7 @@ class AzureMonitorSettings:
     spool_max_bytes: int
     omit_zero_increases: bool
     static_every: float
-    ca_bundle: str
+    ca_file: str
     timeout: float
     imds_url: str
 
@@ -93,31 +105,18 @@ OPTIONS = SectionSchema(
                "Stream declared for generic rows (Name, Labels, Value) of metrics without columns of their "
                "own, such as a plugin's; empty: such metrics are logged and counted but not sent (a DCR "
                "deployed before the stream existed)."),
-        Option("credential", str, "managed_identity",
-               "How to get a token: `managed_identity` (VM/VMSS, system-assigned or the user-assigned "
-               "`client_id`), `workload_identity` (AKS), `service_principal` (tenant_id, client_id, "
-               "client_secret) or `default` (azure-identity's chain).", choices=CREDENTIALS),
-        Option("client_id", str, "", "Client id of a user-assigned identity or of the service principal."),
-        Option("tenant_id", str, "", "Entra tenant id (service principal; workload identity reads it "
-               "from AZURE_TENANT_ID when empty)."),
-        Option("client_secret", str, "", "Service principal secret. Prefer GPUMON_AZURE_MONITOR_CLIENT_SECRET "
-               "over the file; it is never logged or printed.", secret=True),
-        Option("audience", str, "https://monitor.azure.com",
-               "Token audience: https://monitor.azure.us or https://monitor.azure.cn in sovereign clouds."),
+        *azure_credential_options("azure_monitor"),
         Option("upload_interval", float, 60.0,
                "Seconds aggregated into one GPU/port row; events are sent within seconds regardless.",
                min=0.05, max=3600.0),
-        Option("spool_dir", str, "", "Spool directory; empty means <state_dir>/spool/azure_monitor."),
-        Option("spool_max_bytes", int, 256 << 20,
-               "Spool size cap; past it the oldest rows are dropped and counted.", min=65536),
+        *spool_options("azure_monitor", "rows"),
         Option("omit_zero_increases", bool, True,
                "Leave out counter `...Increase` columns that are 0 (most error counters, most of the "
                "time): about a third less data; in KQL sum() is unchanged, coalesce(x, 0) shows zeros."),
         Option("static_every", float, 3600.0,
                "Seconds between rows that repeat unchanged static columns (model, serial, firmware, limits, "
                "sizes); a change is sent at once; 0 = on every row.", min=0.0, max=86400.0),
-        Option("ca_bundle", str, "", "PEM file of CAs to trust for the endpoint (private CAs, tests); "
-               "empty means the system's.", check=_ca_bundle_check),
+        *tls_options("endpoint", client=False, ca_aliases=("ca_bundle",), check=_ca_file_check),
         Option("timeout", float, 30.0, "Seconds to connect or to wait for a response.", min=0.1, max=600.0),
         Option("imds_url", str, IMDS_URL,
                "Deprecated alias of `[azure] imds_url` (where the rows' VM and placement columns come "
@@ -135,6 +134,8 @@ _RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 _CONFIG_STATUS = {401, 403, 404}
 _ROW_STATUS = {400, 413}
 """Statuses that may be about some rows only: isolated by bisection, the rest of the batch goes on."""
+_BATCH = BatchSize(records=2000)
+"""Rows read from the spool for one round (one ``upload`` per stream)."""
 _DEADLETTER_MAX = 16 << 20
 _UPLOADER_FAULT = "uploader error:"
 _LONGEST_WAIT = 3600.0
@@ -192,9 +193,9 @@ class AzureMonitorSink(Sink):
             self._streams[METRICS] = self.settings.stream_metrics
         self._lock = threading.Lock()
         self._window_start: float | None = None
-        self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        """Set at stop: ends the host-facts thread."""
+        self._uploader: Uploader | None = None
         self._counters = DeliveryCounters()
         """``last_error`` is the reason the sink is down (empty: up); ``dropped`` counts rows rejected
         for good and rows the spool could not take (the spool's own drops are added in health())."""
@@ -251,7 +252,7 @@ class AzureMonitorSink(Sink):
             http_logging_policy=HttpLoggingPolicy(logger=http_log),
             credential_scopes=[self.settings.audience.rstrip("/") + "/.default"],
             retry_total=0,  # the uploader thread owns retries, so stop() is never stuck in a sleep
-            connection_verify=self.settings.ca_bundle or True,
+            connection_verify=self.settings.ca_file or True,
             connection_timeout=self.settings.timeout,
             read_timeout=self.settings.timeout,
         )
@@ -267,8 +268,12 @@ class AzureMonitorSink(Sink):
         self._imds = azure_host.imds_client(self.ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
         if self._imds is not None:
             threading.Thread(target=self._fetch_vm, name="azure-monitor-imds", daemon=True).start()
-        self._thread = threading.Thread(target=self._run, name="azure-monitor-upload", daemon=True)
-        self._thread.start()
+        backoff = Backoff(self.backoff_min, self.backoff_max, jitter=(0.8, 1.2), retry_after_max=_LONGEST_WAIT,
+                          retry_after_exact=True)
+        self._uploader = Uploader("azure-monitor-upload", self._spool, self, backoff, size=_BATCH,
+                                  config_floor=self.config_backoff_min, clock=self._clock, idle_resets=True,
+                                  after_round=self._spool_works)
+        self._uploader.start()
         stats = self._spool.stats()
         log.info("azure_monitor: sending to %s (DCR %s), %d rows spooled from before",
                  self.settings.endpoint, self.settings.dcr_immutable_id, stats.records)
@@ -321,53 +326,36 @@ class AzureMonitorSink(Sink):
             self._log_once.error("append", "azure_monitor: cannot write the spool %s: %s (rows dropped and "
                                  "counted)", self.spool_dir, exc)
             return
-        self._wake.set()
+        if self._uploader is not None:
+            self._uploader.notify()
 
-    # -- the uploader ---------------------------------------------------------------------------
+    # -- the uploader's side: send and classify ----------------------------------------------------
 
-    def _run(self) -> None:
-        """Upload until stopped. A failing round (spool I/O such as EIO or ENOSPC, or a bug) is counted,
-        logged once and retried with backoff: the thread must outlive it, or nothing is sent until restart."""
-        backoff = Backoff(self.backoff_min, self.backoff_max, jitter=(0.8, 1.2), retry_after_max=_LONGEST_WAIT,
-                          retry_after_exact=True)
-        while not self._stopping.is_set():
-            try:
-                outcome = self._round()
-            except Exception as exc:
-                outcome = self._uploader_fault(exc)
-            else:
-                if self._counters.last_error.startswith(_UPLOADER_FAULT):
-                    self._counters.last_error = ""  # the spool works again
-            if outcome is None or outcome.ok:
-                backoff.succeeded()
-                continue
-            floor = self.config_backoff_min if outcome.config_fault else None
-            self._stopping.wait(backoff.failed(self._clock(), outcome.delay, floor))
-
-    def _round(self) -> _Outcome | None:
-        """Sync the spool, send one batch, acknowledge it if delivered; None after waiting idle."""
-        assert self._spool is not None
-        self._wake.clear()
-        self._spool.sync()
-        batch = self._spool.read(max_records=2000)
-        if batch is None:
-            self._wake.wait(timeout=5.0)
-            return None
+    def send(self, batch: Batch) -> Outcome:
+        """Upload one batch of spooled rows (the uploader's thread); the uploader acknowledges it when
+        every row went or was dead-lettered. Backoff: doubling from ``backoff_min`` (from
+        ``config_backoff_min`` for a configuration fault), Retry-After as the delay."""
         outcome = self._deliver(batch.records)
         if outcome.ok:
-            self._spool.ack(batch)
             self._delivered.clear()
-        return outcome
+            return Outcome(ack=True, delivered=True)
+        return Outcome(ack=False, retry=True, retry_after=outcome.delay, config=outcome.config_fault)
 
-    def _uploader_fault(self, exc: Exception) -> _Outcome:
-        """Count a round that raised; log each kind once (with the traceback when it is not disk I/O)."""
+    def fault(self, exc: Exception) -> Outcome:
+        """Count a round that raised (spool I/O such as EIO or ENOSPC, or a bug); log each kind once
+        (with the traceback when it is not disk I/O). The uploader retries it with backoff."""
         self._counters.failed_attempt(1)
         where = f"spool {self.spool_dir}" if isinstance(exc, OSError) else type(exc).__name__
         reason = f"{_UPLOADER_FAULT} {where}: {exc}; retrying"
         if not isinstance(exc, OSError):
             self._log_once.error(reason, "azure_monitor: %s", reason, exc_info=exc)
         self._note(reason, logging.ERROR)  # (not logged again when logged with its traceback above)
-        return _Outcome(False, 0.0, False, reason)
+        return Outcome(ack=False, retry=True)
+
+    def _spool_works(self) -> None:
+        """After a round that did not raise: an uploader fault is no longer the reason the sink is down."""
+        if self._counters.last_error.startswith(_UPLOADER_FAULT):
+            self._counters.last_error = ""
 
     def _deliver(self, records: tuple[bytes, ...]) -> _Outcome:
         by_stream: dict[str, list[dict[str, Any]]] = {}
@@ -591,19 +579,11 @@ class AzureMonitorSink(Sink):
                 self._window_start = None
         if records:
             self._append(records)
-        spool = self._spool
-        if spool is not None and self._thread is not None and self._thread.is_alive():
-            while spool.stats().records and self._clock() < deadline and self._thread.is_alive():
-                self._wake.set()
-                time.sleep(0.02)  # polling the spool with a deadline; the uploader does the work
+        if self._uploader is not None:
+            self._uploader.stop(deadline)
+        elif self._spool is not None:
+            self._spool.close()
         self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(max(0.0, deadline - self._clock()))
-        if spool is not None and (self._thread is None or not self._thread.is_alive()):
-            spool.close()
-        elif spool is not None:
-            spool.sync()
 
     def health(self) -> SinkHealth:
         stats = self._spool.stats() if self._spool is not None else None
@@ -616,7 +596,7 @@ class AzureMonitorSink(Sink):
         }
         dropped = (stats.dropped if stats else 0) + c.dropped
         spool_error = stats.error if stats else ""
-        up = self._thread is not None and self._thread.is_alive() and not c.last_error and not spool_error
+        up = self._uploader is not None and self._uploader.running and not c.last_error and not spool_error
         return SinkHealth(up=up, exported=c.sent, failed=c.failed, dropped=dropped,
                           detail=spool_error or c.last_error, extra=extra)
 
@@ -680,8 +660,8 @@ def _target_problem(opt: AzureMonitorSettings) -> tuple[str, str] | None:
             return key, "is required (see the outputs of deploy/azure/)"
     if not opt.endpoint.startswith("https://"):
         return "endpoint", f"must be an https:// URL (got {opt.endpoint!r})"
-    if opt.ca_bundle and not os.path.isfile(opt.ca_bundle):
-        return "ca_bundle", f"no such file: {opt.ca_bundle}"
+    if opt.ca_file and not os.path.isfile(opt.ca_file):
+        return "ca_file", f"no such file: {opt.ca_file}"
     if opt.credential == "service_principal":
         for key in ("tenant_id", "client_id", "client_secret"):
             if not getattr(opt, key):
