@@ -132,6 +132,42 @@ def test_a_tls_client_that_completes_the_handshake_and_sends_nothing_is_cut_at_t
         assert time.monotonic() - t0 < 2.0
 
 
+def still_open(conn: socket.socket) -> bool:
+    """Open with nothing to read (a closed one reads EOF or a reset)."""
+    conn.setblocking(False)
+    try:
+        conn.recv(1)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def test_idle_connections_are_kept_below_the_high_water_mark_and_reaped_oldest_first_above_it(sinks):
+    s = sinks(max_connections=8, max_connections_per_source=8, first_byte_timeout=0.2, request_timeout=5.0)
+    front = s._server
+    assert front.limits.high_water_mark == 6
+    old = []
+    try:
+        for _ in range(5):  # below the mark: kept past the first-byte deadline, until the idle limit
+            old.append(socket.create_connection(("127.0.0.1", s.port), timeout=5))
+            wait_for(lambda n=len(old): len(front.slots) == n)
+        wait_for(lambda: all(c.deadline > c.since + 60 for c in list(front.slots.conns)), timeout=5)
+        assert all(still_open(c) for c in old)
+        # three more: 8 > 6, so the oldest silent ones past their first-byte deadline go, down to the mark
+        new = [socket.create_connection(("127.0.0.1", s.port), timeout=5) for _ in range(3)]
+        old += new
+        for conn in old[:2]:
+            assert closed_within(conn, 5.0)
+        assert all(still_open(c) for c in old[2:5])
+        assert s.health().failed == 0  # reaping idle connections is not a failure
+        assert http_get(f"http://127.0.0.1:{s.port}/metrics", timeout=2)[0] == 200
+    finally:
+        for conn in old:
+            conn.close()
+
+
 def test_a_head_split_into_one_byte_packets_is_answered(sinks):
     s = sinks()
     padding = b"".join(b"X-%d: %s\r\n" % (i, b"a" * 150) for i in range(90))  # ~14 KB, under the 16 KiB cap

@@ -8,7 +8,11 @@ the loop (a pre-rendered page needs no thread) or hands back a job for the worke
 block, such as a bcrypt check). The limit is file descriptors: the soft ``RLIMIT_NOFILE`` is raised
 to the hard one, a reserve is kept for the rest of the daemon, and when the connections reach the
 rest the one that has sent the least for the longest is closed for a newcomer, never one whose
-request is complete.
+request is complete. A connection that has sent nothing is not closed at its first-byte deadline
+while the connections stay below a high-water mark of that budget (closing it only makes its client
+reconnect, which costs more than the descriptor): it is kept up to ``IDLE_TIMEOUT``, like a
+keep-alive idle timeout, and above the mark the silent ones past their first-byte deadline are
+reaped oldest first. One that has started speaking keeps its handshake and head deadlines.
 """
 
 from __future__ import annotations
@@ -51,6 +55,11 @@ that connected together (a flood) is not cut, and back, together, in one wave a 
 _TLS_RECORD = 5 + 16384 + 256
 """The most a client's first TLS record can be (a header and 2^14 bytes plus expansion)."""
 _RECV = 65536
+IDLE_TIMEOUT = 300.0
+"""Seconds a connection that has sent nothing is kept while descriptors are plentiful."""
+HIGH_WATER = 0.75
+"""The share of ``max_connections`` above which silent connections past their first-byte deadline
+are reaped (oldest first) rather than kept."""
 
 
 def raise_nofile_limit() -> int:
@@ -91,6 +100,14 @@ class Limits:
     """Connections held at once (from ``connection_cap``)."""
     per_source: int
     backlog: int
+    idle_timeout: float = IDLE_TIMEOUT
+    """How long a connection that has sent nothing is kept below the high-water mark."""
+    high_water: float = HIGH_WATER
+
+    @property
+    def high_water_mark(self) -> int:
+        """Connections above which silent ones past their first-byte deadline are reaped."""
+        return max(1, int(self.max_connections * self.high_water))
 
 
 class Reply:
@@ -166,6 +183,11 @@ class Table:
             self.by_source[conn.source] = left
         else:
             del self.by_source[conn.source]
+
+    def oldest_silent(self) -> Conn | None:
+        for conn in self.silent:
+            return conn
+        return None
 
     def victim(self, now: float) -> Conn | None:
         """The connection that has sent the least for the longest, never one answering a request:
@@ -264,7 +286,10 @@ class Front:
                                               "was closed (logged once)", exc_info=True)
                         if isinstance(data, Conn):
                             self._close(data, graceful=False)
-                self._expire(time.monotonic())
+                now = time.monotonic()
+                self._expire(now)
+                if len(self.slots) > self.limits.high_water_mark:
+                    self._reap(now)
         except Exception:
             log.exception("the Prometheus endpoint's loop failed")
         finally:
@@ -393,9 +418,42 @@ class Front:
                 conn.deadline = now + self.limits.request_timeout  # a worker has it: it answers
                 self._push(conn)
                 continue
+            if self._keeps_silent(conn, now):
+                conn.deadline = conn.since + self.limits.idle_timeout  # costs only its descriptor
+                self._push(conn)
+                continue
             if conn.received or conn.state == BUSY:
                 self.count("failures")  # a trickled head or handshake, or a reader too slow
             self._close(conn, graceful=False)
+
+    def _keeps_silent(self, conn: Conn, now: float) -> bool:
+        """Whether a connection at its deadline that has sent nothing is kept: below the high-water
+        mark and within the idle limit. Closing it would only make its client reconnect."""
+        return (not conn.received and conn.state in (HEAD, WAIT_TLS) and not conn.buf
+                and conn in self.slots.silent and now < conn.since + self.limits.idle_timeout
+                and len(self.slots) < self.limits.high_water_mark)
+
+    def _reap(self, now: float) -> None:
+        """Above the high-water mark: close silent connections past their first-byte deadline, the
+        oldest first, until the connections are back at the mark (at most a batch per turn)."""
+        slots, mark = self.slots, self.limits.high_water_mark
+        cutoff = now - self.limits.first_byte_timeout * (1.0 + DEADLINE_SPREAD)
+        for _ in range(_EXPIRE_BATCH):
+            if len(slots) <= mark:
+                return
+            conn = slots.oldest_silent()
+            if conn is None or conn.since > cutoff:
+                return
+            self._close(conn, graceful=False)
+
+    def _spoke(self, conn: Conn) -> None:
+        """A silent connection's first bytes: it is no longer silent, and a handshake or head it has
+        started must finish within ``request_timeout`` however long it was kept idle."""
+        self.slots.silent.pop(conn, None)
+        deadline = time.monotonic() + _spread(self.limits.request_timeout)
+        if deadline < conn.deadline:
+            conn.deadline = deadline
+            self._push(conn)
 
     def _ready(self, conn: Conn, mask: int) -> None:
         if conn.state == WAIT_TLS:
@@ -422,7 +480,8 @@ class Front:
         if len(head) <= conn.peeked:  # readable with nothing new: the client hung up
             self._close(conn, graceful=False)
             return
-        self.slots.silent.pop(conn, None)  # it spoke: TLS bytes count as sent
+        if not conn.received:
+            self._spoke(conn)  # it spoke: TLS bytes count as sent
         conn.received = len(head)
         need = 5 + int.from_bytes(head[3:5], "big") if len(head) >= 5 and head[0] == 0x16 else 5
         if len(head) < min(need, _TLS_RECORD):
@@ -483,7 +542,7 @@ class Front:
                 eof = True
                 break
             if not conn.received:
-                self.slots.silent.pop(conn, None)
+                self._spoke(conn)
             if not conn.buf:  # a request's first byte: the whole head has request_timeout from here
                 conn.deadline = time.monotonic() + _spread(self.limits.request_timeout)
                 self._push(conn)
