@@ -28,11 +28,10 @@ from bench.common import (
     Options,
     clean_env,
     cpu_seconds,
-    free_port,
-    gpumon_command,
+    gpumon_serving,
     memory,
     node_exporter_binary,
-    node_exporter_command,
+    node_exporter_serving,
     percentile,
     rnd,
     say,
@@ -219,28 +218,31 @@ def run(opts: Options) -> dict:
         web, client = _tls_files(tmp)
         sysfs = os.path.join(tmp, "sys")
         build_tree("nd-h100-v5", sysfs)
-        # the port is picked just before each server starts: a flood's 10,000 ephemeral ports could
-        # take one picked earlier
+        # gpumon reports the port it bound; node_exporter's is picked just before it starts: a flood's
+        # 10,000 ephemeral ports could take one picked earlier
         servers: dict[str, tuple[Any, dict[str, str] | None, ssl.SSLContext | None]] = {}
         for mode, context in (("plain", None), ("mtls", client)):
             env = clean_env(GPUMON_DAEMON_STATE_DIR=os.path.join(tmp, f"state-{mode}"))
             if context is not None:
                 env["GPUMON_PROMETHEUS_WEB_CONFIG_FILE"] = web
-            servers[f"gpumon/{mode}"] = (lambda port: gpumon_command("run", "--simulate", "nd-h100-v5", "--listen",
-                                                                     f"127.0.0.1:{port}"), env, context)
+            servers[f"gpumon/{mode}"] = (lambda: gpumon_serving(tmp, "--simulate", "nd-h100-v5"), env, context)
             if binary is not None:
                 extra = [f"--web.config.file={web}"] if context is not None else []
-                servers[f"node_exporter/{mode}"] = (
-                    lambda port, extra=extra: node_exporter_command(binary, sysfs, port) + extra, None, context)
+
+                def node(extra: list[str] = extra, binary: str = binary) -> tuple[list[str], Any]:
+                    cmd, endpoint = node_exporter_serving(binary, sysfs)
+                    return cmd + extra, endpoint
+
+                servers[f"node_exporter/{mode}"] = (node, None, context)
         if binary is not None:
             result["node_exporter"] = tool_version(binary)
-        for name, (command, env, context) in servers.items():
-            port = free_port()
-            cmd = command(port)
-            proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        for name, (command, run_env, context) in servers.items():
+            cmd, endpoint = command()
+            proc = subprocess.Popen(cmd, env=run_env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                     stdin=subprocess.DEVNULL)
             cases: dict[str, Any] = {}
             try:
+                port = endpoint.port(proc)
                 _warm(port, context, proc)
                 idle_rss = memory(proc.pid)["VmRSS"]
                 for slow in (False, True):
