@@ -311,15 +311,28 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     signal.signal(signal.SIGHUP, on_reload)
     runner = daemon.Daemon(config)
     runner.on_simulated_reboot = lambda: on_reload(signal.SIGHUP, None)  # a simulated reboot starts over
-    runner.start()
     listen_files = ListenFiles(args.listen_file)
+
+    def write_listen_files(address: str | None) -> None:
+        try:
+            listen_files.update(address, runner.config.daemon.state_dir)
+        except OSError as exc:
+            listen_files.remove()
+            raise daemon.StartupError(f"cannot write the listen address to {args.listen_file}: "
+                                      f"{exc.strerror or exc}") from exc
+
+    # written as soon as the endpoint is bound, while the collectors are still probed
+    runner.on_listening = write_listen_files
     try:
-        listen_files.update(runner.listening(), runner.config.daemon.state_dir)
-    except OSError as exc:
-        runner.stop(timeout=4.5)
+        runner.start()
+    except BaseException:
         listen_files.remove()
-        raise daemon.StartupError(f"cannot write the listen address to {args.listen_file}: "
-                                  f"{exc.strerror or exc}") from exc
+        raise
+    try:
+        write_listen_files(runner.listening())
+    except daemon.StartupError:
+        runner.stop(timeout=4.5)
+        raise
     sdnotify.notify("READY=1")  # the port is bound: `systemctl start` may return
     watchdog = sdnotify.Watchdog.from_environ()
     while not stop.is_set():

@@ -27,7 +27,7 @@ say() { printf 'test.sh: %s\n' "$*" >&2; }
 # ~/.cache/gpumon-tests); shellcheck: the VM installer; node, npm: the KQL checker;
 # ab: the benchmarks' load generator; slurmctld, slurmd, scontrol, munged: the health actions' Slurm.
 COMMANDS=(prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter
-          systemd-analyze:systemd buildah:buildah debootstrap:debootstrap shellcheck:shellcheck
+          systemd-analyze:systemd buildah:buildah debootstrap:debootstrap shellcheck:shellcheck lintian:lintian
           node:nodejs npm:npm ab:apache2-utils
           slurmctld:slurm-wlm slurmd:slurm-wlm scontrol:slurm-wlm munged:munge mungekey:munge)
 PATH_WITH_SBIN="$PATH:/usr/local/sbin:/usr/sbin:/sbin"

@@ -82,7 +82,8 @@ def live(tmp_path_factory) -> Iterator[Live]:
             config = {**scrape_config(hosts), **({"rule_files": rules} if with_rules else {})}
             servers.append(PrometheusServer(str(directory), config).start())
         ruled, bare = servers
-        wait_for(lambda: ruled.query(f'ALERTS{{alertstate="firing", gpu="{SLOW_GPU}"}}'), timeout=30, interval=0.2)
+        wait_for(lambda: ruled.query(f'ALERTS{{alertname="GpumonJobStraggler", alertstate="firing", gpu="{SLOW_GPU}"}}'),
+                 timeout=60, interval=0.2)
         wait_for(lambda: len(ruled.query(f'gpumon_job:straggler_score{{job_id="{JOB}", gpu!=""}}')) == 16
                  and ruled.query("count(rate(gpumon_ib_port_data_transmitted_bytes_total[1m]))"), timeout=20,
                  interval=0.2)

@@ -1,13 +1,15 @@
 """A real Prometheus scrapes three gpumon daemons with injected faults; every dashboard panel's query
 returns data and every alert the faults provoke fires (and no other).
 
-- host a: a simulated ND H100 v5 with link faults, an XID 79 and GPU allocations (a pod on GPU 0, job 4242
-  on GPUs 3 and 5), behind its own IMDS stand-in (identity, placement, a pending Freeze) and KVP pool
-  (physical host);
+- host a: a simulated ND H100 v5 with link faults, an XID 79, PCIe AER errors (a correctable one at GPU 3,
+  a non-fatal one at an HCA) and GPU allocations (a pod on GPU 0, job 4242 on GPUs 3 and 5), behind its
+  own IMDS stand-in (identity, placement, a pending Freeze) and KVP pool (physical host); its simulated
+  kernel log and PCI tree feed the kernel-log and AER panels;
 - host b: a simulated ND GB200 v6 in the same placement group on another physical host, whose GPU 1
   reports an unhealthy NVLink route;
-- host c: gpumon's kmsg and aer collectors, not simulated, on this machine's kernel log and a synthetic
-  PCI tree (tests/test_aer_collector.py); off Azure, so without host identity.
+- host c: gpumon's kmsg and aer collectors, not simulated, on this machine's kernel log (where readable)
+  and a synthetic PCI tree with bridges and a root port (tests/test_aer_collector.py); off Azure, so
+  without host identity.
 
 Time is compressed for the test only: Prometheus scrapes and evaluates every second, and a copy of the
 rules has each group's interval set to 1 s and each alert's `for:` set to 1 s. Grafana's built-in
@@ -50,6 +52,7 @@ FLAPPED_ONCE = "mlx5_ib2"
 DOWN_PORT = "mlx5_ib3"
 STUCK_PORT = "mlx5_ib4"  # its 16-bit port_xmit_discards counter is stuck at 65535
 XID_GPU = 3
+AER_HCA = "mlx5_ib5"  # a non-fatal AER error at its PCI function
 FABRIC_GPU = 1  # host b's GPU with an unhealthy NVLink route
 POD, JOB_ID = "train-0", "4242"
 ALLOCATIONS = [{"action": "allocate", "gpu": 0, "namespace": "ml", "pod": POD, "container": "main"},
@@ -57,7 +60,7 @@ ALLOCATIONS = [{"action": "allocate", "gpu": 0, "namespace": "ml", "pod": POD, "
                {"action": "allocate", "gpu": 5, "job_id": JOB_ID}]
 PLACEMENT_GROUP = "pg-sim-1"
 KMSG = os.access("/dev/kmsg", os.R_OK)
-"""Host c reads this machine's kernel log; where it cannot, the kernel-log panels are skipped."""
+"""Host c reads this machine's kernel log where it can (host a's simulated one feeds the panels anyway)."""
 
 # What the injected faults must set off, as (alertname, host, identifying label) and nothing else.
 EXPECTED_ALERTS = {
@@ -69,6 +72,7 @@ EXPECTED_ALERTS = {
     ("GpumonIBPortErrorsHigh", "a", STUCK_PORT),
     ("GpumonGpuXidCritical", "a", str(XID_GPU)),
     ("GpumonGpuLost", "a", str(XID_GPU)),
+    ("GpumonPcieAerNonFatal", "a", AER_HCA),
     # The health rules judge host a unhealthy (a port down, a GPU lost).
     ("GpumonNodeUnhealthy", "a", ""),
     ("GpumonGpuFabricUnhealthy", "b", str(FABRIC_GPU)),
@@ -243,6 +247,8 @@ def live(tmp_path_factory) -> Iterator[Live]:
             {"action": "flap", "device": FLAPPED_ONCE, "port": 1},
             {"action": "port_down", "device": DOWN_PORT, "port": 1, "seconds": 0},
             {"action": "xid", "gpu": XID_GPU, "xid": 79},
+            {"action": "aer", "gpu": XID_GPU, "severity": "correctable", "type": "BadTLP"},
+            {"action": "aer", "device": AER_HCA, "severity": "nonfatal", "type": "CmpltTO"},
         ]
         inject(workdir, faults + ALLOCATIONS)
         inject(os.path.join(states["b"], "simulate", "nd-gb200-v6"),
@@ -255,6 +261,8 @@ def live(tmp_path_factory) -> Iterator[Live]:
         for expr in ("count(gpumon_host_info) == 2", "gpumon_azure_scheduled_event",
                      "count(gpumon_gpu_allocation_info) == 3", "gpu:gpumon_power_swing:ratio",
                      "instance:gpumon_node_health:max", "gpumon_pcie_aer_errors_total",
+                     'gpumon_kmsg_records_total{kind="gpu_off_bus"} > 0',
+                     'gpumon_pcie_aer_error_types_total{type="BadTLP"}',
                      'gpumon_job:straggler_score{job_id="4242", gpu=""}', "gpumon_job_host:straggler_score"):
             try:
                 wait_for(lambda expr=expr: query_quietly(expr), timeout=60, interval=0.2)
@@ -281,10 +289,23 @@ def live(tmp_path_factory) -> Iterator[Live]:
 @pytest.mark.parametrize(("dashboard", "title", "ref", "expr"), panel_queries(),
                          ids=[f"{d}:{t}:{r}" for d, t, r, _ in panel_queries()])
 def test_panel_query_returns_data(live: Live, dashboard: str, title: str, ref: str, expr: str) -> None:
-    if "gpumon_kmsg_" in expr and not KMSG:
-        pytest.skip("no readable /dev/kmsg here for the kmsg collector")
     result = live.query(live.substitute(expr))
     assert result, f"{dashboard} / {title} / {ref}: no data for {live.substitute(expr)}"
+
+
+KERNEL_PANELS = [q for q in panel_queries() if "gpumon_kmsg_" in q[3] or "gpumon_pcie_aer" in q[3]]
+
+
+@pytest.mark.parametrize(("dashboard", "title", "ref", "expr"), KERNEL_PANELS,
+                         ids=[f"{d}:{t}:{r}" for d, t, r, _ in KERNEL_PANELS])
+def test_kernel_log_and_aer_panels_show_the_simulated_host(live: Live, dashboard: str, title: str, ref: str,
+                                                           expr: str) -> None:
+    """The kernel-log and AER panels on host a alone: the simulated host's log and PCI tree feed them."""
+    a = next(i for i, h in live.hosts.items() if h == "a")
+    only_a = Live(live.url, {**live.variables, "instance": re.escape(a).replace("\\", "\\\\")}, live.hosts)
+    result = only_a.query(only_a.substitute(expr))
+    assert result, f"{dashboard} / {title} / {ref}: no data from the simulated host for {only_a.substitute(expr)}"
+    assert {r["metric"].get("instance", a) for r in result} == {a}
 
 
 def test_variable_queries_list_real_values(live: Live) -> None:

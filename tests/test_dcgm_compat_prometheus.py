@@ -70,3 +70,31 @@ def test_health_endpoint_serves_the_verdict_as_json(gpumon_run, tmp_path) -> Non
     assert unhealthy["status"] == "unhealthy" and unhealthy["action"] == "reboot"
     assert http_get(process.url + "/healthz")[0] == 200  # the liveness probe is not the verdict
     wait_for(lambda: "gpumon_node_health 2" in process.metrics(), timeout=10)
+
+
+MIG_QUERIES = [  # what MIG panels written against dcgm-exporter ask, per GPU instance
+    'DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0", GPU_I_PROFILE="1g.10gb"}',
+    'avg by (gpu, GPU_I_ID) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""})',
+    'DCGM_FI_DEV_FB_USED{GPU_I_ID!=""} / (DCGM_FI_DEV_FB_USED{GPU_I_ID!=""} + DCGM_FI_DEV_FB_FREE{GPU_I_ID!=""})',
+    'sum by (Hostname, gpu, GPU_I_PROFILE, GPU_I_ID) (DCGM_FI_DEV_FB_USED{GPU_I_ID!=""})',
+]
+
+
+def test_dcgm_exporter_mig_queries_work_per_gpu_instance(gpumon_run, prometheus_server, tmp_path) -> None:
+    # MIG on before gpumon starts (the simulated host applies the file as it comes up)
+    control(str(tmp_path / "state" / "simulate" / "nd-h100-v5"), {"action": "mig", "gpu": 0, "instances": 7})
+    process = gpumon_run("--simulate", "nd-h100-v5", "--interval", "1",
+                         env={"GPUMON_PROMETHEUS_COMPAT": "dcgm-exporter"})
+    prom = prometheus_server({"global": {"scrape_interval": "1s"}, "scrape_configs": [
+        {"job_name": "gpumon", "static_configs": [{"targets": [f"127.0.0.1:{process.port}"]}]}]})
+    wait_for(lambda: len(prom.query('DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0"}')) == 7, timeout=30)
+    for expr in MIG_QUERIES:
+        result = prom.query(expr)
+        assert len(result) == 7, expr
+        assert {r["metric"].get("GPU_I_ID") for r in result} == {str(gi) for gi in range(7, 14)}, expr
+        assert all(float(r["value"][1]) >= 0 for r in result), expr
+    share = prom.query(MIG_QUERIES[2])
+    assert all(0 < float(r["value"][1]) < 1 for r in share)
+    temps = prom.query("DCGM_FI_DEV_GPU_TEMP")
+    assert len(temps) == 7 + 7  # GPU 0 once per instance, the seven others once each
+    assert prom.query('DCGM_FI_DEV_GPU_UTIL{gpu="0"}') == []  # blank under MIG, as DCGM leaves it

@@ -82,7 +82,8 @@ def lost_on(tmp_path, clock: Clock) -> None:
     s = stage(tmp_path, clock)
     s.update(host.snapshot())
     host.sim.apply({"action": "gpu_lost", "gpu": 2})
-    result = until(s, host, lambda r: any(f["rule"] == "gpu.lost" for f in r.verdict.findings))
+    # the lost GPU may be judged a run before its XID 79 arrives: wait for both findings
+    result = until(s, host, lambda r: {"gpu.lost", "gpu.xid.79"} <= {f["rule"] for f in r.verdict.findings})
     assert next(f for f in result.verdict.findings if f["rule"] == "gpu.lost")["uuid"].startswith("GPU-")
     host.close()
 

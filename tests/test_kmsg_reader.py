@@ -205,3 +205,32 @@ def test_the_message_stays_escaped_and_only_dictionary_values_are_unescaped(tmp_
     [record] = r.read().records
     assert "\n" not in record.message and r"name=a\x0aCRITICAL forged" in record.message
     assert record.fields == {"SUBSYSTEM": "pci\nfake"}
+
+
+def test_a_regular_file_of_records_reads_one_record_per_read(tmp_path):
+    """A file of records as the device hands them out (a simulated host's log): one record per read,
+    dictionary lines with their record, EAGAIN when drained, appended records on a later read, a record
+    still being written waits; SEEK_END starts after the last one."""
+    path = tmp_path / "kmsg"
+    boot = tmp_path / "boot_id"
+    boot.write_text(str(uuid.uuid4()) + "\n")
+    path.write_bytes(b"6,0,10,-;first\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n4,1,20,-;second\n")
+    reader = KmsgReader(str(path), first_start="all", boot_id_path=str(boot))
+    tail = KmsgReader(str(path), first_start="end", boot_id_path=str(boot))
+    try:
+        first, second = reader.read().records
+        assert (first.seq, first.message, first.fields) == (0, "first", {"SUBSYSTEM": "pci",
+                                                                          "DEVICE": "+pci:0000:3b:00.0"})
+        assert (second.seq, second.level, second.message) == (1, 4, "second")
+        assert tail.read().records == []
+        with open(path, "ab") as fh:
+            fh.write(b"6,2,30,-;third\n SUBSYSTEM=pc")          # a record whose last line is half written
+        assert reader.read().records == [] and tail.read().records == []
+        with open(path, "ab") as fh:
+            fh.write(b"i\n6,3,40,-;fourth\n")
+        assert [(r.message, r.fields) for r in reader.read().records] == [("third", {"SUBSYSTEM": "pci"}),
+                                                                           ("fourth", {})]
+        assert [r.seq for r in tail.read().records] == [2, 3]
+    finally:
+        reader.close()
+        tail.close()

@@ -256,6 +256,31 @@ def test_mig_gives_per_instance_memory_and_gpm_and_drops_refused_whole_gpu_metri
     c.close()
 
 
+def test_each_mig_device_is_named_with_its_profile_and_a_layout_change_shows_at_the_reprobe() -> None:
+    fake, c, clock = rig(count=2)
+    fake.set_mig(1, instances=2)
+
+    def mig_info() -> set[tuple[str | None, ...]]:
+        return {(s.label("gpu"), s.label("gpu_instance"), s.label("profile")) for f in c.collect().families
+                if f.name == "gpumon_gpu_mig_info" for s in f.samples}
+
+    assert mig_info() == {("1", "7", "1g.10gb"), ("1", "8", "1g.10gb")}
+    mh = fake.nvmlDeviceGetMigDeviceHandleByIndex(fake.nvmlDeviceGetHandleByIndex(1), 0)
+    assert fake.nvmlDeviceGetName(mh) == "NVIDIA H100 80GB HBM3 MIG 1g.10gb"   # nvidia-smi -L's form
+    fake.set_mig(0, instances=1)                                   # MIG on mid-run: seen at the re-probe
+    assert ("0", "7", "1g.10gb") not in mig_info()
+    clock.t += 3600
+    assert mig_info() == {("0", "7", "1g.10gb"), ("1", "7", "1g.10gb"), ("1", "8", "1g.10gb")}
+    c.close()
+
+
+def test_a_mig_name_without_a_profile_gives_an_empty_one() -> None:
+    from gpumon.collectors.nvml import mig_profile
+
+    assert mig_profile("NVIDIA A100-SXM4-40GB MIG 3g.20gb") == "3g.20gb"
+    assert mig_profile("NVIDIA H100 80GB HBM3") == ""
+
+
 def test_every_declared_metric_is_well_formed_and_documented() -> None:
     specs = NvmlCollector.metrics()
     assert len({s.name for s in specs}) == len(specs)

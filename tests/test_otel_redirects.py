@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
 from tests import test_otel_receiver as receivers
-from tests.conftest import wait_for
+from tests.conftest import serve_http, stop_http, wait_for
 from tests.test_otel_deadline import TricklingServer
 from tests.test_otel_export_wire import POINTS, snapshot
 from tests.test_otel_receiver import make_sink
@@ -45,14 +45,10 @@ class RecordingServer:
 
             do_GET = do_POST = do_PUT = _any  # noqa: N815 - http.server's naming
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.origin = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.httpd, self.origin = serve_http(Handler)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        stop_http(self.httpd)
 
 
 class RedirectingReceiver:
@@ -96,14 +92,10 @@ class RedirectingReceiver:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.httpd, self.endpoint = serve_http(Handler)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        stop_http(self.httpd)
         self.real.close()
 
 

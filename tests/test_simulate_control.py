@@ -208,3 +208,32 @@ def test_gpumon_simulate_wait_says_when_no_daemon_takes_the_file(tmp_path) -> No
     result = gpumon("simulate", "flap", "device=mlx5_ib0", "--simulate", H100, "--state-dir", str(tmp_path),
                     "--wait", "0.2")
     assert result.returncode == 1 and "nothing took it in 0.2 s" in result.stderr, result.stderr
+
+
+def mig_slots(sim: Simulation, gpu: int) -> int:
+    nvml = sim.nvml
+    nvml.nvmlInit()
+    try:
+        return int(nvml.nvmlDeviceGetMaxMigDeviceCount(nvml.nvmlDeviceGetHandleByIndex(gpu)))
+    finally:
+        nvml.nvmlShutdown()
+
+
+def test_mig_holds_across_a_daemon_restart_until_off_or_a_reboot(tmp_path) -> None:
+    home = str(tmp_path / "simulate" / H100)
+    first = Simulation(H100, home)
+    first.apply({"action": "mig", "gpu": 1, "instances": 2})
+    first.apply({"action": "mig", "gpu": 1, "instances": 3})   # a new layout replaces the kept one
+    first.stop()
+    again = Simulation(H100, home)
+    assert [c for c in again.kept if c["action"] == "mig"] == [{"action": "mig", "gpu": 1, "instances": 3}]
+    assert mig_slots(again, 1) > 0
+    with pytest.raises(ValueError, match="instances is 0 to 7"):
+        again.apply({"action": "mig", "gpu": 1, "instances": 8})
+    again.apply({"action": "mig", "gpu": 1, "instances": 0})   # off: nothing kept
+    assert again.kept == []
+    again.apply({"action": "mig", "gpu": 2})
+    control(home, {"action": "reboot"})
+    again.step(0.0)
+    assert again.kept == [] and mig_slots(again, 2) == 0
+    again.stop()

@@ -9,9 +9,8 @@ import logging
 import re
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ import pytest
 from gpumon.cli import schemas
 from gpumon.config import ConfigError, load
 from gpumon.sinks.otel.settings import resolve_settings
-from tests.conftest import clean_env, wait_for
+from tests.conftest import clean_env, serve_http, stop_http, wait_for
 from tests.remote_write_helpers import Receiver, Reply, make_sink, small_snapshot
 from tests.test_otel_export_wire import snapshot
 from tests.test_otel_receiver import make_sink as make_otel_sink
@@ -169,14 +168,10 @@ class EchoingOtlpReceiver:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.httpd, self.endpoint = serve_http(Handler)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        stop_http(self.httpd)
 
 
 def test_an_otlp_receiver_echoing_the_authorization_header_has_it_redacted(tmp_path, caplog):

@@ -30,7 +30,7 @@ from gpumon.config import Option, Section, SectionSchema
 from gpumon.log_once import COUNTED, LogOnce
 from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity
 from gpumon.sources import driver_log
-from gpumon.sources.kmsg import DEFAULT_PATH, FIRST_START, Batch, KmsgReader, Record
+from gpumon.sources.kmsg import BOOT_ID_PATH, DEFAULT_PATH, FIRST_START, Batch, KmsgReader, Record
 from gpumon.sources.pci import nvml_bus_id, sysfs_name
 from gpumon.xid_ledger import XidLedger, shared_ledger
 
@@ -99,7 +99,11 @@ class KmsgCollector(Collector):
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
         state_file = os.path.join(ctx.state_dir, STATE_FILE) if ctx.state_dir else None
-        self.reader = KmsgReader(self.settings.path, state_file, self.settings.first_start)
+        sim = ctx.simulation
+        simulated = sim is not None and self.settings.path == sim.kernel_log.path
+        # a simulated host's log belongs to its own boots (a simulated reboot starts it again)
+        self.reader = KmsgReader(self.settings.path, state_file, self.settings.first_start,
+                                 boot_id_path=sim.boot_id_path if simulated else BOOT_ID_PATH)
         self.ledger: XidLedger = shared_ledger(ctx)
         self._records: Counter[str] = Counter(dict.fromkeys(KINDS, 0))
         self._lost = 0
@@ -118,8 +122,6 @@ class KmsgCollector(Collector):
         return (RECORDS, LOST, XIDS, SXIDS)
 
     def probe(self) -> Availability:
-        if self.ctx.simulation is not None:
-            return Availability(False, "a simulated host has no kernel log")
         try:
             os.close(os.open(self.settings.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
         except OSError as exc:

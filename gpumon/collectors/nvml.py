@@ -112,6 +112,7 @@ class _Mig:
     gpu_instance: int
     compute_instance: int
     uuid: str = ""
+    profile: str = ""   # the GPU instance profile, "1g.10gb"
 
 
 @dataclass
@@ -291,6 +292,8 @@ class NvmlCollector(Collector):
         if self.settings.per_process:
             self._process_util(gpu, rows, out)   # asked every run, outside the budget: opt-in
         for mig in gpu.mig:
+            rows.append((M.MIG_INFO, (str(mig.gpu_instance), str(mig.compute_instance), mig.profile, mig.uuid),
+                         1.0))
             rows.extend(self._mig_memory(gpu, mig, out))
         if gpu.gpm is not None:
             calls += 2
@@ -602,7 +605,8 @@ class NvmlCollector(Collector):
                                        exc, out)
                 continue
             mig_uuid = self._try(gpu, ("static", "mig_uuid", i), "nvmlDeviceGetUUID", mh, out=out)
-            gpu.mig.append(_Mig(mh, gi, ci, text(mig_uuid or "")))
+            name = self._try(gpu, ("static", "mig_name", i), "nvmlDeviceGetName", mh, out=out)
+            gpu.mig.append(_Mig(mh, gi, ci, text(mig_uuid or ""), mig_profile(text(name or ""))))
         present = {m.gpu_instance for m in gpu.mig}
         for gi in [gi for gi in gpu.mig_gpm if gi not in present]:   # an instance destroyed since
             self._free_samples(gpu.mig_gpm.pop(gi).samples)
@@ -838,3 +842,11 @@ def _field_value(fv: Any) -> float:
 
 # Reason names for the docs and the simulation (one source of truth with the bitmask decoder).
 REASON_NAMES = tuple(name for _, name in CLOCK_EVENT_REASONS)
+
+
+def mig_profile(name: str) -> str:
+    """The GPU instance profile in a MIG device's name: NVML names a MIG device after its parent and
+    profile, "NVIDIA H100 80GB HBM3 MIG 1g.10gb", as ``nvidia-smi -L`` lists it ("MIG 3g.20gb Device
+    0", NVIDIA/dcgm-exporter issue #105); empty when the name carries none."""
+    _, sep, profile = name.rpartition(" MIG ")
+    return profile.strip() if sep else ""

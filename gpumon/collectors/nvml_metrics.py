@@ -242,6 +242,10 @@ MIG_MEM_TOTAL = MetricSpec("gpumon_gpu_mig_memory_total_bytes", GAUGE, "Memory o
                            MIG_LABELS, azure=(NoColumns("per MIG instance: no fixed column"),))
 MIG_MEM_USED = MetricSpec("gpumon_gpu_mig_memory_used_bytes", GAUGE, "Memory in use in a MIG instance.",
                           "bytes", MIG_LABELS, azure=(NoColumns("per MIG instance: no fixed column"),))
+MIG_INFO = MetricSpec("gpumon_gpu_mig_info", INFO,
+                      "A MIG device: its GPU instance profile (as nvidia-smi -L names it) and MIG UUID "
+                      "(value 1).", "", MIG_LABELS + ("profile", "mig_uuid"),
+                      azure=(NoColumns("per MIG instance: no fixed column"),))
 MIG_ACTIVITY = MetricSpec("gpumon_gpu_mig_activity_ratio", GAUGE,
                           "GPM profiling per MIG GPU instance.", "ratio", MIG_LABELS + ("activity",),
                           azure=(NoColumns("per MIG instance: no fixed column"),))
@@ -284,7 +288,8 @@ ALL_SPECS: tuple[MetricSpec, ...] = (
     PCIE_GEN_MAX, PCIE_WIDTH, PCIE_WIDTH_MAX, PCIE_BYTES, PCIE_REPLAY, ECC_MODE, ECC, RETIRED,
     RETIRED_PENDING, REMAP, REMAP_PENDING, REMAP_FAILURE, RECOVERY, NVLINK_LINKS, NVLINK_ACTIVE,
     NVLINK_ERRORS, NVLINK_BYTES, NVLINK_LINK_UP, NVLINK_LINK_ERRORS, NVLINK_LINK_BYTES, FAN, PSTATE, PROCS,
-    PROCS_MEM, PROC_MEM, PROC_UTIL, ACTIVITY, GPM_PCIE, GPM_NVLINK, MIG_MEM_TOTAL, MIG_MEM_USED, MIG_ACTIVITY,
+    PROCS_MEM, PROC_MEM, PROC_UTIL, ACTIVITY, GPM_PCIE, GPM_NVLINK, MIG_INFO, MIG_MEM_TOTAL, MIG_MEM_USED,
+    MIG_ACTIVITY,
     POWER_MIN, POWER_MAX, POWER_MEAN, FABRIC_INFO, FABRIC_STATE, FABRIC_STATUS, FABRIC_HEALTH, FABRIC_SUMMARY,
     CALLS,
 )

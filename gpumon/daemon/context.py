@@ -62,12 +62,14 @@ def make_context(config: Config, simulation_home: str | None = None, consume: bo
 
 
 def _simulated_azure(config: Config, simulation) -> Config:
-    """A simulated host's IMDS and KVP pool, where the config does not name others."""
+    """A simulated host's IMDS, KVP pool and kernel log, where the config does not name others."""
     out = config
     if "azure" in config.sections and "azure.imds_url" not in config.origins:
         out = out.replace("azure", imds_url=simulation.azure.imds_url)
     if "host_info" in config.sections and "host_info.kvp_pool" not in config.origins:
         out = out.replace("host_info", kvp_pool=simulation.azure.kvp_pool)
+    if "kmsg" in config.sections and "kmsg.path" not in config.origins:
+        out = out.replace("kmsg", path=simulation.kernel_log.path)
     return out
 
 

@@ -71,16 +71,21 @@ class Daemon:
         #: what ``gpumon run`` does when its simulated host reboots: reload, so the collectors start
         #: over on the rebooted host as a restarted daemon would on a real one (None: nothing)
         self.on_simulated_reboot: Callable[[], None] | None = None
+        self.on_listening: Callable[[str], None] | None = None
+        """Told ``HOST:PORT`` as soon as the endpoint is bound at start, before the collectors are
+        probed (``gpumon run`` writes its listen files there); may raise OSError to stop the start."""
         #: the next reload starts over (the simulated host rebooted): no series, totals or shared
         #: collector state carried from the running loop, which knew the host before the reboot
         self._start_over = False
 
-    def _build(self, config: Config, kept: dict[str, Sink], running_health: HealthStage | None = None) -> _Build:
+    def _build(self, config: Config, kept: dict[str, Sink], running_health: HealthStage | None = None,
+               ctx: Context | None = None) -> _Build:
         """``running_health``: the health stage to keep when ``[health]`` did not change (the running
-        loop's, or the previous loop's for a rollback after a failed reload)."""
+        loop's, or the previous loop's for a rollback after a failed reload). ``ctx``: the context
+        already made for ``config`` (at start, before the endpoint opened)."""
         if running_health is None and self.loop is not None:
             running_health = self.loop.health
-        ctx = make_context(config)
+        ctx = ctx if ctx is not None else make_context(config)
         if self.ctx is not None and not self._start_over and (
                 (self.ctx.sysfs_root, self.ctx.state_dir) == (ctx.sysfs_root, ctx.state_dir)):
             for key in CARRIED_ACROSS_RELOAD:
@@ -171,13 +176,21 @@ class Daemon:
         directory another gpumon holds)."""
         self._state_lock = statelock.acquire(self.config)
         early: dict[str, Sink] = {}
+        ctx: Context | None = None
         try:
+            ctx = make_context(self.config)  # a bad sysfs_root or profile is exit 2 before any port opens
             early = self._serve_first(self.config)
-            build = self._build(self.config, early)
+            address = next((a for a in (_listening(sink) for sink in early.values()) if a), None)
+            if address is not None and self.on_listening is not None:
+                self.on_listening(address)
+            build = self._build(self.config, early, ctx=ctx)
+            ctx = None  # the build owns it now (and stops its simulation when it fails)
             self._launch(build)
         except BaseException:
             for sink in early.values():
                 sink.stop(1.0)
+            if ctx is not None and ctx.simulation is not None:
+                ctx.simulation.stop()
             self._state_lock.release()
             raise
         return build.plan
@@ -185,9 +198,8 @@ class Daemon:
     def listening(self) -> str | None:
         """``HOST:PORT`` the running sinks accept connections on (the Prometheus endpoint), as bound."""
         for sink in self.loop.sinks if self.loop is not None else ():
-            listening = getattr(sink, "listening", None)  # a plugin's sink need not derive from Sink
-            address = listening() if callable(listening) else None
-            if isinstance(address, str):
+            address = _listening(sink)
+            if address is not None:
                 return address
         return None
 
@@ -315,3 +327,10 @@ def _start_failure(config: Config, sink: Sink, exc: Exception) -> str:
     if isinstance(exc, OSError) and listen:
         return f"cannot listen on {listen} ({config.origin(sink.name, 'listen')}): {exc.strerror or exc}"
     return str(exc)
+
+
+def _listening(sink: object) -> str | None:
+    """``HOST:PORT`` a sink accepts connections on, or None (a plugin's sink need not derive from Sink)."""
+    listening = getattr(sink, "listening", None)
+    address = listening() if callable(listening) else None
+    return address if isinstance(address, str) else None

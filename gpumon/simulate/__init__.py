@@ -5,9 +5,11 @@ with a synthetic sysfs tree (:mod:`gpumon.simulate.sysfs`) written to disk under
 whose counters grow while the daemon runs. The simulated host lives in
 ``<state_dir>/simulate/<profile>/``: ``sys/`` (the tree), ``state/`` (the daemon's state for that
 host), ``boot_id`` (the host's boot id, as /proc/sys/kernel/random/boot_id), ``hardware.json`` (the
-injected hardware faults a daemon restart keeps) and ``control/``, where JSON files dropped by a
-person, a test or ``gpumon simulate`` provoke a flap, a port-down period, an XID, a lost GPU or a
-reboot in a running daemon (the actions: :data:`gpumon.simulate.actions.ACTIONS`, docs/simulate.md).
+injected hardware faults a daemon restart keeps), ``kmsg`` (the host's kernel log, as /dev/kmsg hands
+it out: :mod:`gpumon.simulate.kmsg`), ``aer.json`` (the PCIe AER counters since boot of the functions
+in ``sys/``: :mod:`gpumon.simulate.pci`) and ``control/``, where JSON files dropped by a
+person, a test or ``gpumon simulate`` provoke a flap, a port-down period, an XID, a lost GPU, a
+PCIe AER error or a reboot in a running daemon (the actions: :data:`gpumon.simulate.actions.ACTIONS`, docs/simulate.md).
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def host_profile(name: str) -> HostProfile:
 
 
 HARDWARE_FILE = "hardware.json"
+KMSG_FILE = "kmsg"
+AER_FILE = "aer.json"
 BOOT_ID_FILE = "boot_id"
 
 
@@ -146,7 +150,17 @@ class Simulation:
         #: called after a ``reboot`` (the daemon starts its view of the host over, as a real reboot
         #: restarts it); from the simulation's thread, so it must only signal
         self.on_reboot: Callable[[], None] | None = None
+        self._fresh_boot = False
         self.boot_id = self._boot()
+        from gpumon.simulate.kmsg import KernelLog
+
+        #: the host's kernel log (the kmsg collector reads it as it reads /dev/kmsg)
+        #: (a throwaway host, whose home is its own workdir, has one too: empty)
+        self.kernel_log = KernelLog(os.path.join(self.home, KMSG_FILE), fresh=self._fresh_boot,
+                                    read_only=self.read_only and self.home != self.workdir)
+        if self.fabric is not None:
+            self.fabric.on_carrier = self._carrier
+        self.pci = self._pci_tree()
         self._restore_hardware()
         if consume and not read_only:
             with self._lock:
@@ -160,6 +174,7 @@ class Simulation:
         if not current:  # a host simulated for the first time: it booted with the machine it runs on
             current = boot_id() or str(uuid.uuid4())
             self._write(BOOT_ID_FILE, current + "\n")
+            self._fresh_boot = True
         return current
 
     def _restore_hardware(self) -> None:
@@ -204,6 +219,36 @@ class Simulation:
             fh.write(text)
         os.replace(tmp, path)
 
+    def _pci_tree(self) -> Any:
+        """The GPUs' and HCAs' PCI functions with their AER counters (:mod:`gpumon.simulate.pci`)."""
+        from gpumon.simulate.pci import CLASSES, PciTree
+        from gpumon.sources.pci import sysfs_name
+
+        tree = PciTree(self.sysfs_root, os.path.join(self.home, AER_FILE), self.boot_id, self.read_only)
+        for gpu in range(self.nvml.gpu_count if self.nvml is not None else 0):
+            bus_id, device_id = self.nvml.pci(gpu)[:2]
+            name = sysfs_name(bus_id)
+            path = os.path.join(self.sysfs_root, "devices", f"pci{name.split(':')[0]}:00", name)
+            tree.add(name, path, "nvidia", device_id & 0xFFFF, device_id >> 16, CLASSES["gpu"])
+            tree.gpus[gpu] = name
+        for device in self.fabric.devices.values() if self.fabric is not None else ():
+            path = os.path.join(self.sysfs_root, "devices", f"pci{device.pci.split(':')[0]}:00", device.pci)
+            # the PCI device id of a ConnectX is its MT number (MT4129: 0x1021, ConnectX-7)
+            link_layer = next(iter(device.ports.values())).link_layer if device.ports else "InfiniBand"
+            tree.add(device.pci, path, "mlx5_core", 0x15B3, int(device.model.hca_type[2:]), CLASSES[link_layer])
+            tree.hcas[device.name] = device.pci
+        tree.start()
+        return tree
+
+    def _carrier(self, device: Any, port: Any, up: bool) -> None:
+        """A port's carrier changed: the lines its drivers print (not while faults are re-applied)."""
+        if self.replaying:
+            return
+        from gpumon.simulate.kmsg import INFO, netdev_lines
+
+        for line in netdev_lines(device.pci, port.netdev, up, port.link_layer == "Ethernet"):
+            self.kernel_log.write(line, INFO)
+
     def write_processes(self) -> None:
         """``<proc_root>/<pid>/comm`` for the GPU processes running now; those of ended ones go."""
         if self.nvml is None:
@@ -232,6 +277,8 @@ class Simulation:
         """A new boot id (the health stage clears its sticky verdicts on it) and repaired hardware."""
         self.boot_id = str(uuid.uuid4())
         self._write(BOOT_ID_FILE, self.boot_id + "\n")
+        self.kernel_log.reboot()
+        self.pci.reboot(self.boot_id)
         self.kept = []
         self._save_hardware()
         if self.nvml is not None:

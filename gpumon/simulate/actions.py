@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpumon.simulate import job
+from gpumon.simulate import job, kmsg
 
 if TYPE_CHECKING:
     from gpumon.simulate import Simulation
@@ -79,18 +79,51 @@ def _xid(sim: Simulation, command: dict[str, Any]) -> bool:
     _check_gpu(nvml, gpu)
     if xid != 79:
         if not sim.replaying:
+            _print_xid(sim, gpu, xid)
             nvml.inject_xid(gpu, xid)
         return False
-    # XID 79 is the GPU falling off the bus: it stops answering too, as a real one does
+    return _gpu_lost(sim, command)
+
+
+def _gpu_lost(sim: Simulation, command: dict[str, Any]) -> bool:
+    """XID 79, the GPU falling off the bus: it stops answering too, as a real one does."""
+    nvml, gpu = _gpus(sim), int(command["gpu"])
+    _check_gpu(nvml, gpu)
+    if not sim.replaying:  # after a daemon restart the GPU is still lost; no new XID
+        _print_xid(sim, gpu, 79)
     nvml.set_lost(gpu, xid=not sim.replaying)
     return True
 
 
-def _gpu_lost(sim: Simulation, command: dict[str, Any]) -> bool:
-    nvml, gpu = _gpus(sim), int(command["gpu"])
-    _check_gpu(nvml, gpu)
-    nvml.set_lost(gpu, xid=not sim.replaying)  # after a daemon restart the GPU is still lost; no new XID
-    return True
+def _print_xid(sim: Simulation, gpu: int, xid: int) -> None:
+    """The driver's kernel-log lines for an XID (XID 79 without a process, and its off-the-bus line)."""
+    bus_id, _device, pid, name = sim.nvml.pci(gpu)
+    sim.kernel_log.write(kmsg.xid_line(bus_id, xid, None if xid == 79 else pid, name), kmsg.WARNING)
+    if xid == 79:
+        sim.kernel_log.write(kmsg.off_bus_line(bus_id), kmsg.ERR)
+
+
+def _aer(sim: Simulation, command: dict[str, Any]) -> bool:
+    """AER errors at a GPU's or an HCA's function: its aer_dev_* counters grow and the kernel's AER
+    report is printed (once per command, as the kernel reports the first error of a burst)."""
+    if ("gpu" in command) == ("device" in command):
+        raise ValueError("aer names a gpu or a device")
+    if "gpu" in command:
+        gpu = int(command["gpu"])
+        _check_gpu(_gpus(sim), gpu)
+        name = sim.pci.gpus[gpu]
+    else:
+        if str(command["device"]) not in sim.pci.hcas:
+            raise ValueError(f"no HCA {command['device']} (this host has {', '.join(sim.pci.hcas) or 'none'})")
+        name = sim.pci.hcas[str(command["device"])]
+    count = int(command.get("count", 1))
+    if not 1 <= count <= 1_000_000:
+        raise ValueError("aer: count is 1 to 1000000")
+    severity, kind = str(command["severity"]), str(command["type"])
+    fn = sim.pci.count(name, severity, kind, count)
+    for level, line in kmsg.aer_lines(fn.driver, fn.name, fn.ids, severity, kind):
+        sim.kernel_log.write(line, level, device=fn.name)
+    return False
 
 
 def _fabric(sim: Simulation, command: dict[str, Any]) -> bool:
@@ -98,6 +131,18 @@ def _fabric(sim: Simulation, command: dict[str, Any]) -> bool:
     _check_gpu(nvml, gpu)
     nvml.set_fabric(gpu, **fabric_change(command))
     return True
+
+
+def _mig(sim: Simulation, command: dict[str, Any]) -> bool:
+    """MIG on the GPU with ``instances`` equal GPU instances (0: MIG off). Hardware state: it holds
+    across a daemon restart; a reboot ends it (GPU instances do not survive one)."""
+    nvml, gpu, instances = _gpus(sim), int(command["gpu"]), int(command.get("instances", 7))
+    _check_gpu(nvml, gpu)
+    if not 0 <= instances <= 7:   # seven slices: at most seven GPU instances (NVIDIA MIG user guide)
+        raise ValueError("mig: instances is 0 to 7")
+    nvml.set_mig(gpu, instances)
+    sim.forget(lambda kept: kept["action"] == "mig" and int(kept["gpu"]) == gpu)
+    return instances > 0
 
 
 def _scheduled_event(sim: Simulation, command: dict[str, Any]) -> bool:
@@ -183,6 +228,11 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            ("device",), "ib", optional=("port",)),
     Action("xid", _xid, "the GPU reports an XID event; XID 79 also makes it stop answering (as gpu_lost)",
            {"action": "xid", "gpu": 3, "xid": 48}, ("gpu", "xid"), "gpu", "XID 79 (the GPU is lost)"),
+    Action("aer", _aer, "PCIe AER errors at a GPU's (gpu) or an HCA's (device) PCI function: its "
+           "aer_dev_<severity> counter of `type` (a kernel name: RxErr, BadTLP, BadDLLP, ..., CmpltTO, "
+           "MalfTLP, ...) grows by `count` (default 1) and the kernel's AER report goes to the kernel log; "
+           "counters stay until a reboot", {"action": "aer", "gpu": 3, "severity": "correctable", "type": "BadTLP"},
+           ("severity", "type"), kept="the counts, until a reboot (aer.json)", optional=("gpu", "device", "count")),
     Action("gpu_lost", _gpu_lost, "every NVML call on the GPU answers GPU_IS_LOST (and XID 79 is reported)",
            {"action": "gpu_lost", "gpu": 2}, ("gpu",), "gpu", "yes"),
     Action("fabric", _fabric, "what the NVLink fabric call reports, in NVML's words: `health` maps a "
@@ -190,6 +240,10 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            "NVML_ERROR_* name or success, `summary` a _HEALTH_SUMMARY_* name",
            {"action": "fabric", "gpu": 1, "health": {"route_unhealthy": "true"}}, ("gpu",), "gpu", "yes",
            ("health", "state", "status", "summary")),
+    Action("mig", _mig, "MIG mode on with `instances` equal GPU instances (default 7, one slice and one "
+           "compute instance each, GPU instance ids from 7); 0 turns it off. gpumon reads the layout at "
+           "start and at each re-probe (`[nvml] reprobe_interval`)", {"action": "mig", "gpu": 0, "instances": 7},
+           ("gpu",), "gpu", "until `instances` 0 or a reboot", ("instances",)),
     Action("scheduled_event", _scheduled_event, "an Azure Scheduled Event in the VM's IMDS (status Started, "
            "then done to remove it)", {"action": "scheduled_event", "event_id": "E1", "type": "Freeze",
                                        "status": "Scheduled", "not_before_in": 900}, ("event_id",),

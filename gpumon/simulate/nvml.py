@@ -95,17 +95,21 @@ class GpuProfile:
     #: nvmlDeviceGetProcessUtilization answers; Blackwell answers NOT_SUPPORTED and only the
     #: nvmlDeviceGetProcessesUtilizationInfo path works (shared/reference/wave3.md section 3, [S10])
     legacy_process_util: bool = True
+    #: The GPU instance profile of the double's equal MIG instances (one slice each), as the driver
+    #: names it: nvidia-smi -L prints "MIG 1g.10gb Device 0" on an H100 80GB and DCGM labels the
+    #: instance GPU_I_PROFILE="1g.10gb" (NVIDIA/dcgm-exporter issues #105, #317, PR #736).
+    mig_instance_profile: str = ""
 
 
 PROFILES: dict[str, GpuProfile] = {
     "h100-sxm5-80gb": GpuProfile(
         "NVIDIA H100 80GB HBM3", 81559 * 2**20, 480 * 2**20, 131072 * 2**20, 700_000, 72_000, 1980, 2619,
         5, 16, 18, True, True, False, False, {0: 95, 1: 89, 2: 95, 3: 87}, "96.00.DA.00.0C", "16516240",
-        0x233010DE, True, 9856 * 2**20),
+        0x233010DE, True, 9856 * 2**20, mig_instance_profile="1g.10gb"),
     "a100-sxm4-80gb": GpuProfile(
         "NVIDIA A100-SXM4-80GB", 81920 * 2**20, 589 * 2**20, 131072 * 2**20, 400_000, 62_000, 1410, 1593,
         4, 16, 12, False, True, False, False, {0: 92, 1: 89, 2: 95, 3: 85}, "92.00.45.00.06", "13232110",
-        0x20B210DE, True, 9856 * 2**20),
+        0x20B210DE, True, 9856 * 2**20, mig_instance_profile="1g.10gb"),
     "a10": GpuProfile(
         "NVIDIA A10", 23028 * 2**20, 387 * 2**20, 32768 * 2**20, 150_000, 18_000, 1695, 6251,
         4, 16, 0, False, False, True, True, {0: 98, 1: 95, 3: 93}, "94.02.5C.00.02", "13224210",
@@ -115,7 +119,8 @@ PROFILES: dict[str, GpuProfile] = {
     "gb200": GpuProfile(
         "NVIDIA GB200", 189471 * 2**20, 1094 * 2**20, 262144 * 2**20, 1_200_000, 160_000, 2062, 3996,
         5, 16, 18, True, True, False, False, {0: 95, 1: 92, 2: 95, 3: 90}, "97.00.82.00.0F", "16550240",
-        0x294110DE, True, 23040 * 2**20, fabric="mnnvl", legacy_process_util=False),
+        0x294110DE, True, 23040 * 2**20, fabric="mnnvl", legacy_process_util=False,
+        mig_instance_profile="1g.23gb"),
 }
 PROFILES["h100-sxm5-80gb"] = dataclasses.replace(PROFILES["h100-sxm5-80gb"], fabric="nvswitch")
 
@@ -542,6 +547,14 @@ class FakeNVML:
         with self._lock:
             return {pid: g.names.get(pid, "") for g in self._gpus for pid, _ in g.processes}
 
+    def pci(self, gpu: int) -> tuple[str, int, int | None, str]:
+        """(NVML bus id, NVML pciDeviceId, PID and name of the GPU's first running process or None
+        and "") of GPU ``gpu``: what its PCI function and the driver's kernel-log lines name."""
+        with self._lock:
+            g = self._gpus[gpu]
+            pid = g.processes[0][0] if g.processes else None
+            return g.bus_id, g.profile.pci_device_id, pid, g.names.get(pid, "") if pid is not None else ""
+
     def fail(self, function: str, code: int, gpu: int | None = None, times: int | None = None) -> None:
         """Make ``function`` raise ``NVMLError(code)`` (for one GPU, or all), ``times`` times or forever."""
         with self._lock:
@@ -605,6 +618,7 @@ class FakeNVML:
             for g in self._gpus:
                 g.lost = False
                 g.fabric = self._make_fabric(self._seed)
+                g.mig = None   # GPU instances do not survive a reboot (NVIDIA MIG user guide)
 
     def inject_xid(self, gpu: int, xid: int, gpu_instance: int = 0xFFFFFFFF,
                    compute_instance: int = 0xFFFFFFFF) -> None:
@@ -808,6 +822,11 @@ class FakeNVML:
 
     @_api()
     def nvmlDeviceGetName(self, handle: Any) -> str:
+        """A MIG device handle answers its parent's name and its GPU instance profile, as
+        ``nvidia-smi -L`` lists it ("NVIDIA H100 80GB HBM3 MIG 1g.10gb")."""
+        if self._is_mig_handle(handle):
+            g, _ = self._mig(handle)
+            return f"{g.profile.name} MIG {g.profile.mig_instance_profile}"
         return self._device(handle).profile.name
 
     @_api()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpumon.sources.ib_sysfs import MLX5_QUEUE_COUNTERS, MLX5_ROCE_COUNTERS
@@ -154,6 +155,9 @@ class Fabric:
         self.hw_counters = hw_counters
         self._rng = random.Random(seed)
         self._written: dict[str, str] = {}
+        #: called with (device, port, up) whenever a port's carrier goes down or up (the simulated
+        #: host prints the driver's lines in its kernel log)
+        self.on_carrier: Callable[[Device, Port, bool], None] | None = None
 
     def _put(self, path: str, text: str) -> None:
         """Write only what changed: a tick on a 36-port tree stays cheap."""
@@ -263,6 +267,7 @@ class Fabric:
                     p.down_left -= seconds
                     if p.down_left <= 0:
                         self._bring_up(p)
+                        self._carrier(p, True)
                 if p.up:
                     self._grow(p, seconds)
                 self._flush(p)
@@ -328,6 +333,8 @@ class Fabric:
         p.carrier_down += 1
         p.carrier_up += 1
         self._flush(p)
+        self._carrier(p, False)
+        self._carrier(p, True)
 
     def set_down(self, device: str, port: int = 1, seconds: float = 0.0) -> None:
         """DOWN/Polling until ``seconds`` of ticks have passed (0: until :meth:`set_up`)."""
@@ -337,6 +344,7 @@ class Fabric:
             self._add(p, "link_downed", 1)
             p.carrier_changes += 1
             p.carrier_down += 1
+            self._carrier(p, False)
         p.down_left = max(0.0, seconds)
         self._flush(p)
 
@@ -344,7 +352,12 @@ class Fabric:
         p = self.port(device, port)
         if not p.up:
             self._bring_up(p)
+            self._carrier(p, True)
         self._flush(p)
+
+    def _carrier(self, p: Port, up: bool) -> None:
+        if self.on_carrier is not None:
+            self.on_carrier(self.devices[p.device], p, up)
 
     @staticmethod
     def _bring_up(p: Port) -> None:

@@ -5,10 +5,23 @@ This module turns a Snapshot's gpumon families into dcgm-exporter's default coun
 (``etc/default-counters.csv`` of NVIDIA/dcgm-exporter, read at commit d5e5f51, 2026-05-12) with its
 units (MHz, C, W, mJ, %, MiB), its labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device`` =
 ``nvidia<N>``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``; ``namespace``/``pod``/
-``container`` or ``hpc_job`` when attributed; not dcgm-exporter's per-MIG-instance ``GPU_I_PROFILE``
-and ``GPU_I_ID`` series: values are per GPU), and its
+``container`` or ``hpc_job`` when attributed), and its
 semantics where they differ from gpumon's (``DCGM_FI_DEV_XID_ERRORS`` is the last XID seen, with
 ``err_code``). The table is data: one row per DCGM field, naming the gpumon family it comes from.
+
+MIG, as dcgm-exporter 4.5.3-4.8.2 (commit d5e5f51) serves it with its default ``--devices f``
+(pkg/cmd/app.go: "monitor all GPU instances in MIG mode, all GPUs if MIG mode is disabled";
+internal/pkg/devicemonitoring/device_monitoring.go, monitorAllGPUInstances): a GPU with MIG
+instances has no series of its own, one per GPU instance instead, labelled ``GPU_I_PROFILE`` (the
+instance's profile, DCGM_FI_DEV_NAME of the instance: internal/pkg/deviceinfo/device_info.go,
+populateMigProfileNames) and ``GPU_I_ID`` (NVML's GPU instance id, NvmlInstanceId:
+internal/pkg/collector/gpu_collector.go, toMetric), placed after ``modelName``
+(internal/pkg/rendermetrics/render_metrics.go). Device-wide fields (clocks, temperatures, power,
+energy, PCIe, NVLink, remapped rows, XID) repeat the GPU's value on each instance (issues #317 and
+PR #736 show ``DCGM_FI_DEV_MEMORY_TEMP``/``GPU_TEMP`` so); framebuffer and profiling fields are the
+instance's own; ``DCGM_FI_DEV_*_UTIL`` are blank under MIG and so absent (issues #50, #105). Pods
+and jobs are matched to the instance they hold (internal/pkg/transformation/hpc.go: files named
+``<GPU>.<GPU_I_ID>``; collector/types.go GetIDOfType).
 
 Rendered as text on its own (dcgm-exporter's counters do not end in ``_total``, which gpumon's
 model requires), appended to the Prometheus page.
@@ -37,6 +50,16 @@ class Field:
     match: tuple[tuple[str, str], ...] = ()  # labels a gpumon sample must have
     scale: float = 1.0
     sum_over: str = ""  # a label summed away (per GPU totals)
+    #: Under MIG: "gpu" repeats the GPU's value on each GPU instance (a device-wide field);
+    #: "instance" serves the instance's own value from ``mig_source`` (absent without one).
+    scope: str = "gpu"
+    mig_source: str = ""
+    mig_match: tuple[tuple[str, str], ...] = ()
+    mig_minus: str = ""  # a family subtracted from ``mig_source`` (free = total - used)
+
+
+MIG_TOTAL, MIG_USED = "gpumon_gpu_mig_memory_total_bytes", "gpumon_gpu_mig_memory_used_bytes"
+MIG_ACTIVITY, MIG_INFO = "gpumon_gpu_mig_activity_ratio", "gpumon_gpu_mig_info"
 
 
 # dcgm-exporter's default counter set, in its file's order. DCGM_FI_DEV_VGPU_LICENSE_STATUS is left
@@ -57,19 +80,19 @@ FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
           "gpumon_gpu_pcie_replay_total"),
     Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).",
-          "gpumon_gpu_utilization_ratio", (("engine", "gpu"),), 100.0),
+          "gpumon_gpu_utilization_ratio", (("engine", "gpu"),), 100.0, scope="instance"),
     Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).",
-          "gpumon_gpu_utilization_ratio", (("engine", "memory"),), 100.0),
+          "gpumon_gpu_utilization_ratio", (("engine", "memory"),), 100.0, scope="instance"),
     Field("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).",
-          "gpumon_gpu_utilization_ratio", (("engine", "encoder"),), 100.0),
+          "gpumon_gpu_utilization_ratio", (("engine", "encoder"),), 100.0, scope="instance"),
     Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).",
-          "gpumon_gpu_utilization_ratio", (("engine", "decoder"),), 100.0),
+          "gpumon_gpu_utilization_ratio", (("engine", "decoder"),), 100.0, scope="instance"),
     Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).",
-          "gpumon_gpu_memory_free_bytes", (), 1 / MIB),
+          "gpumon_gpu_memory_free_bytes", (), 1 / MIB, scope="instance", mig_source=MIG_TOTAL, mig_minus=MIG_USED),
     Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).",
-          "gpumon_gpu_memory_used_bytes", (), 1 / MIB),
+          "gpumon_gpu_memory_used_bytes", (), 1 / MIB, scope="instance", mig_source=MIG_USED),
     Field("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
-          "gpumon_gpu_memory_reserved_bytes", (), 1 / MIB),
+          "gpumon_gpu_memory_reserved_bytes", (), 1 / MIB, scope="instance"),
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
           "Total number of NVLink bandwidth counters for all lanes.",
           "gpumon_gpu_nvlink_bytes_total", (), 1.0, "direction"),
@@ -81,12 +104,15 @@ FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
           "gpumon_gpu_remapped_rows_failure"),
     Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
-          "gpumon_gpu_activity_ratio", (("activity", "graphics"),)),
+          "gpumon_gpu_activity_ratio", (("activity", "graphics"),), scope="instance", mig_source=MIG_ACTIVITY,
+          mig_match=(("activity", "graphics"),)),
     Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
-          "gpumon_gpu_activity_ratio", (("activity", "tensor"),)),
+          "gpumon_gpu_activity_ratio", (("activity", "tensor"),), scope="instance", mig_source=MIG_ACTIVITY,
+          mig_match=(("activity", "tensor"),)),
     Field("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
           "Ratio of cycles the device memory interface is active sending or receiving data.",
-          "gpumon_gpu_activity_ratio", (("activity", "dram_bandwidth"),)),
+          "gpumon_gpu_activity_ratio", (("activity", "dram_bandwidth"),), scope="instance",
+          mig_source=MIG_ACTIVITY, mig_match=(("activity", "dram_bandwidth"),)),
     Field("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus - including "
           "both protocol headers and data payloads - in bytes per second.",
           "gpumon_gpu_pcie_throughput_bytes_per_second", (("direction", "tx"),)),
@@ -98,9 +124,14 @@ XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
 XID_HELP = "Value of the last XID error encountered."
 
 
+Key = tuple[str, str]
+"""One series' entity: the GPU index and its GPU instance id ("" for a whole GPU)."""
+Values = dict[Key, tuple[float, tuple[tuple[str, str], ...]]]
+
+
 @dataclass(frozen=True)
-class _Gpu:
-    """The identity labels dcgm-exporter puts on every series of one GPU, in its order."""
+class _Entity:
+    """The identity labels dcgm-exporter puts on every series of one GPU (or GPU instance), in its order."""
 
     labels: tuple[tuple[str, str], ...]
     owners: tuple[tuple[tuple[str, str], ...], ...]  # one label set per pod or job holding it
@@ -116,45 +147,62 @@ class DcgmCompat:
 
     def render(self, snapshot: Snapshot) -> str:
         by_name = {fam.name: fam for fam in snapshot.families}
-        gpus = self._gpus(by_name)
-        if not gpus:
+        entities = self._entities(by_name)
+        if not entities:
             return ""
         self._track_xids(by_name.get("gpumon_gpu_xid_errors_total"))
         parts: list[str] = []
         for spec in FIELDS:
-            values = _values(by_name.get(spec.source), spec)
+            per_gpu = _values(by_name.get(spec.source), spec)
+            per_instance = _instance_values(by_name, spec)
+            values: Values = {}
+            for key in entities:
+                gpu, gi = key
+                if not gi or spec.scope == "gpu":
+                    if gpu in per_gpu:
+                        values[key] = (per_gpu[gpu], ())
+                elif key in per_instance:
+                    values[key] = (per_instance[key], ())
             if values:
-                parts.append(self._family(spec.name, spec.type, spec.help, values, gpus))
-        xids = {gpu: (float(code), (("err_code", str(code)),)) for gpu, code in self._last_xid.items()}
-        for gpu in gpus:
-            xids.setdefault(gpu, (0.0, (("err_code", "0"),)))
-        parts.append(self._family(XID_FIELD, "gauge", XID_HELP, xids, gpus))
+                parts.append(self._family(spec.name, spec.type, spec.help, values, entities))
+        xids: Values = {}
+        for key in entities:
+            code = self._last_xid.get(key[0], 0)
+            xids[key] = (float(code), (("err_code", str(code)),))
+        parts.append(self._family(XID_FIELD, "gauge", XID_HELP, xids, entities))
         return "".join(parts)
 
-    def _family(self, name: str, kind: str, help_text: str,
-                values: Mapping[str, tuple[float, tuple[tuple[str, str], ...]]], gpus: Mapping[str, _Gpu]) -> str:
+    def _family(self, name: str, kind: str, help_text: str, values: Values, entities: Mapping[Key, _Entity]) -> str:
         lines = [f"# HELP {name} {escape_help(help_text)}\n# TYPE {name} {kind}\n"]
-        for gpu, (value, extra) in values.items():
-            ident = gpus.get(gpu)
-            if ident is None:
-                continue
+        for key, (value, extra) in values.items():
+            ident = entities[key]
             for owner in ident.owners or ((),):
                 lines.append(series_prefix(name, ident.labels + extra + owner) + format_value(value) + "\n")
         return "".join(lines) if len(lines) > 1 else ""
 
-    def _gpus(self, by_name: Mapping[str, MetricFamily]) -> dict[str, _Gpu]:
+    def _entities(self, by_name: Mapping[str, MetricFamily]) -> dict[Key, _Entity]:
+        """A GPU without MIG instances is one entity; a GPU with them is one entity per GPU instance
+        (dcgm-exporter's default ``--devices f``), labelled ``GPU_I_PROFILE`` and ``GPU_I_ID``."""
         info = by_name.get("gpumon_gpu_info")
         if info is None:
             return {}
         owners = _owners(by_name.get(ALLOCATION_FAMILY))
-        out: dict[str, _Gpu] = {}
+        instances = _instances(by_name.get(MIG_INFO))
+        out: dict[Key, _Entity] = {}
         for sample in info.samples:
             lab = dict(sample.labels)
             gpu = lab.get("gpu", "")
-            labels = (("gpu", gpu), ("UUID", lab.get("uuid", "")), ("pci_bus_id", lab.get("pci_bus_id", "")),
-                      ("device", f"nvidia{gpu}"), ("modelName", lab.get("model", "")),
-                      ("Hostname", self.hostname), ("DCGM_FI_DRIVER_VERSION", lab.get("driver_version", "")))
-            out[gpu] = _Gpu(labels, tuple(owners.get(gpu, ())))
+            head = (("gpu", gpu), ("UUID", lab.get("uuid", "")), ("pci_bus_id", lab.get("pci_bus_id", "")),
+                    ("device", f"nvidia{gpu}"), ("modelName", lab.get("model", "")))
+            tail = (("Hostname", self.hostname), ("DCGM_FI_DRIVER_VERSION", lab.get("driver_version", "")))
+            # MIG on with no GPU instance yet is served as a whole GPU, as dcgm-exporter's flex mode
+            # does (device_monitoring.go: "If the GPU Instance count is 0 ... adding GPU")
+            if gpu not in instances:
+                out[(gpu, "")] = _Entity(head + tail, tuple(owners.get((gpu, ""), ())))
+                continue
+            for gi, profile in sorted(instances[gpu].items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+                mig = (("GPU_I_PROFILE", profile), ("GPU_I_ID", gi))
+                out[(gpu, gi)] = _Entity(head + mig + tail, tuple(owners.get((gpu, gi), ())))
         return out
 
     def _track_xids(self, fam: MetricFamily | None) -> None:
@@ -172,8 +220,8 @@ class DcgmCompat:
         self._last_xid.update(risen)
 
 
-def _values(fam: MetricFamily | None, spec: Field) -> dict[str, tuple[float, tuple[tuple[str, str], ...]]]:
-    """Per GPU index: the field's value (scaled, summed over ``sum_over``) and no extra labels."""
+def _values(fam: MetricFamily | None, spec: Field) -> dict[str, float]:
+    """Per GPU index: the field's value (scaled, summed over ``sum_over``)."""
     if fam is None:
         return {}
     out: dict[str, float] = {}
@@ -192,22 +240,53 @@ def _values(fam: MetricFamily | None, spec: Field) -> dict[str, tuple[float, tup
                 out[gpu] = out.get(gpu, 0.0) + sample.value * spec.scale
         else:
             out.setdefault(gpu, sample.value * spec.scale)
-    return {gpu: (value, ()) for gpu, value in out.items()}
+    return out
+
+
+def _per_instance(fam: MetricFamily | None, match: Iterable[tuple[str, str]] = ()) -> dict[Key, float]:
+    """Per (GPU, GPU instance): the first matching sample (the instance's compute instances share
+    its memory and GPM answers per GPU instance)."""
+    out: dict[Key, float] = {}
+    for sample in fam.samples if fam is not None else ():
+        if _matches(sample, match):
+            out.setdefault((sample.label("gpu") or "", sample.label("gpu_instance") or ""), sample.value)
+    return out
+
+
+def _instance_values(by_name: Mapping[str, MetricFamily], spec: Field) -> dict[Key, float]:
+    """Per GPU instance: the field's value from gpumon's MIG series (scaled), if it has one."""
+    if not spec.mig_source:
+        return {}
+    values = _per_instance(by_name.get(spec.mig_source), spec.mig_match)
+    minus = _per_instance(by_name.get(spec.mig_minus)) if spec.mig_minus else {}
+    return {key: (value - minus.get(key, 0.0)) * spec.scale for key, value in values.items()
+            if not spec.mig_minus or key in minus}
+
+
+def _instances(fam: MetricFamily | None) -> dict[str, dict[str, str]]:
+    """Per GPU index: its GPU instances and their profiles, from ``gpumon_gpu_mig_info``."""
+    out: dict[str, dict[str, str]] = {}
+    for sample in fam.samples if fam is not None else ():
+        gpu, gi = sample.label("gpu") or "", sample.label("gpu_instance") or ""
+        if gi:
+            out.setdefault(gpu, {}).setdefault(gi, sample.label("profile") or "")
+    return out
 
 
 def _matches(sample: Sample, match: Iterable[tuple[str, str]]) -> bool:
     return all(sample.label(k) == v for k, v in match)
 
 
-def _owners(fam: MetricFamily | None) -> dict[str, list[tuple[tuple[str, str], ...]]]:
-    """Who holds each GPU, as dcgm-exporter labels it: ``pod``/``namespace``/``container`` for
-    Kubernetes, ``hpc_job`` for a job (one series per holder, as dcgm-exporter copies them)."""
-    out: dict[str, list[tuple[tuple[str, str], ...]]] = {}
+def _owners(fam: MetricFamily | None) -> dict[Key, list[tuple[tuple[str, str], ...]]]:
+    """Who holds each GPU (or GPU instance), as dcgm-exporter labels it: ``pod``/``namespace``/
+    ``container`` for Kubernetes, ``hpc_job`` for a job (one series per holder, as dcgm-exporter
+    copies them)."""
+    out: dict[Key, list[tuple[tuple[str, str], ...]]] = {}
     if fam is None:
         return out
     for sample in fam.samples:
         lab = dict(sample.labels)
-        gpu = lab.get("gpu", "")
+        key = (lab.get("gpu", ""), lab.get("gpu_instance", ""))
         owner: tuple[tuple[str, str], ...]
         if lab.get("pod"):
             owner = (("pod", lab["pod"]), ("namespace", lab.get("namespace", "")),
@@ -216,25 +295,39 @@ def _owners(fam: MetricFamily | None) -> dict[str, list[tuple[tuple[str, str], .
             owner = (("hpc_job", lab["job_id"]),)
         else:
             continue
-        if owner not in out.setdefault(gpu, []):
-            out[gpu].append(owner)
+        if owner not in out.setdefault(key, []):
+            out[key].append(owner)
     return out
 
 
 def markdown_table() -> str:
     """The name-by-name table of docs/dcgm-exporter.md (kept in sync by a test)."""
-    rows = ["| dcgm-exporter | type | gpumon source | conversion |", "|---|---|---|---|"]
+    rows = ["| dcgm-exporter | type | gpumon source | conversion | under MIG, per GPU instance |",
+            "|---|---|---|---|---|"]
     for f in FIELDS:
-        match = ", ".join(f'{k}="{v}"' for k, v in f.match)
-        source = f"`{f.source}{{{match}}}`" if match else f"`{f.source}`"
         conversion = {1.0: "as is", 1e-6: "Hz to MHz", 1000.0: "J to mJ", 100.0: "ratio to %",
                       1 / MIB: "bytes to MiB"}.get(f.scale, f"x {f.scale:g}")
         if f.sum_over:
             conversion += f", summed over `{f.sum_over}`"
-        rows.append(f"| `{f.name}` | {f.type} | {source} | {conversion} |")
+        rows.append(f"| `{f.name}` | {f.type} | {_source(f.source, f.match)} | {conversion} | {_under_mig(f)} |")
     rows.append(f"| `{XID_FIELD}` | gauge | `gpumon_gpu_xid_errors_total` | the last XID whose count rose "
-                "(0 before any), label `err_code` |")
+                "(0 before any), label `err_code` | the GPU's, on each instance |")
     return "\n".join(rows) + "\n"
+
+
+def _source(family: str, match: Iterable[tuple[str, str]]) -> str:
+    labels = ", ".join(f'{k}="{v}"' for k, v in match)
+    return f"`{family}{{{labels}}}`" if labels else f"`{family}`"
+
+
+def _under_mig(f: Field) -> str:
+    """The table's MIG column: where a GPU instance's value comes from."""
+    if f.scope == "gpu":
+        return "the GPU's, on each instance"
+    if not f.mig_source:
+        return "absent"
+    source = _source(f.mig_source, f.mig_match)
+    return f"{source} minus `{f.mig_minus}`" if f.mig_minus else source
 
 
 if __name__ == "__main__":  # python -m gpumon.sinks.dcgm_compat: the table in docs/dcgm-exporter.md

@@ -11,6 +11,8 @@ that fell behind the ring buffer gets ``EPIPE`` once and then the oldest record 
 This module knows that format and nothing of what the messages mean (:mod:`gpumon.sources.driver_log`).
 Reading goes through a file-descriptor seam (``open_fd``, ``read``, ``lseek``) so the same code reads
 the real device and, in tests, a ``SOCK_SEQPACKET`` pair that keeps record boundaries as the kernel does.
+A regular file holding records as the device hands them out, one after another (a simulated host's
+kernel log, :mod:`gpumon.simulate.kmsg`), is read one record per read as well (:class:`RecordFile`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import errno
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -132,6 +135,7 @@ class KmsgReader:
         self._read = read
         self._lseek = lseek
         self.fd: int | None = None
+        self._file: RecordFile | None = None
         self.last_seq: int | None = None
         """Sequence number of the last record handed out (or skipped as already seen)."""
         self._resume_after: int | None = None
@@ -147,10 +151,11 @@ class KmsgReader:
         fd = self._open_fd(self.path)
         saved = self._carried if self._carried is not None else self._load()
         try:
+            self._file = RecordFile() if stat.S_ISREG(os.fstat(fd).st_mode) else None
             if saved is not None:
                 self._resume_after = self.last_seq = saved  # the default position is the oldest record
             elif self.first_start != "all":
-                self._lseek(fd, 0, FIRST_START[self.first_start])
+                (self._file.lseek if self._file else self._lseek)(fd, 0, FIRST_START[self.first_start])
         except OSError:
             os.close(fd)
             raise
@@ -192,9 +197,10 @@ class KmsgReader:
         if self.fd is None:
             self.open()
         batch = Batch()
+        read = self._file.read if self._file else self._read
         while len(batch.records) < limit:
             try:
-                data = self._read(self.fd, READ_SIZE)  # type: ignore[arg-type]
+                data = read(self.fd, READ_SIZE)  # type: ignore[arg-type]
             except BlockingIOError:
                 return batch
             except OSError as exc:
@@ -234,3 +240,52 @@ class KmsgReader:
 
 def _open_nonblocking(path: str) -> int:
     return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+class RecordFile:
+    """Reads a regular file of dev-kmsg records as the device hands them out: one record per read
+    (its message line and the dictionary lines after it, which start with a space), ``EAGAIN`` once
+    drained (the device's answer to a non-blocking reader), records appended later on the next read.
+
+    ``lseek``: ``SEEK_END`` goes past the last record, ``SEEK_SET`` and ``SEEK_DATA`` to the first (a
+    file has no ``dmesg --clear``). A record whose last line is not written yet waits for it."""
+
+    CHUNK = 65536
+
+    def __init__(self) -> None:
+        self._offset = 0
+        """File offset of the first byte of ``_buffer``."""
+        self._buffer = b""
+
+    def lseek(self, fd: int, offset: int, whence: int) -> int:
+        self._offset = os.fstat(fd).st_size if whence == os.SEEK_END else 0
+        self._buffer = b""
+        return self._offset
+
+    def read(self, fd: int, size: int) -> bytes:
+        while True:
+            end = self._record_end(final=False)
+            if end is None:
+                chunk = os.pread(fd, self.CHUNK, self._offset + len(self._buffer))
+                if chunk:
+                    self._buffer += chunk
+                    continue
+                end = self._record_end(final=True)
+                if end is None:
+                    raise BlockingIOError(errno.EAGAIN, "no new record")
+            record, self._buffer = self._buffer[:end], self._buffer[end:]
+            self._offset += end
+            return record
+
+    def _record_end(self, final: bool) -> int | None:
+        """Where the first whole record in the buffer ends; ``final``: nothing follows the buffer
+        (so a record ending it is whole)."""
+        buf = self._buffer
+        end = buf.find(b"\n")
+        while end >= 0:
+            if end + 1 == len(buf):
+                return end + 1 if final else None
+            if buf[end + 1:end + 2] != b" ":
+                return end + 1
+            end = buf.find(b"\n", end + 1)
+        return None

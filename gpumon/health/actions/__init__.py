@@ -10,7 +10,6 @@ hook again, while a verdict that changed while gpumon was down is acted on at st
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -18,7 +17,7 @@ import time
 from typing import Any
 
 from gpumon.backoff import Backoff
-from gpumon.health.actions import azure_ghr, hook, kube_events, kube_taint, kubernetes, slurm
+from gpumon.health.actions import azure_ghr, hook, kube_events, kube_taint, kubernetes, memory, slurm
 from gpumon.health.actions.settings import ActionSettings
 from gpumon.health.actions.worker import Action, Worker
 from gpumon.health.stage import Verdict
@@ -93,22 +92,14 @@ class HealthActions:
 
     def _load(self) -> dict[str, Any]:
         try:
-            with open(self._path, encoding="utf-8") as fh:
-                doc = json.load(fh)
-        except FileNotFoundError:
-            return {}
+            return memory.load(self._path)
         except (OSError, ValueError) as exc:
             log.warning("health actions: cannot read %s (%s); every action reconciles at start", self._path, exc)
             return {}
-        return doc if isinstance(doc, dict) else {}
 
     def _save(self) -> None:
-        tmp = f"{self._path}.tmp.{os.getpid()}"
         try:
-            os.makedirs(os.path.dirname(self._path), exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(self._done, fh, sort_keys=True)
-            os.replace(tmp, self._path)
+            memory.save(self._path, self._done)
         except OSError as exc:
             log.debug("health actions: cannot save %s: %s", self._path, exc)
 

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpumon import imds
+from gpumon.health.actions import memory
 from gpumon.health.actions.process import ActionError
 from gpumon.health.actions.settings import ActionSettings
 from gpumon.health.catalogue import Level
@@ -275,24 +276,16 @@ class GuestHealthReportAction:
     # -- memory across restarts -----------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
         try:
-            with open(self._path, encoding="utf-8") as fh:
-                doc = json.load(fh)
-        except FileNotFoundError:
-            return {}
+            return memory.load(self._path)
         except (OSError, ValueError) as exc:
             log.warning("azure_ghr: cannot read %s (%s); reports already filed may be filed again (ARM "
                         "answers 409 for those)", self._path, exc)
             return {}
-        return doc if isinstance(doc, dict) else {}
 
     def _save(self, now: float) -> None:
         self.filed = {k: v for k, v in self.filed.items() if now - float(v.get("at", now)) < KEEP_FILED}
-        tmp = f"{self._path}.tmp.{os.getpid()}"
         try:
-            os.makedirs(os.path.dirname(self._path), exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump({"filed": self.filed, "sent": self.sent}, fh, sort_keys=True)
-            os.replace(tmp, self._path)
+            memory.save(self._path, {"filed": self.filed, "sent": self.sent})
         except OSError as exc:
             self._logged.warning("save", "azure_ghr: cannot save %s (%s)", self._path, exc)
 
