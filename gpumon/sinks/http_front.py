@@ -11,8 +11,8 @@ rest the one that has sent the least for the longest is closed for a newcomer, n
 request is complete. A connection that has sent nothing is not closed at its first-byte deadline
 while the connections stay below a high-water mark of that budget (closing it only makes its client
 reconnect, which costs more than the descriptor): it is kept up to ``IDLE_TIMEOUT``, like a
-keep-alive idle timeout, and above the mark the silent ones past their first-byte deadline are
-reaped oldest first. One that has started speaking keeps its handshake and head deadlines.
+keep-alive idle timeout, and above the mark the ones silent for the first-byte timeout are reaped
+oldest first. One that has started speaking keeps its handshake and head deadlines.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ _RECV = 65536
 IDLE_TIMEOUT = 300.0
 """Seconds a connection that has sent nothing is kept while descriptors are plentiful."""
 HIGH_WATER = 0.75
-"""The share of ``max_connections`` above which silent connections past their first-byte deadline
-are reaped (oldest first) rather than kept."""
+"""The share of ``max_connections`` above which connections silent for the first-byte timeout are
+reaped (oldest first) rather than kept."""
 
 
 def raise_nofile_limit() -> int:
@@ -427,17 +427,19 @@ class Front:
             self._close(conn, graceful=False)
 
     def _keeps_silent(self, conn: Conn, now: float) -> bool:
-        """Whether a connection at its deadline that has sent nothing is kept: below the high-water
-        mark and within the idle limit. Closing it would only make its client reconnect."""
+        """Whether a connection at its deadline that has sent nothing is kept: within the idle limit.
+        Closing it would only make its client reconnect. Pressure is not judged here but by
+        ``_reap``, oldest first: closing whichever deadline comes due would cut the newest (the
+        spread puts a younger one's deadline before an older one's) and leave the oldest."""
         return (not conn.received and conn.state in (HEAD, WAIT_TLS) and not conn.buf
-                and conn in self.slots.silent and now < conn.since + self.limits.idle_timeout
-                and len(self.slots) < self.limits.high_water_mark)
+                and conn in self.slots.silent and now < conn.since + self.limits.idle_timeout)
 
     def _reap(self, now: float) -> None:
-        """Above the high-water mark: close silent connections past their first-byte deadline, the
-        oldest first, until the connections are back at the mark (at most a batch per turn)."""
+        """Above the high-water mark: close silent connections that have been silent for the
+        first-byte timeout, the oldest first, until the connections are back at the mark (at most
+        a batch per turn). ``silent`` is in accept order, so the first too young ends the scan."""
         slots, mark = self.slots, self.limits.high_water_mark
-        cutoff = now - self.limits.first_byte_timeout * (1.0 + DEADLINE_SPREAD)
+        cutoff = now - self.limits.first_byte_timeout
         for _ in range(_EXPIRE_BATCH):
             if len(slots) <= mark:
                 return
