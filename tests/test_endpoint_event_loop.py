@@ -3,8 +3,10 @@ never a scrape, also from the scraper's own address; the descriptor limit itself
 
 from __future__ import annotations
 
+import http.client
 import resource
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -396,3 +398,28 @@ def test_a_new_pages_gzip_and_openmetrics_bodies_are_built_off_the_loop_once(sin
         assert http_get(url, {"Accept": "application/openmetrics-text; version=1.0.0"})[2].endswith(b"# EOF\n")
     assert s._server.offloaded == before + 2  # the first of each on a worker, the rest from the loop
     assert http_get(url)[0] == 200 and s._server.offloaded == before + 2  # text 0.0.4 is built at publish
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_kept_alive_scrapes_are_not_held_back_by_nagle_and_delayed_acks(sinks, tmp_path, ca, tls):
+    """An answer goes out as a head and a body (and TLS records): with Nagle's algorithm on, the
+    second small write waits for the client's delayed ACK (40 ms on Linux) on every kept-alive
+    scrape, which is how Prometheus scrapes. Accepted sockets set TCP_NODELAY, as Go's do."""
+    if tls:
+        s = sinks(web_config_file=write_tls(tmp_path, ca, client_auth=True))
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            "127.0.0.1", s.port, timeout=5, context=client(ca, with_cert=True))
+    else:
+        s = sinks()
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=5)
+    took = []
+    try:
+        for _ in range(11):
+            t0 = time.monotonic()
+            conn.request("GET", "/metrics")
+            response = conn.getresponse()
+            assert response.status == 200 and b"gpumon_test_value" in response.read()
+            took.append(time.monotonic() - t0)
+    finally:
+        conn.close()
+    assert statistics.median(took[1:]) < 0.03, took  # a stall is >= 40 ms each time; an answer ~1 ms

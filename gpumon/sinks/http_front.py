@@ -372,6 +372,11 @@ class Front:
             self._limit_refused = False  # well clear of the limit: the next time is logged again
             self._limit_log.clear()
         sock.setblocking(False)
+        try:  # an answer is several writes (head, body, TLS records): with Nagle's algorithm the
+            # second waits for the client's delayed ACK, 40 ms on each kept-alive scrape (Go sets it too)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
         context = self.tls()
         conn = Conn(sock, source, address, now, now + _spread(self.limits.first_byte_timeout))
         slots.add(conn)
