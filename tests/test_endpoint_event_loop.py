@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import http.client
 import resource
+import select
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -15,7 +17,7 @@ import time
 import pytest
 import trustme
 
-from gpumon.sinks.http_front import raise_nofile_limit
+from gpumon.sinks.http_front import WAIT_TLS, raise_nofile_limit
 from gpumon.sinks.prometheus import PrometheusSink
 from tests.conftest import REPO, http_get, wait_for
 from tests.test_endpoint_attacks import Flood, client, start_sink, write_tls
@@ -243,7 +245,7 @@ def test_stop_with_thousands_of_connections_open_is_prompt(sinks):
 
 
 def test_the_soft_descriptor_limit_is_raised_to_the_hard_one():
-    code = ("import resource; from gpumon.sinks.http_front import raise_nofile_limit; "
+    code = ("import resource; from gpumon.sinks.http_front import WAIT_TLS, raise_nofile_limit; "
             "print(raise_nofile_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
 
     def lower() -> None:
@@ -423,3 +425,67 @@ def test_kept_alive_scrapes_are_not_held_back_by_nagle_and_delayed_acks(sinks, t
     finally:
         conn.close()
     assert statistics.median(took[1:]) < 0.03, took  # a stall is >= 40 ms each time; an answer ~1 ms
+
+
+def test_a_ready_request_is_answered_before_pending_tls_handshakes(sinks, tmp_path, ca):
+    """Handshakes with client certificates cost milliseconds of CPU each: a request that is ready
+    goes first, and the handshakes after it a few per turn, all of them completed."""
+    s = sinks(web_config_file=write_tls(tmp_path, ca, client_auth=True))
+    front, ctx = s._server, client(ca, with_cert=True)
+    scraper = http.client.HTTPSConnection("127.0.0.1", s.port, timeout=5, context=ctx)
+    raws = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(12)]
+    stalled, release = threading.Event(), threading.Event()
+    steps: list[str] = []
+    real_start_tls, real_respond, real_source_of = front._start_tls, front.app.respond, front.source_of
+
+    def start_tls(conn):
+        steps.append("handshake")
+        real_start_tls(conn)
+
+    def respond(conn, head):
+        steps.append("request")
+        return real_respond(conn, head)
+
+    try:
+        scraper.request("GET", "/metrics")
+        assert scraper.getresponse().read()  # its handshake done, kept alive
+        wait_for(lambda: len(front.slots) == 13)
+        served = next(c for c in list(front.slots.conns) if c.tls)
+        front._start_tls, front.app.respond = start_tls, respond
+        # hold the loop inside the accept of one more connection while the others all get ready
+        def source_of(address: str) -> str:
+            stalled.set()
+            release.wait(10)
+            return real_source_of(address)
+
+        front.source_of = source_of
+        raws.append(socket.create_connection(("127.0.0.1", s.port), timeout=5))
+        assert stalled.wait(5)  # the loop is held before anything else is ready
+        ends = [ctx.wrap_socket(raw, server_hostname="127.0.0.1", do_handshake_on_connect=False)
+                for raw in raws[:12]]
+        done: list[bool] = []
+
+        def handshake(end: ssl.SSLSocket) -> None:
+            end.do_handshake()
+            done.append(True)
+
+        threads = [threading.Thread(target=handshake, args=(end,)) for end in ends]
+        for thread in threads:
+            thread.start()
+        waiting = [c for c in list(front.slots.conns) if c.state == WAIT_TLS]
+        assert len(waiting) == 12
+        wait_for(lambda: len(select.select([c.sock for c in waiting], [], [], 0)[0]) == 12)  # hellos in
+        scraper.request("GET", "/metrics")  # ready last
+        wait_for(lambda: select.select([served.sock], [], [], 0)[0])
+        release.set()
+        assert scraper.getresponse().status == 200
+        for thread in threads:
+            thread.join(10)
+        assert len(done) == 12  # every handshake finished, only later
+        assert steps[0] == "request", steps
+    finally:
+        release.set()
+        front.source_of = real_source_of
+        scraper.close()
+        for raw in raws:
+            raw.close()

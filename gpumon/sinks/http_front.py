@@ -12,7 +12,10 @@ request is complete. A connection that has sent nothing is not closed at its fir
 while the connections stay below a high-water mark of that budget (closing it only makes its client
 reconnect, which costs more than the descriptor): it is kept up to ``IDLE_TIMEOUT``, like a
 keep-alive idle timeout, and above the mark the ones silent for the first-byte timeout are reaped
-oldest first. One that has started speaking keeps its handshake and head deadlines.
+oldest first. One that has started speaking keeps its handshake and head deadlines. Each turn
+answers what is ready (requests, writes, accepts) before it takes TLS handshake steps, and takes only
+a few of those (milliseconds of CPU each with client certificates): a handshake flood delays a ready
+request by a few handshakes at most.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ FD_RESERVE = 256
 TLS_CHUNK = 16384
 """Bytes per TLS write: a write that would block must be retried with the same length."""
 _ACCEPT_BATCH = 256
+_HANDSHAKE_BATCH = 4
+"""TLS handshake steps per turn of the loop (each some milliseconds of CPU with client certificates),
+taken after the turn's requests, answers and accepts: a request that became ready meanwhile waits
+for at most these, not for every handshake a flood has pending."""
 _EXPIRE_BATCH = 512
 DEADLINE_SPREAD = 0.25
 """A connection's first-byte and head deadlines fall between the timeout and 1.25 times it: a crowd
@@ -271,21 +278,15 @@ class Front:
                         self.selector.register(self.listener, selectors.EVENT_READ, None)
                     else:
                         timeout = min(timeout or 0.05, 0.05)
+                handshakes = []
                 for key, mask in self.selector.select(timeout):
                     data = key.data
-                    try:
-                        if data is None:
-                            self._accept()
-                        elif data is self._wake_r:
-                            self._drain_wake()
-                        elif not data.closed:
-                            self._ready(data, mask)
-                    except Exception:  # one connection's surprise must not take the endpoint down
-                        self.count("failures")
-                        self._error_log.error("loop", "the Prometheus endpoint failed on a connection; it "
-                                              "was closed (logged once)", exc_info=True)
-                        if isinstance(data, Conn):
-                            self._close(data, graceful=False)
+                    if isinstance(data, Conn) and data.state in (WAIT_TLS, HANDSHAKE):
+                        handshakes.append((data, mask))  # after what is ready to be answered
+                    else:
+                        self._dispatch(data, mask)
+                for data, mask in handshakes[:_HANDSHAKE_BATCH]:  # the rest are still readable next turn
+                    self._dispatch(data, mask)
                 now = time.monotonic()
                 self._expire(now)
                 if len(self.slots) > self.limits.high_water_mark:
@@ -294,6 +295,21 @@ class Front:
             log.exception("the Prometheus endpoint's loop failed")
         finally:
             self._shutdown()
+
+    def _dispatch(self, data: object, mask: int) -> None:
+        try:
+            if data is None:
+                self._accept()
+            elif data is self._wake_r:
+                self._drain_wake()
+            elif isinstance(data, Conn) and not data.closed:
+                self._ready(data, mask)
+        except Exception:  # one connection's surprise must not take the endpoint down
+            self.count("failures")
+            self._error_log.error("loop", "the Prometheus endpoint failed on a connection; it "
+                                  "was closed (logged once)", exc_info=True)
+            if isinstance(data, Conn):
+                self._close(data, graceful=False)
 
     def _shutdown(self) -> None:
         for conn in list(self.slots.conns):
