@@ -13,9 +13,10 @@ while the connections stay below a high-water mark of that budget (closing it on
 reconnect, which costs more than the descriptor): it is kept up to ``IDLE_TIMEOUT``, like a
 keep-alive idle timeout, and above the mark the ones silent for the first-byte timeout are reaped
 oldest first. One that has started speaking keeps its handshake and head deadlines. Each turn
-answers what is ready (requests, writes, accepts) before it takes TLS handshake steps, and takes only
-a few of those (milliseconds of CPU each with client certificates): a handshake flood delays a ready
-request by a few handshakes at most.
+answers what is ready (requests, writes, accepts) before it takes TLS handshake steps, and spends
+only a few milliseconds on those (a handshake with a client certificate takes some milliseconds of
+CPU), queuing the rest: a handshake flood delays a ready request by about that, not by every
+handshake it has pending.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import socket
 import ssl
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,10 +52,10 @@ FD_RESERVE = 256
 TLS_CHUNK = 16384
 """Bytes per TLS write: a write that would block must be retried with the same length."""
 _ACCEPT_BATCH = 256
-_HANDSHAKE_BATCH = 4
-"""TLS handshake steps per turn of the loop (each some milliseconds of CPU with client certificates),
-taken after the turn's requests, answers and accepts: a request that became ready meanwhile waits
-for at most these, not for every handshake a flood has pending."""
+_HANDSHAKE_BUDGET = 0.005
+"""Seconds of TLS steps per turn of the loop (a handshake with a client certificate takes some
+milliseconds of CPU), taken after the turn's requests, answers and accepts: a request that became
+ready meanwhile waits for about this, not for every handshake a flood has pending."""
 _EXPIRE_BATCH = 512
 DEADLINE_SPREAD = 0.25
 """A connection's first-byte and head deadlines fall between the timeout and 1.25 times it: a crowd
@@ -230,6 +231,8 @@ class Front:
         self._error_log = LogOnce(log)
         self._spare: int | None = self._open_spare()
         self._accept_paused_until = 0.0
+        self._deferred: deque[tuple[Conn, int, int]] = deque()
+        """Connections with a TLS step ready that did not fit a turn's budget, off the selector."""
         self.refused = 0
         self.offloaded = 0
         """Requests answered on a worker (a bcrypt check)."""
@@ -278,6 +281,8 @@ class Front:
                         self.selector.register(self.listener, selectors.EVENT_READ, None)
                     else:
                         timeout = min(timeout or 0.05, 0.05)
+                if self._deferred:
+                    timeout = 0  # handshake steps wait their turn: poll, then take them
                 handshakes = []
                 for key, mask in self.selector.select(timeout):
                     data = key.data
@@ -285,8 +290,7 @@ class Front:
                         handshakes.append((data, mask))  # after what is ready to be answered
                     else:
                         self._dispatch(data, mask)
-                for data, mask in handshakes[:_HANDSHAKE_BATCH]:  # the rest are still readable next turn
-                    self._dispatch(data, mask)
+                self._handshake_steps(handshakes)
                 now = time.monotonic()
                 self._expire(now)
                 if len(self.slots) > self.limits.high_water_mark:
@@ -295,6 +299,30 @@ class Front:
             log.exception("the Prometheus endpoint's loop failed")
         finally:
             self._shutdown()
+
+    def _handshake_steps(self, ready: list[tuple[Conn, int]]) -> None:
+        """TLS steps, those waiting in the queue first, for at most ``_HANDSHAKE_BUDGET`` of this
+        turn (at least one step). Those left are taken off the selector and queued, so that they are
+        neither reported again each turn (a crowd of them would make every turn cost the whole
+        crowd) nor lost."""
+        queue, done = self._deferred, 0
+        end = time.perf_counter() + _HANDSHAKE_BUDGET
+        while queue and (not done or time.perf_counter() < end):
+            conn, mask, events = queue.popleft()
+            if not conn.closed:
+                self._watch(conn, events)  # back on the selector
+                self._dispatch(conn, mask)
+                done += 1
+        for conn, mask in ready:
+            if conn.closed:
+                continue
+            if done and time.perf_counter() >= end:
+                events = conn.events
+                self._watch(conn, 0)
+                queue.append((conn, mask, events))
+            else:
+                self._dispatch(conn, mask)
+                done += 1
 
     def _dispatch(self, data: object, mask: int) -> None:
         try:
