@@ -233,6 +233,8 @@ class Front:
         self._accept_paused_until = 0.0
         self._deferred: deque[tuple[Conn, int, int]] = deque()
         """Connections with a TLS step ready that did not fit a turn's budget, off the selector."""
+        self._may_handshake = True
+        self._held: Conn | None = None
         self.refused = 0
         self.offloaded = 0
         """Requests answered on a worker (a bcrypt check)."""
@@ -301,10 +303,12 @@ class Front:
             self._shutdown()
 
     def _handshake_steps(self, ready: list[tuple[Conn, int]]) -> None:
-        """TLS steps, those waiting in the queue first, for at most ``_HANDSHAKE_BUDGET`` of this
-        turn (at least one step). Those left are taken off the selector and queued, so that they are
-        neither reported again each turn (a crowd of them would make every turn cost the whole
-        crowd) nor lost."""
+        """TLS steps: a handshake step (a whole ClientHello to answer, or the next flight) costs
+        milliseconds, so those waiting in the queue go first and this turn takes them for at most
+        ``_HANDSHAKE_BUDGET`` (at least one); the rest are taken off the selector and queued, so
+        that they are neither reported again each turn (a crowd of them would make every turn cost
+        the whole crowd) nor lost. What costs microseconds (a peek at a ClientHello still arriving,
+        a hang-up) is done at once."""
         queue, done = self._deferred, 0
         end = time.perf_counter() + _HANDSHAKE_BUDGET
         while queue and (not done or time.perf_counter() < end):
@@ -316,13 +320,22 @@ class Front:
         for conn, mask in ready:
             if conn.closed:
                 continue
-            if done and time.perf_counter() >= end:
-                events = conn.events
-                self._watch(conn, 0)
-                queue.append((conn, mask, events))
-            else:
-                self._dispatch(conn, mask)
+            self._may_handshake = not done or time.perf_counter() < end
+            if conn.state == HANDSHAKE and not self._may_handshake:
+                self._defer(conn, mask)
+                continue
+            self._held = None
+            self._dispatch(conn, mask)
+            if self._held is conn:
+                self._defer(conn, mask)
+            elif not conn.closed and conn.state != WAIT_TLS:
                 done += 1
+        self._may_handshake, self._held = True, None
+
+    def _defer(self, conn: Conn, mask: int) -> None:
+        events = conn.events
+        self._watch(conn, 0)
+        self._deferred.append((conn, mask, events))
 
     def _dispatch(self, data: object, mask: int) -> None:
         try:
@@ -544,6 +557,9 @@ class Front:
             return
         if conn.peeked:
             conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+        if not self._may_handshake:  # a whole ClientHello, this turn's handshake budget spent
+            self._held = conn
+            return
         context = self.tls()
         if context is None:  # TLS turned off by a reload meanwhile
             conn.state = HEAD
