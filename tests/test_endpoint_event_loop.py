@@ -3,8 +3,12 @@ never a scrape, also from the scraper's own address; the descriptor limit itself
 
 from __future__ import annotations
 
+import http.client
 import resource
+import select
 import socket
+import ssl
+import statistics
 import subprocess
 import sys
 import threading
@@ -13,7 +17,7 @@ import time
 import pytest
 import trustme
 
-from gpumon.sinks.http_front import raise_nofile_limit
+from gpumon.sinks.http_front import WAIT_TLS, raise_nofile_limit
 from gpumon.sinks.prometheus import PrometheusSink
 from tests.conftest import REPO, http_get, wait_for
 from tests.test_endpoint_attacks import Flood, client, start_sink, write_tls
@@ -132,6 +136,42 @@ def test_a_tls_client_that_completes_the_handshake_and_sends_nothing_is_cut_at_t
         assert time.monotonic() - t0 < 2.0
 
 
+def still_open(conn: socket.socket) -> bool:
+    """Open with nothing to read (a closed one reads EOF or a reset)."""
+    conn.setblocking(False)
+    try:
+        conn.recv(1)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def test_idle_connections_are_kept_below_the_high_water_mark_and_reaped_oldest_first_above_it(sinks):
+    s = sinks(max_connections=8, max_connections_per_source=8, first_byte_timeout=0.2, request_timeout=5.0)
+    front = s._server
+    assert front.limits.high_water_mark == 6
+    old = []
+    try:
+        for _ in range(5):  # below the mark: kept past the first-byte deadline, until the idle limit
+            old.append(socket.create_connection(("127.0.0.1", s.port), timeout=5))
+            wait_for(lambda n=len(old): len(front.slots) == n)
+        wait_for(lambda: all(c.deadline > c.since + 60 for c in list(front.slots.conns)), timeout=5)
+        assert all(still_open(c) for c in old)
+        # three more: 8 > 6, so the oldest silent ones past their first-byte deadline go, down to the mark
+        new = [socket.create_connection(("127.0.0.1", s.port), timeout=5) for _ in range(3)]
+        old += new
+        for conn in old[:2]:
+            assert closed_within(conn, 5.0)
+        assert all(still_open(c) for c in old[2:5])
+        assert s.health().failed == 0  # reaping idle connections is not a failure
+        assert http_get(f"http://127.0.0.1:{s.port}/metrics", timeout=2)[0] == 200
+    finally:
+        for conn in old:
+            conn.close()
+
+
 def test_a_head_split_into_one_byte_packets_is_answered(sinks):
     s = sinks()
     padding = b"".join(b"X-%d: %s\r\n" % (i, b"a" * 150) for i in range(90))  # ~14 KB, under the 16 KiB cap
@@ -144,6 +184,18 @@ def test_a_head_split_into_one_byte_packets_is_answered(sinks):
         for i in range(200, len(request), 7):  # the rest in 7-byte packets
             conn.sendall(request[i:i + 7])
         assert read_reply(conn).startswith(b"HTTP/1.1 200")
+
+
+def test_a_tls_head_split_into_one_byte_records_is_answered(sinks, tmp_path, ca):
+    s = sinks(web_config_file=write_tls(tmp_path, ca))
+    padding = b"".join(b"X-%d: %s\r\n" % (i, b"a" * 50) for i in range(20))
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + padding + b"\r\n"
+    raw = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with client(ca).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        for byte in request:  # each byte its own TLS record, in its own packet
+            tls.sendall(bytes([byte]))
+        assert read_reply(tls).startswith(b"HTTP/1.1 200")
 
 
 def test_a_keep_alive_client_that_never_sends_its_second_request_is_closed_at_request_timeout(sinks):
@@ -204,8 +256,62 @@ def test_stop_with_thousands_of_connections_open_is_prompt(sinks):
         socket.create_connection(("127.0.0.1", s.port), timeout=1).recv(1)
 
 
+HOLDER = r"""
+import resource, socket, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+port, count = int(sys.argv[1]), int(sys.argv[2])
+held = [socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(f"127.0.0.{3 + i % 4}", 0))
+        for i in range(count)]
+print("held", len(held), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_stop_with_ten_thousand_connections_open_stays_within_the_stop_deadline(sinks):
+    """The daemon gives its sinks 5 s to stop; 10,000 open connections (held by another process:
+    both ends would not fit this one's descriptors) are closed well within it."""
+    count = 10_000
+    if raise_nofile_limit() < count + 500:
+        pytest.skip(f"RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)} is too low for {count} connections")
+    s = sinks(first_byte_timeout=30.0)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(s.port), str(count)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().split() == ["held", str(count)]
+        front = s._server
+        wait_for(lambda: len(front.slots) == count, timeout=15)
+        t0 = time.monotonic()
+        s.stop(timeout=5.0)
+        assert time.monotonic() - t0 < 2.0
+        assert not front.thread.is_alive() and len(front.slots) == 0
+    finally:
+        holder.kill()
+        holder.communicate(timeout=10)
+
+
+def test_thousands_of_tls_connections_hanging_up_at_once_do_not_hold_up_a_scrape(sinks, tmp_path, ca):
+    """Every one of them is a TLS step (a hang-up seen before the ClientHello): they are taken a
+    few milliseconds' worth a turn, the rest queued off the selector, not polled again each turn."""
+    count = 5_000
+    if raise_nofile_limit() < count + 500:
+        pytest.skip(f"RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)} is too low for {count} connections")
+    s = sinks(web_config_file=write_tls(tmp_path, ca, client_auth=True), first_byte_timeout=30.0)
+    front, ctx = s._server, client(ca, with_cert=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(s.port), str(count)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().split() == ["held", str(count)]
+        wait_for(lambda: len(front.slots) == count, timeout=15)
+    finally:
+        holder.kill()  # every connection closes at once
+        holder.communicate(timeout=10)
+    assert max(timed_scrapes(f"https://127.0.0.1:{s.port}/metrics", n=5, context=ctx)) < 1.0
+    wait_for(lambda: len(front.slots) == 0, timeout=10)
+
+
 def test_the_soft_descriptor_limit_is_raised_to_the_hard_one():
-    code = ("import resource; from gpumon.sinks.http_front import raise_nofile_limit; "
+    code = ("import resource; from gpumon.sinks.http_front import WAIT_TLS, raise_nofile_limit; "
             "print(raise_nofile_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
 
     def lower() -> None:
@@ -360,3 +466,92 @@ def test_a_new_pages_gzip_and_openmetrics_bodies_are_built_off_the_loop_once(sin
         assert http_get(url, {"Accept": "application/openmetrics-text; version=1.0.0"})[2].endswith(b"# EOF\n")
     assert s._server.offloaded == before + 2  # the first of each on a worker, the rest from the loop
     assert http_get(url)[0] == 200 and s._server.offloaded == before + 2  # text 0.0.4 is built at publish
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_kept_alive_scrapes_are_not_held_back_by_nagle_and_delayed_acks(sinks, tmp_path, ca, tls):
+    """An answer goes out as a head and a body (and TLS records): with Nagle's algorithm on, the
+    second small write waits for the client's delayed ACK (40 ms on Linux) on every kept-alive
+    scrape, which is how Prometheus scrapes. Accepted sockets set TCP_NODELAY, as Go's do."""
+    if tls:
+        s = sinks(web_config_file=write_tls(tmp_path, ca, client_auth=True))
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            "127.0.0.1", s.port, timeout=5, context=client(ca, with_cert=True))
+    else:
+        s = sinks()
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=5)
+    took = []
+    try:
+        for _ in range(11):
+            t0 = time.monotonic()
+            conn.request("GET", "/metrics")
+            response = conn.getresponse()
+            assert response.status == 200 and b"gpumon_test_value" in response.read()
+            took.append(time.monotonic() - t0)
+    finally:
+        conn.close()
+    assert statistics.median(took[1:]) < 0.03, took  # a stall is >= 40 ms each time; an answer ~1 ms
+
+
+def test_a_ready_request_is_answered_before_pending_tls_handshakes(sinks, tmp_path, ca):
+    """Handshakes with client certificates cost milliseconds of CPU each: a request that is ready
+    goes first, and the handshakes after it a few per turn, all of them completed."""
+    s = sinks(web_config_file=write_tls(tmp_path, ca, client_auth=True))
+    front, ctx = s._server, client(ca, with_cert=True)
+    scraper = http.client.HTTPSConnection("127.0.0.1", s.port, timeout=5, context=ctx)
+    raws = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(12)]
+    stalled, release = threading.Event(), threading.Event()
+    steps: list[str] = []
+    real_start_tls, real_respond, real_source_of = front._start_tls, front.app.respond, front.source_of
+
+    def start_tls(conn):
+        steps.append("handshake")
+        real_start_tls(conn)
+
+    def respond(conn, head):
+        steps.append("request")
+        return real_respond(conn, head)
+
+    try:
+        scraper.request("GET", "/metrics")
+        assert scraper.getresponse().read()  # its handshake done, kept alive
+        wait_for(lambda: len(front.slots) == 13)
+        served = next(c for c in list(front.slots.conns) if c.tls)
+        front._start_tls, front.app.respond = start_tls, respond
+        # hold the loop inside the accept of one more connection while the others all get ready
+        def source_of(address: str) -> str:
+            stalled.set()
+            release.wait(10)
+            return real_source_of(address)
+
+        front.source_of = source_of
+        raws.append(socket.create_connection(("127.0.0.1", s.port), timeout=5))
+        assert stalled.wait(5)  # the loop is held before anything else is ready
+        ends = [ctx.wrap_socket(raw, server_hostname="127.0.0.1", do_handshake_on_connect=False)
+                for raw in raws[:12]]
+        done: list[bool] = []
+
+        def handshake(end: ssl.SSLSocket) -> None:
+            end.do_handshake()
+            done.append(True)
+
+        threads = [threading.Thread(target=handshake, args=(end,)) for end in ends]
+        for thread in threads:
+            thread.start()
+        waiting = [c for c in list(front.slots.conns) if c.state == WAIT_TLS]
+        assert len(waiting) == 12
+        wait_for(lambda: len(select.select([c.sock for c in waiting], [], [], 0)[0]) == 12)  # hellos in
+        scraper.request("GET", "/metrics")  # ready last
+        wait_for(lambda: select.select([served.sock], [], [], 0)[0])
+        release.set()
+        assert scraper.getresponse().status == 200
+        for thread in threads:
+            thread.join(10)
+        assert len(done) == 12  # every handshake finished, only later
+        assert steps[0] == "request", steps
+    finally:
+        release.set()
+        front.source_of = real_source_of
+        scraper.close()
+        for raw in raws:
+            raw.close()

@@ -8,7 +8,15 @@ the loop (a pre-rendered page needs no thread) or hands back a job for the worke
 block, such as a bcrypt check). The limit is file descriptors: the soft ``RLIMIT_NOFILE`` is raised
 to the hard one, a reserve is kept for the rest of the daemon, and when the connections reach the
 rest the one that has sent the least for the longest is closed for a newcomer, never one whose
-request is complete.
+request is complete. A connection that has sent nothing is not closed at its first-byte deadline
+while the connections stay below a high-water mark of that budget (closing it only makes its client
+reconnect, which costs more than the descriptor): it is kept up to ``IDLE_TIMEOUT``, like a
+keep-alive idle timeout, and above the mark the ones silent for the first-byte timeout are reaped
+oldest first. One that has started speaking keeps its handshake and head deadlines. Each turn
+answers what is ready (requests, writes, accepts) before it takes TLS handshake steps, and spends
+only a few milliseconds on those (a handshake with a client certificate takes some milliseconds of
+CPU), queuing the rest: a handshake flood delays a ready request by about that, not by every
+handshake it has pending.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import socket
 import ssl
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,6 +52,10 @@ FD_RESERVE = 256
 TLS_CHUNK = 16384
 """Bytes per TLS write: a write that would block must be retried with the same length."""
 _ACCEPT_BATCH = 256
+_HANDSHAKE_BUDGET = 0.005
+"""Seconds of TLS steps per turn of the loop (a handshake with a client certificate takes some
+milliseconds of CPU), taken after the turn's requests, answers and accepts: a request that became
+ready meanwhile waits for about this, not for every handshake a flood has pending."""
 _EXPIRE_BATCH = 512
 DEADLINE_SPREAD = 0.25
 """A connection's first-byte and head deadlines fall between the timeout and 1.25 times it: a crowd
@@ -51,6 +63,11 @@ that connected together (a flood) is not cut, and back, together, in one wave a 
 _TLS_RECORD = 5 + 16384 + 256
 """The most a client's first TLS record can be (a header and 2^14 bytes plus expansion)."""
 _RECV = 65536
+IDLE_TIMEOUT = 300.0
+"""Seconds a connection that has sent nothing is kept while descriptors are plentiful."""
+HIGH_WATER = 0.75
+"""The share of ``max_connections`` above which connections silent for the first-byte timeout are
+reaped (oldest first) rather than kept."""
 
 
 def raise_nofile_limit() -> int:
@@ -91,6 +108,14 @@ class Limits:
     """Connections held at once (from ``connection_cap``)."""
     per_source: int
     backlog: int
+    idle_timeout: float = IDLE_TIMEOUT
+    """How long a connection that has sent nothing is kept below the high-water mark."""
+    high_water: float = HIGH_WATER
+
+    @property
+    def high_water_mark(self) -> int:
+        """Connections above which silent ones past their first-byte deadline are reaped."""
+        return max(1, int(self.max_connections * self.high_water))
 
 
 class Reply:
@@ -167,6 +192,11 @@ class Table:
         else:
             del self.by_source[conn.source]
 
+    def oldest_silent(self) -> Conn | None:
+        for conn in self.silent:
+            return conn
+        return None
+
     def victim(self, now: float) -> Conn | None:
         """The connection that has sent the least for the longest, never one answering a request:
         the oldest silent one, else the lowest bytes-per-second over its life."""
@@ -201,6 +231,10 @@ class Front:
         self._error_log = LogOnce(log)
         self._spare: int | None = self._open_spare()
         self._accept_paused_until = 0.0
+        self._deferred: deque[tuple[Conn, int, int]] = deque()
+        """Connections with a TLS step ready that did not fit a turn's budget, off the selector."""
+        self._may_handshake = True
+        self._held: Conn | None = None
         self.refused = 0
         self.offloaded = 0
         """Requests answered on a worker (a bcrypt check)."""
@@ -249,26 +283,74 @@ class Front:
                         self.selector.register(self.listener, selectors.EVENT_READ, None)
                     else:
                         timeout = min(timeout or 0.05, 0.05)
+                if self._deferred:
+                    timeout = 0  # handshake steps wait their turn: poll, then take them
+                handshakes = []
                 for key, mask in self.selector.select(timeout):
                     data = key.data
-                    try:
-                        if data is None:
-                            self._accept()
-                        elif data is self._wake_r:
-                            self._drain_wake()
-                        elif not data.closed:
-                            self._ready(data, mask)
-                    except Exception:  # one connection's surprise must not take the endpoint down
-                        self.count("failures")
-                        self._error_log.error("loop", "the Prometheus endpoint failed on a connection; it "
-                                              "was closed (logged once)", exc_info=True)
-                        if isinstance(data, Conn):
-                            self._close(data, graceful=False)
-                self._expire(time.monotonic())
+                    if isinstance(data, Conn) and data.state in (WAIT_TLS, HANDSHAKE):
+                        handshakes.append((data, mask))  # after what is ready to be answered
+                    else:
+                        self._dispatch(data, mask)
+                self._handshake_steps(handshakes)
+                now = time.monotonic()
+                self._expire(now)
+                if len(self.slots) > self.limits.high_water_mark:
+                    self._reap(now)
         except Exception:
             log.exception("the Prometheus endpoint's loop failed")
         finally:
             self._shutdown()
+
+    def _handshake_steps(self, ready: list[tuple[Conn, int]]) -> None:
+        """TLS steps: a handshake step (a whole ClientHello to answer, or the next flight) costs
+        milliseconds, so those waiting in the queue go first and this turn takes them for at most
+        ``_HANDSHAKE_BUDGET`` (at least one); the rest are taken off the selector and queued, so
+        that they are neither reported again each turn (a crowd of them would make every turn cost
+        the whole crowd) nor lost. What costs microseconds (a peek at a ClientHello still arriving,
+        a hang-up) is done at once."""
+        queue, done = self._deferred, 0
+        end = time.perf_counter() + _HANDSHAKE_BUDGET
+        while queue and (not done or time.perf_counter() < end):
+            conn, mask, events = queue.popleft()
+            if not conn.closed:
+                self._watch(conn, events)  # back on the selector
+                self._dispatch(conn, mask)
+                done += 1
+        for conn, mask in ready:
+            if conn.closed:
+                continue
+            self._may_handshake = not done or time.perf_counter() < end
+            if conn.state == HANDSHAKE and not self._may_handshake:
+                self._defer(conn, mask)
+                continue
+            self._held = None
+            self._dispatch(conn, mask)
+            if self._held is conn:
+                self._defer(conn, mask)
+            elif not conn.closed and conn.state != WAIT_TLS:
+                done += 1
+        self._may_handshake, self._held = True, None
+
+    def _defer(self, conn: Conn, mask: int) -> None:
+        events = conn.events
+        self._watch(conn, 0)
+        self._deferred.append((conn, mask, events))
+
+    def _dispatch(self, data: object, mask: int) -> None:
+        try:
+            if data is None:
+                self._accept()
+            elif data is self._wake_r:
+                self._drain_wake()
+            elif isinstance(data, Conn) and not data.closed:
+                self._ready(data, mask)
+        except Exception:  # one connection's surprise must not take the endpoint down
+            self.count("failures")
+            self._error_log.error("loop", "the Prometheus endpoint failed on a connection; it "
+                                  "was closed (logged once)", exc_info=True)
+            if isinstance(data, Conn):
+                self._close(data, graceful=False)
 
     def _shutdown(self) -> None:
         for conn in list(self.slots.conns):
@@ -347,6 +429,11 @@ class Front:
             self._limit_refused = False  # well clear of the limit: the next time is logged again
             self._limit_log.clear()
         sock.setblocking(False)
+        try:  # an answer is several writes (head, body, TLS records): with Nagle's algorithm the
+            # second waits for the client's delayed ACK, 40 ms on each kept-alive scrape (Go sets it too)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
         context = self.tls()
         conn = Conn(sock, source, address, now, now + _spread(self.limits.first_byte_timeout))
         slots.add(conn)
@@ -393,9 +480,44 @@ class Front:
                 conn.deadline = now + self.limits.request_timeout  # a worker has it: it answers
                 self._push(conn)
                 continue
+            if self._keeps_silent(conn, now):
+                conn.deadline = conn.since + self.limits.idle_timeout  # costs only its descriptor
+                self._push(conn)
+                continue
             if conn.received or conn.state == BUSY:
                 self.count("failures")  # a trickled head or handshake, or a reader too slow
             self._close(conn, graceful=False)
+
+    def _keeps_silent(self, conn: Conn, now: float) -> bool:
+        """Whether a connection at its deadline that has sent nothing is kept: within the idle limit.
+        Closing it would only make its client reconnect. Pressure is not judged here but by
+        ``_reap``, oldest first: closing whichever deadline comes due would cut the newest (the
+        spread puts a younger one's deadline before an older one's) and leave the oldest."""
+        return (not conn.received and conn.state in (HEAD, WAIT_TLS) and not conn.buf
+                and conn in self.slots.silent and now < conn.since + self.limits.idle_timeout)
+
+    def _reap(self, now: float) -> None:
+        """Above the high-water mark: close silent connections that have been silent for the
+        first-byte timeout, the oldest first, until the connections are back at the mark (at most
+        a batch per turn). ``silent`` is in accept order, so the first too young ends the scan."""
+        slots, mark = self.slots, self.limits.high_water_mark
+        cutoff = now - self.limits.first_byte_timeout
+        for _ in range(_EXPIRE_BATCH):
+            if len(slots) <= mark:
+                return
+            conn = slots.oldest_silent()
+            if conn is None or conn.since > cutoff:
+                return
+            self._close(conn, graceful=False)
+
+    def _spoke(self, conn: Conn) -> None:
+        """A silent connection's first bytes: it is no longer silent, and a handshake or head it has
+        started must finish within ``request_timeout`` however long it was kept idle."""
+        self.slots.silent.pop(conn, None)
+        deadline = time.monotonic() + _spread(self.limits.request_timeout)
+        if deadline < conn.deadline:
+            conn.deadline = deadline
+            self._push(conn)
 
     def _ready(self, conn: Conn, mask: int) -> None:
         if conn.state == WAIT_TLS:
@@ -422,7 +544,8 @@ class Front:
         if len(head) <= conn.peeked:  # readable with nothing new: the client hung up
             self._close(conn, graceful=False)
             return
-        self.slots.silent.pop(conn, None)  # it spoke: TLS bytes count as sent
+        if not conn.received:
+            self._spoke(conn)  # it spoke: TLS bytes count as sent
         conn.received = len(head)
         need = 5 + int.from_bytes(head[3:5], "big") if len(head) >= 5 and head[0] == 0x16 else 5
         if len(head) < min(need, _TLS_RECORD):
@@ -434,6 +557,9 @@ class Front:
             return
         if conn.peeked:
             conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+        if not self._may_handshake:  # a whole ClientHello, this turn's handshake budget spent
+            self._held = conn
+            return
         context = self.tls()
         if context is None:  # TLS turned off by a reload meanwhile
             conn.state = HEAD
@@ -483,7 +609,7 @@ class Front:
                 eof = True
                 break
             if not conn.received:
-                self.slots.silent.pop(conn, None)
+                self._spoke(conn)
             if not conn.buf:  # a request's first byte: the whole head has request_timeout from here
                 conn.deadline = time.monotonic() + _spread(self.limits.request_timeout)
                 self._push(conn)

@@ -77,7 +77,10 @@ OPTIONS = SectionSchema(
                "answered, before the connection is closed.", min=0.1, max=300.0),
         Option("first_byte_timeout", float, 2.0,
                "Seconds a new connection may take to finish its TLS handshake and send the first byte of "
-               "its request; an idle or stalled one is closed then (at 1-1.25x this, spread), freeing its descriptor.", min=0.1, max=60.0),
+               "its request (at 1-1.25x this, spread). A stalled handshake is closed then; one that has sent "
+               "nothing is kept (a descriptor, nothing else) until 300 s while connections are below 3/4 of "
+               "`max_connections`, and above that the oldest past this deadline are closed first.",
+               min=0.1, max=60.0),
         Option("backlog", int, 4096,
                "Listen backlog: pending connections the kernel queues (capped by "
                "`net.core.somaxconn`, 4096 on current kernels, as Go servers use). Deep enough that "
