@@ -339,6 +339,30 @@ def prometheus_server(tmp_path):
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def gpumon_wheel(tmp_path_factory) -> Path:
+    """gpumon's wheel from this checkout, built once per run (tests/artefacts.py); read it, never change it."""
+    from tests import artefacts
+
+    return artefacts.gpumon_wheel(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def gpumon_wheelhouse(tmp_path_factory, gpumon_wheel) -> Path:
+    """The wheels of gpumon's dependencies with every extra, for this interpreter, once per run."""
+    from tests import artefacts
+
+    return artefacts.local_wheelhouse(tmp_path_factory, gpumon_wheel)
+
+
+@pytest.fixture(scope="session")
+def bookworm_wheelhouse(tmp_path_factory, gpumon_wheel) -> Path:
+    """gpumon's wheel and its dependencies' wheels for Debian 12's python3, once per run."""
+    from tests import artefacts
+
+    return artefacts.bookworm_wheelhouse(tmp_path_factory, gpumon_wheel)
+
+
 @pytest.fixture(autouse=True)
 def _never_the_real_imds(monkeypatch):
     """No test asks the link-local IMDS (169.254.169.254): in-process clients built from a default
