@@ -339,6 +339,29 @@ def prometheus_server(tmp_path):
         server.stop()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist, a test marked ``alone`` (a latency bound that another worker's load would
+    break) runs while no other worker runs a test: other tests hold a shared lock from setup to
+    teardown, an ``alone`` test an exclusive one, and a gate taken first keeps new tests from starting
+    while it waits for those already running (a waiting ``alone`` test is never starved). The wait comes
+    before pytest-timeout starts the test's clock. Without xdist every test runs alone anyway."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    from tests.artefacts import run_lock
+
+    run = Path(item.config.option.basetemp).parent  # a worker's basetemp is <the run's>/gwN
+    alone = item.get_closest_marker("alone") is not None
+    with contextlib.ExitStack() as held:
+        with contextlib.ExitStack() as gate:
+            gate.enter_context(run_lock(run, "gate"))
+            held.enter_context(run_lock(run, "tests", shared=not alone))
+            if alone:
+                held.enter_context(gate.pop_all())  # the gate stays shut until this test is done
+        yield
+
+
 @pytest.fixture(scope="session")
 def gpumon_wheel(tmp_path_factory) -> Path:
     """gpumon's wheel from this checkout, built once per run (tests/artefacts.py); read it, never change it."""
