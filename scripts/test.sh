@@ -107,7 +107,8 @@ npm ci --prefix tests/kql --no-audit --no-fund --loglevel=error
 "$PYTHON" -m mypy  # the configuration is pyproject.toml's [tool.mypy]
 # pytest-xdist: the tests wait on processes and sockets about as much as they compute, so two workers
 # a core (at most 8; GPUMON_TEST_WORKERS=N to choose, 0 for one process). Each test file runs on one
-# worker, so its module fixtures are made once; tests marked `alone` run while no other test does.
+# worker, so its module fixtures are made once, and the files marked slow are handed out first
+# (tests/conftest.py); tests marked `alone` run while no other test does.
 cores=$(nproc 2>/dev/null || echo 1)
 workers=${GPUMON_TEST_WORKERS:-$(( cores * 2 < 8 ? cores * 2 : 8 ))}
-"$PYTHON" -m pytest -q -n "$workers" --dist loadfile "$@"
+"$PYTHON" -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder "$@"

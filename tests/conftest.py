@@ -339,6 +339,14 @@ def prometheus_server(tmp_path):
         server.stop()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test.sh: --dist loadfile --no-loadscope-reorder, files handed out in
+    this order) the files marked ``slow``, a minute or more each, go first: started last, the longest
+    would run on one worker while the others had nothing left to do."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: in file order otherwise
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under pytest-xdist, a test marked ``alone`` (a latency bound that another worker's load would

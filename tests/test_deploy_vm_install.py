@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "deploy" / "vm" / "install.sh"
 UNIT = REPO / "systemd" / "gpumon.service"
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def build_wheel(out: Path) -> Path:

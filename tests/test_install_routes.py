@@ -29,7 +29,7 @@ import pytest
 
 from tests.test_deploy_vm_install import REPO, SCRIPT, run_install
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 
 DECOY_MARK = "DECOY: not gpumon's artefact"
 

@@ -23,7 +23,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SCRIPT = os.path.join(REPO, "scripts", "sbom.sh")
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def project() -> dict:
