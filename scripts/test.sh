@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command and what CI runs: installs what the test suite needs and is missing,
-# then runs ruff, mypy and pytest (arguments go to pytest, e.g. `./scripts/test.sh tests/test_cli_commands.py`).
+# then runs ruff, mypy and pytest (arguments go to pytest, e.g. `./scripts/test.sh tests/test_cli_commands.py`),
+# the tests in parallel (pytest-xdist, below).
 #
 # What it may install, and where:
 #  * Debian/Ubuntu packages, with apt-get, only for the commands that are missing (list below). It
@@ -104,4 +105,10 @@ export DEPLOY_TOOLS_BIN="$TOOLS/bin"
 npm ci --prefix tests/kql --no-audit --no-fund --loglevel=error
 "$PYTHON" -m ruff check .
 "$PYTHON" -m mypy  # the configuration is pyproject.toml's [tool.mypy]
-"$PYTHON" -m pytest -q "$@"
+# pytest-xdist: the tests wait on processes and sockets about as much as they compute, so two workers
+# a core (at most 8; GPUMON_TEST_WORKERS=N to choose, 0 for one process). Each test file runs on one
+# worker, so its module fixtures are made once, and the files marked slow are handed out first
+# (tests/conftest.py); tests marked `alone` run while no other test does.
+cores=$(nproc 2>/dev/null || echo 1)
+workers=${GPUMON_TEST_WORKERS:-$(( cores * 2 < 8 ? cores * 2 : 8 ))}
+"$PYTHON" -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder "$@"

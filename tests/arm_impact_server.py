@@ -23,6 +23,7 @@ The service also checks ``impactCategory`` against its ``/impactCategories`` lis
 from __future__ import annotations
 
 import datetime
+import functools
 import http.server
 import json
 import re
@@ -32,7 +33,6 @@ import time
 import urllib.parse
 from typing import Any
 
-import jsonschema
 import trustme
 
 from tests.azure_ingestion_server import token_audience
@@ -75,8 +75,16 @@ def _date_time(value: object) -> bool:
     return True
 
 
-FORMATS = jsonschema.FormatChecker(formats=())
-FORMATS.checks("date-time", raises=ValueError)(_date_time)
+@functools.cache
+def _validator() -> Any:
+    """The request schema's validator, made when the first server starts: importing jsonschema takes
+    seconds (it compiles its format grammars), which every test process that merely collects this
+    module would pay."""
+    import jsonschema
+
+    formats = jsonschema.FormatChecker(formats=())
+    formats.checks("date-time", raises=ValueError)(_date_time)
+    return jsonschema.Draft7Validator(SCHEMA, format_checker=formats)
 
 
 def arm_error(status: int, code: str, message: str, target: str = "",
@@ -95,6 +103,7 @@ class ArmImpactServer:
     request until it is set (a report in flight)."""
 
     def __init__(self, categories: set[str] | None = None) -> None:
+        _validator()  # made here, not while a client waits on the first request
         self.ca = trustme.CA()
         self.categories = categories
         self.faults: list[Any] = []
@@ -190,7 +199,7 @@ class ArmImpactServer:
             doc = json.loads(raw)
         except ValueError as exc:
             return arm_error(400, "InvalidRequestContent", f"not JSON: {exc}")
-        errors = sorted(jsonschema.Draft7Validator(SCHEMA, format_checker=FORMATS).iter_errors(doc),
+        errors = sorted(_validator().iter_errors(doc),
                         key=lambda e: list(e.absolute_path))
         props = doc.get("properties") if isinstance(doc, dict) else None
         for field in READ_ONLY:

@@ -339,6 +339,61 @@ def prometheus_server(tmp_path):
         server.stop()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test.sh: --dist loadfile --no-loadscope-reorder, files handed out in
+    this order) the files marked ``slow``, a minute or more each, go first: started last, the longest
+    would run on one worker while the others had nothing left to do."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: in file order otherwise
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist, a test marked ``alone`` (a latency bound that another worker's load would
+    break) runs while no other worker runs a test: other tests hold a shared lock from setup to
+    teardown, an ``alone`` test an exclusive one, and a gate taken first keeps new tests from starting
+    while it waits for those already running (a waiting ``alone`` test is never starved). The wait comes
+    before pytest-timeout starts the test's clock. Without xdist every test runs alone anyway."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    from tests.artefacts import run_lock
+
+    run = Path(item.config.option.basetemp).parent  # a worker's basetemp is <the run's>/gwN
+    alone = item.get_closest_marker("alone") is not None
+    with contextlib.ExitStack() as held:
+        with contextlib.ExitStack() as gate:
+            gate.enter_context(run_lock(run, "gate"))
+            held.enter_context(run_lock(run, "tests", shared=not alone))
+            if alone:
+                held.enter_context(gate.pop_all())  # the gate stays shut until this test is done
+        yield
+
+
+@pytest.fixture(scope="session")
+def gpumon_wheel(tmp_path_factory) -> Path:
+    """gpumon's wheel from this checkout, built once per run (tests/artefacts.py); read it, never change it."""
+    from tests import artefacts
+
+    return artefacts.gpumon_wheel(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def gpumon_wheelhouse(tmp_path_factory, gpumon_wheel) -> Path:
+    """The wheels of gpumon's dependencies with every extra, for this interpreter, once per run."""
+    from tests import artefacts
+
+    return artefacts.local_wheelhouse(tmp_path_factory, gpumon_wheel)
+
+
+@pytest.fixture(scope="session")
+def bookworm_wheelhouse(tmp_path_factory, gpumon_wheel) -> Path:
+    """gpumon's wheel and its dependencies' wheels for Debian 12's python3, once per run."""
+    from tests import artefacts
+
+    return artefacts.bookworm_wheelhouse(tmp_path_factory, gpumon_wheel)
+
+
 @pytest.fixture(autouse=True)
 def _never_the_real_imds(monkeypatch):
     """No test asks the link-local IMDS (169.254.169.254): in-process clients built from a default

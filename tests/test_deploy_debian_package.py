@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_deploy_vm_install import build_wheel
-
 REPO = Path(__file__).resolve().parents[1]
 
 # Two builds and apt in a chroot, then lintian: about two minutes on a loaded machine.
@@ -49,13 +47,12 @@ def section(stdout: str, marker: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def debs(tmp_path_factory) -> dict[str, Path]:
-    """Revisions 1 and 2 of the package, built by build.sh inside the Debian 12 root."""
-    from tests.debian_root import debian_root, run_in_root, wheelhouse
+def debs(tmp_path_factory, bookworm_wheelhouse) -> dict[str, Path]:
+    """Revisions 1 and 2 of the package, built by build.sh inside the Debian 12 root from gpumon's wheel
+    and its dependencies for bookworm (made once per run, shared with the VM installer's test)."""
+    from tests.debian_root import debian_root, run_in_root
 
-    wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
-    wheels = wheelhouse(str(wheel), tmp_path_factory.mktemp("bookworm-wheels"))
-    shutil.copy(wheel, wheels / wheel.name)
+    wheels = bookworm_wheelhouse
     work = tmp_path_factory.mktemp("build")
     script = " && ".join(f"sh /src/deploy/debian/build.sh --wheelhouse /wheels --revision {rev} --out /tmp/out"
                          for rev in (1, 2))

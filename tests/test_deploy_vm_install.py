@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "deploy" / "vm" / "install.sh"
 UNIT = REPO / "systemd" / "gpumon.service"
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def build_wheel(out: Path) -> Path:
@@ -64,13 +64,13 @@ def run_install(*args: str, env: dict[str, str] | None = None, script: Path = SC
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    return build_wheel(tmp_path_factory.mktemp("wheel"))
+def wheel(gpumon_wheel) -> Path:
+    return gpumon_wheel  # built once per run (tests/artefacts.py), shared with the other install tests
 
 
 @pytest.fixture(scope="module")
-def wheelhouse(wheel, tmp_path_factory) -> Path:
-    return download_dependencies(wheel, tmp_path_factory.mktemp("wheelhouse"))
+def wheelhouse(gpumon_wheelhouse) -> Path:
+    return gpumon_wheelhouse  # every extra's dependencies too: the installer takes what it needs
 
 
 @pytest.fixture(scope="module")
@@ -267,12 +267,8 @@ def debian():
 
 
 @pytest.fixture(scope="module")
-def bookworm_wheels(wheel, tmp_path_factory) -> Path:
-    from tests.debian_root import wheelhouse
-
-    dest = wheelhouse(str(wheel), tmp_path_factory.mktemp("bookworm-wheels"))
-    shutil.copy(wheel, dest / wheel.name)
-    return dest
+def bookworm_wheels(bookworm_wheelhouse) -> Path:
+    return bookworm_wheelhouse  # gpumon's wheel and its dependencies for bookworm, once per run
 
 
 def in_container(debian: Path, wheels: Path, work: Path, script: str) -> subprocess.CompletedProcess[str]:

@@ -447,6 +447,7 @@ def header_flood(port: int, clients: int = 40) -> Callable[[threading.Event], No
     return attack
 
 
+@pytest.mark.alone  # its p99 bound is about this daemon, not another test's load
 def test_gpumon_run_keeps_memory_and_scrape_latency_under_floods(gpumon_run):
     daemon = gpumon_run("--simulate", "nd-h100-v5")
     for name, attack in (("idle", idle_flood(daemon.port)), ("headers", header_flood(daemon.port))):
@@ -455,6 +456,7 @@ def test_gpumon_run_keeps_memory_and_scrape_latency_under_floods(gpumon_run):
         assert len(latencies) >= 20 and p99(latencies) < 0.05, f"{name}: p99 {p99(latencies) * 1000:.1f} ms"
 
 
+@pytest.mark.alone  # its p99 bound is about this daemon, not another test's load
 def test_gpumon_run_keeps_memory_and_scrape_latency_under_a_wrong_password_flood(gpumon_run, tmp_path):
     slow = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode()
     (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  prometheus: '{slow}'\n")

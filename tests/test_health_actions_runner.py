@@ -67,6 +67,8 @@ def test_the_hook_runs_once_per_transition_with_the_verdict_on_stdin(tmp_path) -
         wait_for(lambda: len(calls(log)) == 2)
         a.on_verdict(verdict("ok", time=1_000_060.0))
         wait_for(lambda: len(calls(log)) == 3)
+        # The hook writes its stdin before it exits; the run is counted once it has exited.
+        wait_for(lambda: a.stats()["hook"]["runs"] == 3)
         assert [c["status"] for c in calls(log)] == ["unhealthy", "unhealthy", "healthy"]
         assert calls(log)[0] == json.loads(json.dumps(bad.as_dict()))
         assert [f["rule"] for f in calls(log)[1]["findings"]] == ["gpu.xid.48", "ib.port.down"]
@@ -139,6 +141,7 @@ def test_a_restart_with_the_same_verdict_runs_nothing_again(tmp_path) -> None:
         again.on_verdict(verdict("unhealthy", ("gpu.xid.48", "reset_gpu"), time=1_000_500.0))  # same sticky
         again.on_verdict(verdict("ok"))  # then repaired
         wait_for(lambda: len(calls(log)) == 2)
+        wait_for(lambda: again.stats()["hook"]["runs"] >= 1)  # counted once the hook has exited
         assert calls(log)[1]["status"] == "healthy"
         assert again.stats()["hook"]["runs"] == 1
     finally:

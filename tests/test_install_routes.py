@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_deploy_vm_install import REPO, SCRIPT, build_wheel, download_dependencies, run_install
+from tests.test_deploy_vm_install import REPO, SCRIPT, run_install
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 
 DECOY_MARK = "DECOY: not gpumon's artefact"
 
@@ -106,14 +106,14 @@ class Index:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    return build_wheel(tmp_path_factory.mktemp("wheel"))
+def wheel(gpumon_wheel) -> Path:
+    return gpumon_wheel  # built once per run (tests/artefacts.py)
 
 
 @pytest.fixture(scope="module")
-def dependencies(wheel, tmp_path_factory) -> list[Path]:
+def dependencies(gpumon_wheelhouse) -> list[Path]:
     # Every extra: a self-reference of an extra to the old name would ask the index for "gpumon".
-    return sorted(download_dependencies(wheel, tmp_path_factory.mktemp("deps"), extras="all").glob("*.whl"))
+    return sorted(gpumon_wheelhouse.glob("*.whl"))
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SCRIPT = os.path.join(REPO, "scripts", "sbom.sh")
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def project() -> dict:
@@ -33,9 +33,12 @@ def project() -> dict:
 
 @pytest.fixture(scope="module")
 def bom(tmp_path_factory) -> dict:
+    from tests.artefacts import checkout_build_lock
+
     out = tmp_path_factory.mktemp("sbom") / "gpumon.cdx.json"
-    proc = subprocess.run([SCRIPT, "wheel", str(out)], capture_output=True, text=True, timeout=280, check=False,
-                          env=clean_env(PYTHON=sys.executable))
+    with checkout_build_lock(tmp_path_factory):  # the script builds the wheel from this checkout in place
+        proc = subprocess.run([SCRIPT, "wheel", str(out)], capture_output=True, text=True, timeout=280,
+                              check=False, env=clean_env(PYTHON=sys.executable))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 

@@ -70,15 +70,54 @@ def workbook_queries(path: str) -> dict[str, str]:
     return out
 
 
+class Checker:
+    """tests/kql/check.js, started once for the module (loading the language service takes seconds):
+    one request a line on its stdin, one answer a line on its stdout."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+
+    def analyse(self, tables: dict[str, list[list[str]]], queries: dict[str, str]) -> dict[str, list[str]]:
+        if self.proc is None:
+            self.proc = subprocess.Popen(["node", CHECKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"tables": tables, "queries": queries}) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()  # bounded by the module's pytest timeout
+        if not answer:
+            stderr = self.close()
+            raise AssertionError(f"check.js exited {self.proc.returncode}: {stderr}")
+        return json.loads(answer)
+
+    def close(self) -> str:
+        """Stop the checker; what it wrote to stderr."""
+        if self.proc is None:
+            return ""
+        try:
+            _, stderr = self.proc.communicate(timeout=30)  # closes stdin: it ends its input and exits
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, stderr = self.proc.communicate()
+        return stderr
+
+
+CHECK = Checker()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _checker() -> Iterator[None]:
+    yield
+    CHECK.close()
+    CHECK.proc = None
+
+
 def analyse(tables: dict[str, list[list[str]]], queries: dict[str, str]) -> dict[str, list[str]]:
     if shutil.which("node") is None:
         pytest.skip("needs node")
     if not os.path.isdir(LANGUAGE_SERVICE):
         pytest.fail("the Kusto language service is not installed: run `npm ci --prefix tests/kql`")
-    proc = subprocess.run(["node", CHECKER], input=json.dumps({"tables": tables, "queries": queries}),
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return CHECK.analyse(tables, queries)
 
 
 @pytest.fixture(scope="module")
