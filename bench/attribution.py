@@ -38,7 +38,7 @@ def simulated_host(state_dir: str, socket_path: str) -> tuple[Any, Any, Any]:
                "GPUMON_ATTRIBUTION_KUBELET_SOCKET": socket_path, "GPUMON_ATTRIBUTION_PROCESSES": "false"}
     cfg = config.load(cli.schemas(), None, environ, {"simulate": "nd-h100-v5"})
     ctx = daemon.make_context(cfg)
-    return cfg, ctx, daemon.plan_collectors(cfg, ctx)
+    return cfg, ctx, daemon.plan_collectors(ctx.config, ctx)
 
 
 def collector(plan: Any, name: str) -> Any:

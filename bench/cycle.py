@@ -37,7 +37,7 @@ def _parts(tmp: str, profile: str, health: bool = True):
     open(empty, "w").close()
     config = load(schemas(), empty, environ, flags)
     ctx = make_context(config)
-    plan = plan_collectors(config, ctx)
+    plan = plan_collectors(ctx.config, ctx)
     sinks = make_sinks(config, sink_context(ctx.config))
     loop = Loop(config, plan, ctx, sinks, None, health_stage(config, ctx) if health else None)
     loop.HEALTH_EVERY = 0.0  # every cycle is judged, as at the default 10 s interval

@@ -39,7 +39,7 @@ def host_snapshot(state_dir: str) -> Snapshot:
     """One collection of every collector of the simulated host, self-metrics included."""
     cfg = config.load(cli.schemas(), None, {"GPUMON_DAEMON_STATE_DIR": state_dir}, {"simulate": "nd-h100-v5"})
     ctx = daemon.make_context(cfg)
-    return daemon.collect_once(cfg, daemon.plan_collectors(cfg, ctx), ctx)
+    return daemon.collect_once(cfg, daemon.plan_collectors(ctx.config, ctx), ctx)
 
 
 def cpu_ms(fn, runs: int) -> dict[str, float]:

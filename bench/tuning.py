@@ -58,7 +58,7 @@ class Host:
         self.tmp = tempfile.mkdtemp(prefix="gpumon-tuning-")
         config = load(schemas(), None, environ, {"simulate": PROFILE}).replace("daemon", state_dir=self.tmp)
         ctx = daemon.make_context(config)
-        self.plan = daemon.plan_collectors(config, ctx)
+        self.plan = daemon.plan_collectors(ctx.config, ctx)
         self.compat = DcgmCompat(ctx.hostname) if config["prometheus"].compat == "dcgm-exporter" else None
         # As `gpumon once` runs it: the health stage's series are on the page too.
         self.loop = Loop(config, self.plan, ctx, [], health=daemon.health_stage(config, ctx, persist=False))

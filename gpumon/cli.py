@@ -401,6 +401,7 @@ def _once_context(config: Config, consume: bool = False, host: bool = False):
 def cmd_once(args: argparse.Namespace, config: Config) -> int:
     ctx, tmp = _once_context(config, consume=True)
     try:
+        config = ctx.config  # the one config in effect: ``--simulate`` applied at load
         plan = daemon.plan_collectors(config, ctx)
         snapshot = daemon.collect_once(config, plan, ctx, health=daemon.health_stage(config, ctx, persist=False))
     finally:
@@ -426,11 +427,11 @@ def cmd_health(args: argparse.Namespace, config: Config) -> int:
         return EXIT_USAGE
     ctx, tmp = _once_context(config, host=True)
     try:
-        stage = daemon.health_stage(config, ctx, persist=False, state_dir=daemon.host_state_dir(config))
+        stage = daemon.health_stage(ctx.config, ctx, persist=False, state_dir=daemon.host_state_dir(config))
         if stage is None:
             print("gpumon: error: [health] enabled = false: no verdict", file=sys.stderr)
             return EXIT_USAGE
-        daemon.collect_once(config, daemon.plan_collectors(config, ctx), ctx, health=stage)
+        daemon.collect_once(ctx.config, daemon.plan_collectors(ctx.config, ctx), ctx, health=stage)
         verdict = stage.verdict()
     finally:
         if tmp:
@@ -565,7 +566,7 @@ def cmd_check(args: argparse.Namespace, config: Config) -> int:
     ctx, tmp = _once_context(config)
     failed = False
     try:
-        plan = daemon.plan_collectors(config, ctx)
+        plan = daemon.plan_collectors(ctx.config, ctx)
         for planned in plan.collectors:
             if planned.available and planned.collector is not None:
                 verdict, detail = _trial(planned.collector, planned.reason or "source found")

@@ -62,7 +62,7 @@ def _snapshot(profile: str) -> Any:
     try:
         config = config.replace("daemon", state_dir=tmp, hostname=HOST)
         ctx = daemon.make_context(config)
-        plan = daemon.plan_collectors(config, ctx)
+        plan = daemon.plan_collectors(ctx.config, ctx)
         return daemon.collect_once(config, plan, ctx, health=daemon.health_stage(config, ctx, persist=False))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

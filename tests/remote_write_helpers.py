@@ -29,7 +29,7 @@ class SimulatedHost:
         self.config = config.load(cli.schemas(), None, {"GPUMON_DAEMON_STATE_DIR": state_dir},
                                   {"simulate": "nd-h100-v5"})
         self.ctx = daemon.make_context(self.config)
-        self.plan = daemon.plan_collectors(self.config, self.ctx)
+        self.plan = daemon.plan_collectors(self.ctx.config, self.ctx)
 
     def snapshot(self) -> Snapshot:
         return daemon.collect_once(self.config, self.plan, self.ctx)

@@ -114,7 +114,7 @@ def simulated_snapshot(tmp_path, pods: int):
     for gpu in range(pods):
         ctx.simulation.apply({"action": "allocate", "gpu": gpu, "namespace": "ml", "pod": f"train-{gpu}",
                               "container": "main"})
-    return daemon.collect_once(cfg, daemon.plan_collectors(cfg, ctx), ctx)
+    return daemon.collect_once(cfg, daemon.plan_collectors(ctx.config, ctx), ctx)
 
 
 def test_an_nd_h100_v5_with_eight_pods_keeps_its_series_count_and_relabels_cheaply(tmp_path) -> None:

@@ -45,7 +45,7 @@ def test_a_scheduled_event_reaches_the_sinks_within_the_interval_plus_one_second
                   {"GPUMON_DAEMON_COLLECTORS": "azure_events", "GPUMON_AZURE_IMDS_URL": server.url,
                    "GPUMON_AZURE_EVENTS_INTERVAL": str(INTERVAL)}, {})
     ctx = Context("test", config=config)
-    plan = plan_collectors(config, ctx)
+    plan = plan_collectors(ctx.config, ctx)
     assert [p.name for p in plan.running] == ["azure_events"]
     sink = Recorder()
     loop = Loop(config, plan, ctx, [sink])

@@ -29,7 +29,7 @@ def snapshot(tmp_path_factory) -> Snapshot:
     control(os.path.join(state, "simulate", "nd-h100-v5"), {"action": "mig", "gpu": 0, "instances": 3})
     cfg = config.load(cli.schemas(), None, {"GPUMON_DAEMON_STATE_DIR": state}, {"simulate": "nd-h100-v5"})
     ctx = daemon.make_context(cfg)
-    return daemon.collect_once(cfg, daemon.plan_collectors(cfg, ctx), ctx)
+    return daemon.collect_once(cfg, daemon.plan_collectors(ctx.config, ctx), ctx)
 
 
 def parsed(text: str) -> dict[str, list]:

@@ -184,7 +184,7 @@ def test_check_says_a_not_ready_driver_is_waited_for(tmp_path, monkeypatch, caps
     fake = FakeNVML("h100-sxm5-80gb", 2)
     fake.fail_init(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
     monkeypatch.setattr(daemon, "make_context", lambda config: Context(
-        hostname="test", sysfs_root=str(tmp_path / "no-sysfs"), state_dir=str(tmp_path), nvml=fake))
+        hostname="test", sysfs_root=str(tmp_path / "no-sysfs"), state_dir=str(tmp_path), nvml=fake, config=config))
     assert cli.main(["check", "--listen", "127.0.0.1:0"]) == 0
     lines = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("collector")}
     assert lines["nvml"].split()[2] == "wait" and "Driver Not Loaded" in lines["nvml"]

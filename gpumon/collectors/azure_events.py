@@ -76,7 +76,7 @@ class AzureEventsCollector(Collector):
 
     def __init__(self, ctx: Context, cfg: Section | None = None) -> None:
         super().__init__(ctx, cfg)
-        azure = ctx.config.sections.get("azure") if ctx.config is not None else None
+        azure = ctx.config.sections.get("azure")
         self._client = imds.configured(azure)
         self._seen: dict[str, ScheduledEvent] = {}
         self._acked: set[str] = set()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from gpumon.config import Section, SectionSchema, parsed_section
+from gpumon.config import Config, Section, SectionSchema, parsed_section
 from gpumon.model import Collection, MetricSpec, Snapshot
 from gpumon.table import Table
 
@@ -51,9 +51,11 @@ class Context:
     """A :class:`gpumon.simulate.Simulation` when ``--simulate`` is set, else None."""
     nvml: Any = None
     """The ``pynvml`` module to use; None means import the real one. Simulation puts its double here."""
-    config: Any = None
-    """The whole validated Config (None where a collector is built alone): for a section two collectors
-    share, as the linkflap watcher reads [infiniband]'s device filter and read mode."""
+    config: Config = field(default_factory=lambda: Config({}))
+    """The one Config in effect (``daemon.make_context`` applies ``--simulate`` to it once, at load: a
+    simulated host's own IMDS, KVP pool and kernel log); a Config with no sections where a collector is
+    built alone. For a section two collectors share, as the linkflap watcher reads [infiniband]'s device
+    filter and read mode."""
     persist_state: bool = True
     """False for one-shot commands (``once``, ``check``, ``health``): a collector reads what it saved
     under ``state_dir`` (such as a read position) but writes nothing there, leaving the daemon's alone."""

@@ -25,7 +25,7 @@ from gpumon.catalogue.infiniband import (
     SPEC_WINDOW,
 )
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
-from gpumon.config import Option, Section, SectionSchema
+from gpumon.config import Config, Option, Section, SectionSchema
 from gpumon.flaps import SIGNALS, PortFlapStatus, shared_detector
 from gpumon.model import Collection, MetricFamily, MetricSpec, Sample
 from gpumon.sources import ib_sysfs
@@ -103,7 +103,7 @@ def device_settings(ctx: Context, cfg: Section | None, own: LinkflapSettings) ->
     copy that was set (``own``, parsed from ``cfg``) still wins for this release, with a warning that
     names the key to use."""
     config = ctx.config
-    shared = config.sections.get("infiniband") if config is not None else None
+    shared = config.sections.get("infiniband")
     keys = [opt.key for opt in DEVICE_OPTIONS]
     found = DEVICE_SCHEMA.settings_of({key: shared[key] for key in keys if key in shared}
                                       if shared is not None else None)
@@ -116,11 +116,12 @@ def device_settings(ctx: Context, cfg: Section | None, own: LinkflapSettings) ->
     return replace(found, **kept)
 
 
-def _set_here(config: Any, cfg: Section | None, key: str) -> bool:
-    """Whether [linkflap] ``key`` was set by the user (a file, a variable), not left at its default."""
+def _set_here(config: Config, cfg: Section | None, key: str) -> bool:
+    """Whether [linkflap] ``key`` was set by the user (a file, a variable), not left at its default
+    (a collector built alone, with no config around it: whatever its section holds)."""
     if cfg is None or key not in cfg:
         return False
-    return config is None or f"linkflap.{key}" in config.origins
+    return not config.sections or f"linkflap.{key}" in config.origins
 
 
 @dataclass

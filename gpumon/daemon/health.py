@@ -76,7 +76,7 @@ class _VmSize:
     ASK_AGAIN = 10.0
 
     def __init__(self, ctx: Context) -> None:
-        self._azure = ctx.config.sections.get("azure") if ctx.config is not None else None
+        self._azure = ctx.config.sections.get("azure")
         self._size: str | None = None
         self._asking = False
         self._next_ask = 0.0

@@ -47,7 +47,8 @@ class Plan:
 
 
 def plan_collectors(config: Config, ctx: Context) -> Plan:
-    """Resolve ``auto``, explicit names and implied collectors, then probe each."""
+    """Resolve ``auto``, explicit names and implied collectors, then probe each. ``config``: the one
+    in effect, ``ctx.config`` for a context ``make_context`` made (``--simulate`` applied there)."""
     wanted = list(config.daemon.collectors)
     auto = "auto" in wanted
     explicit = [n for n in wanted if n != "auto"]
@@ -72,8 +73,7 @@ def plan_collectors(config: Config, ctx: Context) -> Plan:
         if isinstance(found, str):
             plan.collectors.append(PlannedCollector(name, None, name in explicit, False, found))
             continue
-        # the context's config is the one in effect (a simulated host points [azure] at its own IMDS)
-        collector = found(ctx, (ctx.config or config).sections.get(name))
+        collector = found(ctx, config.sections.get(name))
         available, reason, finished, retry = _probe(collector, collector_deadline(config, collector))
         waiting = not available and finished and retry
         if not (available or waiting) and finished:

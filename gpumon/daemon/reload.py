@@ -86,6 +86,7 @@ class Daemon:
         if running_health is None and self.loop is not None:
             running_health = self.loop.health
         ctx = ctx if ctx is not None else make_context(config)
+        config = ctx.config  # the one config in effect from here on (``--simulate`` applied at load)
         if self.ctx is not None and not self._start_over and (
                 (self.ctx.sysfs_root, self.ctx.state_dir) == (ctx.sysfs_root, ctx.state_dir)):
             for key in CARRIED_ACROSS_RELOAD:
@@ -103,7 +104,7 @@ class Daemon:
             if problems:
                 raise StartupError("; ".join(problems))
             holder = LoopHolder()
-            sctx = sink_context(ctx.config, holder.alive)
+            sctx = sink_context(config, holder.alive)
             section = config.sections.get("health")
             if section is not None and section["enabled"]:
                 sctx.health_verdict = holder.verdict
@@ -179,7 +180,7 @@ class Daemon:
         ctx: Context | None = None
         try:
             ctx = make_context(self.config)  # a bad sysfs_root or profile is exit 2 before any port opens
-            early = self._serve_first(self.config)
+            early = self._serve_first(ctx.config)
             address = next((a for a in (_listening(sink) for sink in early.values()) if a), None)
             if address is not None and self.on_listening is not None:
                 self.on_listening(address)

@@ -53,9 +53,9 @@ class SinkContext:
     health_verdict: Callable[[], dict[str, Any] | None] | None = None
     """The node's latest health verdict as a dict (None before the first); unset when ``[health]`` is
     off. The Prometheus sink's /health serves it."""
-    config: Any = None
-    """The Config in effect (a simulated host's own ``[azure] imds_url`` and KVP pool in it); None for a
-    sink built by hand. The sinks ask IMDS through ``imds.configured(config.sections["azure"])``."""
+    config: Config = field(default_factory=lambda: Config({}))
+    """The one Config in effect (a simulated host's own ``[azure] imds_url`` and KVP pool in it); a
+    Config with no sections for a sink built by hand. The sinks ask IMDS through ``imds.configured(config.sections["azure"])``."""
 
 
 class Sink:
