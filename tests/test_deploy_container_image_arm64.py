@@ -13,7 +13,7 @@ import pytest
 
 from tests.container_image import build_image, buildah, image_config, run_in
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
