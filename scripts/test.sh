@@ -25,10 +25,12 @@ say() { printf 'test.sh: %s\n' "$*" >&2; }
 # Commands the tests run, and the Debian package of each. prometheus/promtool: end-to-end scrapes and
 # rule tests; prometheus-node-exporter: the benchmarks' peer; systemd-analyze: the unit; buildah,
 # debootstrap: the container image build and the VM installer in a minimal Debian root (cached under
-# ~/.cache/gpumon-tests); shellcheck: the VM installer; node, npm: the KQL checker;
+# ~/.cache/gpumon-tests); mmdebstrap, qemu-aarch64-static, update-binfmts: the arm64 image, built and
+# run under qemu-user emulation; shellcheck: the VM installer; node, npm: the KQL checker;
 # ab: the benchmarks' load generator; slurmctld, slurmd, scontrol, munged: the health actions' Slurm.
 COMMANDS=(prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter
-          systemd-analyze:systemd buildah:buildah debootstrap:debootstrap shellcheck:shellcheck lintian:lintian
+          systemd-analyze:systemd buildah:buildah debootstrap:debootstrap mmdebstrap:mmdebstrap
+          qemu-aarch64-static:qemu-user-static update-binfmts:binfmt-support shellcheck:shellcheck lintian:lintian
           node:nodejs npm:npm ab:apache2-utils
           slurmctld:slurm-wlm slurmd:slurm-wlm scontrol:slurm-wlm munged:munge mungekey:munge)
 PATH_WITH_SBIN="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
@@ -64,6 +66,25 @@ if [ ${#missing[@]} -gt 0 ]; then
         printf '%s\n' "$upgrades" | sed 's/^/  /' >&2
     fi
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-upgrade --no-install-recommends "${missing[@]}"
+fi
+
+# The arm64 image's build and test run aarch64 binaries through the kernel's binfmt_misc handler that
+# qemu-user-static registers (with the F flag, so it works inside a chroot). A container or a fresh host
+# may not have binfmt_misc mounted, or may have the handler disabled; without it that test fails.
+BINFMT=/proc/sys/fs/binfmt_misc
+if [ ! -e "$BINFMT/status" ]; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    say "mounting binfmt_misc on $BINFMT (the arm64 image runs under qemu-user emulation)"
+    $SUDO mount -t binfmt_misc binfmt_misc "$BINFMT" ||
+        { say "cannot mount binfmt_misc on $BINFMT: the kernel needs CONFIG_BINFMT_MISC (a container needs it from the host)"; exit 1; }
+fi
+if ! grep -qx enabled "$BINFMT/qemu-aarch64" 2>/dev/null; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    say "enabling the binfmt_misc handler qemu-aarch64"
+    PATH=$PATH_WITH_SBIN $SUDO update-binfmts --enable qemu-aarch64 ||
+        { say "update-binfmts --enable qemu-aarch64 failed: is qemu-user-static installed?"; exit 1; }
+    grep -qx enabled "$BINFMT/qemu-aarch64" ||
+        { say "$BINFMT/qemu-aarch64 is not enabled: the arm64 image cannot run here"; exit 1; }
 fi
 
 # The Python environment the tests run in.

@@ -1,9 +1,7 @@
 """The Dockerfile builds with Debian's buildah (no Docker engine here) and yields a non-root image.
 
-The public python:*-slim base cannot be pulled (only Debian's and PyPI's package archives are
-reachable), so the test builds an equivalent base first: a minimal Debian bookworm root with python3
-and python3-venv from debootstrap, kept in local storage for later runs. The wheels are fetched on
-the host and handed to the build in ./wheels, the Dockerfile's offline route.
+The build (a local Debian bookworm base in place of python:*-slim, the wheels fetched on the host into
+./wheels) is tests/container_image.py's, shared with the arm64 image's test.
 
 Needs (Debian): buildah, debootstrap. Runs as root with buildah's chroot isolation.
 """
@@ -11,88 +9,17 @@ Needs (Debian): buildah, debootstrap. Runs as root with buildah's chroot isolati
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
-import uuid
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-BASE_IMAGE = "localhost/gpumon-test-python:bookworm"
-PLATFORMS = ["manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+from tests.container_image import build_image, buildah, image_config, run_in
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
-def buildah(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-    path = shutil.which("buildah")
-    assert path, "buildah is missing: apt-get install buildah"
-    out = subprocess.run([path, *args], capture_output=True, text=True, timeout=timeout, check=False)
-    if check:
-        assert out.returncode == 0, f"buildah {' '.join(args)}:\n{out.stdout}\n{out.stderr}"
-    return out
-
-
-def ensure_base_image(workdir: Path) -> None:
-    if buildah("images", "--quiet", BASE_IMAGE, check=False).returncode == 0:
-        return
-    debootstrap = shutil.which("debootstrap")
-    assert debootstrap, "debootstrap is missing: apt-get install debootstrap"
-    rootfs = workdir / "rootfs"
-    subprocess.run(
-        [debootstrap, "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
-         "bookworm", str(rootfs), "http://deb.debian.org/debian"],
-        check=True, capture_output=True, timeout=400,
-    )
-    container = buildah("from", "scratch").stdout.strip()
-    try:
-        mount = buildah("mount", container).stdout.strip()
-        subprocess.run(["cp", "-a", f"{rootfs}/.", mount], check=True, timeout=120)
-        buildah("umount", container)
-        buildah("commit", "--rm", container, BASE_IMAGE)
-    except BaseException:
-        buildah("rm", container, check=False)
-        raise
-    finally:
-        shutil.rmtree(rootfs, ignore_errors=True)
-
-
-def build_context(dest: Path, wheel: Path) -> Path:
-    """The repository's build context (what .dockerignore lets through) plus ./wheels: ``wheel`` (gpumon's,
-    built from this checkout) and its dependencies."""
-    dest.mkdir()
-    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "LICENSE"):
-        if (REPO / name).exists():
-            shutil.copy(REPO / name, dest / name)
-    shutil.copytree(REPO / "gpumon", dest / "gpumon", ignore=shutil.ignore_patterns("__pycache__"))
-    (dest / "deploy/kubernetes/base").mkdir(parents=True)
-    shutil.copy(REPO / "deploy/kubernetes/base/gpumon.toml", dest / "deploy/kubernetes/base/gpumon.toml")
-    (dest / "scripts").mkdir()
-    shutil.copy(REPO / "scripts/sbom.sh", dest / "scripts/sbom.sh")
-    wheels = dest / "wheels"
-    wheels.mkdir()
-    own = Path(shutil.copy(wheel, wheels / wheel.name))
-    pip = [sys.executable, "-m", "pip"]
-    # Binary wheels for the base's interpreter (bookworm: CPython 3.11), whatever runs the tests.
-    platform_args = [arg for p in PLATFORMS for arg in ("--platform", p)]
-    subprocess.run(
-        [*pip, "download", "--quiet", "--only-binary=:all:", *platform_args, "--python-version", "3.11",
-         "--implementation", "cp", "-d", str(wheels), f"{own}[all]", "cyclonedx-bom"],
-        check=True, capture_output=True, timeout=300,
-    )
-    return dest
-
-
 @pytest.fixture(scope="module")
 def image(tmp_path_factory, gpumon_wheel):
-    work = tmp_path_factory.mktemp("image")
-    ensure_base_image(work)
-    context = build_context(work / "context", gpumon_wheel)
-    tag = f"localhost/gpumon-test:{uuid.uuid4().hex[:12]}"
-    buildah("bud", "--format", "docker", "--isolation", "chroot", "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}",
-            "--tag", tag, str(context), timeout=500)
+    tag = build_image(tmp_path_factory.mktemp("image"), "amd64", gpumon_wheel)
     try:
         yield tag
     finally:
@@ -101,8 +28,7 @@ def image(tmp_path_factory, gpumon_wheel):
 
 @pytest.fixture(scope="module")
 def config(image) -> dict:
-    inspected = json.loads(buildah("inspect", "--type", "image", image).stdout)
-    return inspected["Docker"]["config"]
+    return image_config(image)["Docker"]["config"]
 
 
 @pytest.fixture(scope="module")
@@ -112,10 +38,6 @@ def container(image):
         yield name
     finally:
         buildah("rm", name, check=False)
-
-
-def run_in(container: str, *command: str) -> subprocess.CompletedProcess[str]:
-    return buildah("run", "--isolation", "chroot", container, "--", *command, check=False, timeout=120)
 
 
 def test_image_runs_as_an_unprivileged_user(config, container):
