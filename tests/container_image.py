@@ -18,12 +18,14 @@ with binfmt_misc mounted. Runs as root with buildah's chroot isolation.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,3 +169,23 @@ def image_config(tag: str) -> dict:
 
 def run_in(container: str, *command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return buildah("run", "--isolation", "chroot", container, "--", *command, check=False, timeout=timeout)
+
+
+@contextlib.contextmanager
+def built_image(work: Path, arch: str, wheel: Path) -> Iterator[str]:
+    """:func:`build_image`, removed again when the block ends."""
+    tag = build_image(work, arch, wheel)
+    try:
+        yield tag
+    finally:
+        buildah("rmi", "--force", tag, check=False)
+
+
+@contextlib.contextmanager
+def working_container(image: str) -> Iterator[str]:
+    """A working container of ``image`` (``buildah from``), removed when the block ends."""
+    name = buildah("from", "--pull-never", image).stdout.strip()
+    try:
+        yield name
+    finally:
+        buildah("rm", name, check=False)

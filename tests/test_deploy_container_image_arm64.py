@@ -11,27 +11,21 @@ import json
 
 import pytest
 
-from tests.container_image import build_image, buildah, image_config, run_in
+from tests.container_image import built_image, image_config, run_in, working_container
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory, gpumon_wheel):
-    tag = build_image(tmp_path_factory.mktemp("image-arm64"), "arm64", gpumon_wheel)
-    try:
+    with built_image(tmp_path_factory.mktemp("image-arm64"), "arm64", gpumon_wheel) as tag:
         yield tag
-    finally:
-        buildah("rmi", "--force", tag, check=False)
 
 
 @pytest.fixture(scope="module")
 def container(image):
-    name = buildah("from", "--pull-never", image).stdout.strip()
-    try:
+    with working_container(image) as name:
         yield name
-    finally:
-        buildah("rm", name, check=False)
 
 
 def test_arm64_image_is_linux_arm64_with_the_amd64_config(image):
