@@ -130,6 +130,9 @@ npm ci --prefix tests/kql --no-audit --no-fund --loglevel=error
 # a core (at most 8; GPUMON_TEST_WORKERS=N to choose, 0 for one process). Each test file runs on one
 # worker, so its module fixtures are made once, and the files marked slow are handed out first
 # (tests/conftest.py); tests marked `alone` run while no other test does.
+# Compiled modules are cached in __pycache__ (ignored by git) even where the environment says not to:
+# otherwise every worker's collection and every gpumon a test starts compiles the sources again.
+unset PYTHONDONTWRITEBYTECODE
 cores=$(nproc 2>/dev/null || echo 1)
 workers=${GPUMON_TEST_WORKERS:-$(( cores * 2 < 8 ? cores * 2 : 8 ))}
-"$PYTHON" -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
+"$PYTHON" -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder --durations=20 "$@"
