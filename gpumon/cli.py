@@ -160,6 +160,9 @@ def build_parser() -> _Parser:
         "accepted, the listen address free) without sending data; exit 1 when one that is needed fails."))
     _common(check)
     _sink_flags(check)
+    check.add_argument("--config-only", action="store_true",
+                       help="only read and validate the configuration (deprecated keys named with their "
+                            "new names); probe nothing. The Debian package runs this on upgrade")
     health = sub.add_parser("health", help="the node's health verdict; 'health clear' clears sticky verdicts",
                             description=(
         "Print the verdict a running daemon would give now: the saved sticky verdicts plus this "
@@ -563,6 +566,9 @@ def _placeholders_in_use(config: Config) -> list[placeholders.Placeholder]:
 
 
 def cmd_check(args: argparse.Namespace, config: Config) -> int:
+    if args.config_only:  # load_config has validated it and named every deprecated key
+        print(f"config    {config.source}: ok")
+        return 0
     ctx, tmp = _once_context(config)
     failed = False
     try:

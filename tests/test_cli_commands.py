@@ -124,6 +124,22 @@ def test_check_reports_each_item(tmp_path):
     assert re.search(r"^sink +prometheus +ok ", result.stdout, re.M)
 
 
+def test_check_config_only_names_renamed_keys_and_probes_nothing(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not read: the sink is off\n")
+    config = tmp_path / "gpumon.toml"
+    config.write_text(f'[otel]\ncertificate = "{ca}"\n')
+    result = gpumon("check", "--config-only", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == f"config    {config}: ok\n"  # no collector or sink line: nothing probed
+    assert "[otel] certificate is deprecated (honoured for now): use [otel] ca_file" in result.stderr
+
+    config.write_text("[daemon]\nintervl = 3\n")
+    result = gpumon("check", "--config-only", "--config", str(config))
+    assert result.returncode == 2
+    assert f"{config}: [daemon] intervl: unknown key" in result.stderr
+
+
 def test_missing_sink_extra_names_the_pip_command(monkeypatch):
     from gpumon import registry
     from gpumon.cli import schemas

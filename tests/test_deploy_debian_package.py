@@ -78,9 +78,12 @@ def lifecycle(debs, tmp_path_factory) -> str:
         " echo rc=$?",
         "echo === edit", "sed -i 's/^interval = 10.0$/interval = 15.0/' /etc/gpumon/gpumon.toml",
         "echo AZURE_CLIENT_ID=edited >> /etc/gpumon/gpumon.env",
+        # a key renamed since the config was written: [otel] certificate is now ca_file
+        "printf '[otel]\\ncertificate = \"/etc/ssl/certs/ca-certificates.crt\"\\n' >> /etc/gpumon/gpumon.toml",
         "echo === upgrade", f"{apt} install ./{debs['2'].name} 2>&1; echo rc=$?", FACTS,
         "grep -c '^interval = 15.0$' /etc/gpumon/gpumon.toml | sed 's/^/edited_config=/'",
         "grep -c '^AZURE_CLIENT_ID=edited$' /etc/gpumon/gpumon.env | sed 's/^/edited_env=/'",
+        "grep -c '^certificate = ' /etc/gpumon/gpumon.toml | sed 's/^/renamed_kept=/'",
         "echo leftovers=$(ls /etc/gpumon | grep -c dpkg)",
         "echo simulated_state=$(ls /var/lib/gpumon/simulate 2>/dev/null | tr '\\n' ,)",
         "echo === remove", f"{apt} remove gpumon 2>&1; echo rc=$?", FACTS,
@@ -131,6 +134,15 @@ def test_upgrade_keeps_the_edited_config_and_secrets(lifecycle):
                                                                               "/opt/gpumon/bin/gpumon"), log
     # The state the run before the upgrade wrote is still there.
     assert "nd-h100-v5" in upgraded["simulated_state"], log
+
+
+def test_upgrade_names_the_new_name_of_a_renamed_key_and_keeps_the_file(lifecycle):
+    upgraded = facts(lifecycle, "upgrade")
+    log = section(lifecycle, "upgrade")
+    assert upgraded["rc"] == "0", log
+    assert "gpumon: [otel] certificate is deprecated (honoured for now): use [otel] ca_file" in log, log
+    assert "gpumon: config    /etc/gpumon/gpumon.toml: ok" in log, log
+    assert upgraded["renamed_kept"] == "1", log
 
 
 def test_remove_keeps_config_and_state(lifecycle):
