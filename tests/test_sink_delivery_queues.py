@@ -41,6 +41,9 @@ def test_the_slot_holds_an_item_back_until_the_next_tick_of_its_interval_unless_
     slot: LatestSlot[int] = LatestSlot(lambda new, sent: new is not sent, interval=10.0, clock=clock)
     slot.put(1)
     assert slot.read() is None and slot.due_in() == 10.0
+    clock.now += 3.0
+    slot.start_ticks()  # the sender is ready only now: the first tick is an interval from here
+    assert slot.due_in() == 10.0
     clock.now += 10.0
     assert slot.read() == Held(1)  # the tick is taken: the next falls 10 s on
     slot.put(2)

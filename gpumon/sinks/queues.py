@@ -53,6 +53,11 @@ class LatestSlot(Generic[T]):
         with self._lock:
             self._latest = item
 
+    def start_ticks(self) -> None:
+        """The first tick falls one ``interval`` from now (the consumer is ready to send)."""
+        with self._lock:
+            self._next_tick = self._clock() + self._interval
+
     def last_try(self) -> None:
         """Stopping: the latest item is due now, whatever the interval."""
         with self._lock:

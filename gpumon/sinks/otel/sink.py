@@ -103,7 +103,7 @@ class OtelSink(Sink):
             self._exporting.ready_wait = self._imds.timeout + 0.5
             threading.Thread(target=self._detect_azure, name="otel-imds", daemon=True).start()
         else:
-            self._exporting.ready.set()
+            self._ready()
         self._uploaders = [self._uploader(MetricsSender(self._exporting, self._settings["metrics"],
                                                         self._transports.get("metrics"), self._metrics,
                                                         self._log_once), self._slot, 1)]
@@ -162,7 +162,12 @@ class OtelSink(Sink):
                 log.info("otel: on Azure (%s, %s)", detected.get("host.type", "?"),
                          detected.get("cloud.region", "?"))
         finally:
-            self._exporting.ready.set()
+            self._ready()
+
+    def _ready(self) -> None:
+        """The resource is final: exports may begin, the first one an ``interval`` from now."""
+        self._slot.start_ticks()
+        self._exporting.ready.set()
 
     def publish(self, snapshot: Snapshot) -> None:
         """Keep the snapshot and queue its events; the uploaders do the rest."""
