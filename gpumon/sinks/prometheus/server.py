@@ -22,7 +22,7 @@ from typing import Protocol, cast
 
 from gpumon.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from gpumon.sinks.base import SinkContext
-from gpumon.sinks.prometheus.front import Conn, Reply
+from gpumon.sinks.prometheus.connections import Conn, Reply
 from gpumon.sinks.prometheus.page import Page
 from gpumon.sinks.prometheus.webconfig import Auth, FailureLimiter, WebConfig
 

@@ -27,8 +27,9 @@ from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
 from gpumon.render import Renderer
 from gpumon.sinks.base import CheckResult, Sink, SinkHealth
+from gpumon.sinks.prometheus.connections import Limits, connection_cap
 from gpumon.sinks.prometheus.dcgm_compat import DcgmCompat
-from gpumon.sinks.prometheus.front import Front, Limits, connection_cap
+from gpumon.sinks.prometheus.front import Front
 from gpumon.sinks.prometheus.page import Page
 from gpumon.sinks.prometheus.server import App, listen, source_key
 from gpumon.sinks.prometheus.webconfig import (
