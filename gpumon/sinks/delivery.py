@@ -57,7 +57,7 @@ class Outcome:
     """What became of one batch, as the sink classified it."""
 
     ack: bool
-    """The batch is done with (delivered, or given up on and counted): acknowledged in the spool."""
+    """The batch is done with (delivered, or given up on and counted): acknowledged in the queue."""
     retry: bool = False
     """An attempt failed: back off before the next round (with ``ack``: the batch is done with, but
     the receiver still needs a rest, as after a split request whose rest was spooled anew)."""
@@ -83,7 +83,7 @@ class Sender(Protocol[B_contra]):
 
 @dataclass(frozen=True)
 class BatchSize:
-    """How much one round reads from the spool."""
+    """How much one round reads from the queue."""
 
     records: int
     bytes: int = 4 << 20
