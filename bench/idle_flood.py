@@ -40,7 +40,7 @@ from bench.common import (
     wait_until,
 )
 from gpumon.simulate.sysfs import build_tree
-from gpumon.sinks.http_front import raise_nofile_limit
+from gpumon.sinks.prometheus.connections import raise_nofile_limit
 
 COUNTS = (130, 500, 2000, 10000)
 SLOW_PERIOD = 2.0

@@ -53,7 +53,7 @@ class Host:
         from gpumon.cli import schemas
         from gpumon.config import load
         from gpumon.daemon.loop import Loop
-        from gpumon.sinks.dcgm_compat import DcgmCompat
+        from gpumon.sinks.prometheus.dcgm_compat import DcgmCompat
 
         self.tmp = tempfile.mkdtemp(prefix="gpumon-tuning-")
         config = load(schemas(), None, environ, {"simulate": PROFILE}).replace("daemon", state_dir=self.tmp)

@@ -124,7 +124,7 @@ def _azure(snapshot: Any) -> list[str]:
 
 
 def _dcgm(snapshot: Any) -> list[str]:
-    from gpumon.sinks.dcgm_compat import DcgmCompat
+    from gpumon.sinks.prometheus.dcgm_compat import DcgmCompat
 
     return _page(DcgmCompat(HOST).render(snapshot))
 
@@ -179,7 +179,7 @@ def _azure_generator() -> Any:
 
 def catalogue_dump() -> str:
     from gpumon.confdoc import declared_specs, otel_table
-    from gpumon.sinks import dcgm_compat
+    from gpumon.sinks.prometheus import dcgm_compat
 
     generate = _azure_generator()
     sections: list[tuple[str, Callable[[], list[str]]]] = [

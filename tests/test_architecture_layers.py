@@ -170,23 +170,27 @@ def test_the_metric_name_rule_finds_a_planted_string(tmp_path):
 # ------------------------------------------------------------------ one delivery machine for the sinks
 SINKS = Path(REPO) / "gpumon" / "sinks"
 DELIVERY = SINKS / "delivery.py"
-KNOWN_RETRY_LOOPS: set[str] = {"gpumon/sinks/otel/sink.py"}
+KNOWN_RETRY_LOOPS: set[str] = set()
 """Sink modules that still drive a backoff themselves (their own retry loop), each to move onto the
-shared Uploader; a moved one must leave. Owner: the OpenTelemetry sink (a latest-snapshot slot and an
-event queue, not a spool)."""
+shared Uploader; a moved one must leave. None today: the OpenTelemetry sink's slot and event queue
+are Uploader queues too (``sinks/queues.py``)."""
 
 
 def retry_loops(root: Path, skip: Path | None = DELIVERY) -> list[tuple[Path, int]]:
-    """(path, line) of every call of a backoff's ``failed`` or ``succeeded`` under ``root``, outside
-    ``skip`` (``delivery.py``): the retry loop that calls them is the Uploader's, a sink only classifies."""
+    """(path, line) of every call of a backoff's ``failed`` or ``succeeded``, and every read of its
+    ``not_before`` (a wait scheduled by hand, as the OpenTelemetry sink's export threads had), under
+    ``root``, outside ``skip`` (``delivery.py``): the retry loop is the Uploader's, a sink only classifies."""
     found = []
     for path in sorted(root.rglob("*.py")):
         if path == skip:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in ("failed", "succeeded")
-                    and "backoff" in ast.unparse(node.func.value).lower()):
+            called = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                      and node.func.attr in ("failed", "succeeded")
+                      and "backoff" in ast.unparse(node.func.value).lower())
+            scheduled = (isinstance(node, ast.Attribute) and node.attr == "not_before"
+                         and "backoff" in ast.unparse(node.value).lower())
+            if called or scheduled:
                 found.append((path, node.lineno))
     return found
 
@@ -204,5 +208,7 @@ def test_no_sink_module_runs_its_own_retry_loop():
 def test_the_retry_loop_rule_finds_a_planted_loop(tmp_path):
     (tmp_path / "planted.py").write_text(
         "def run(self):\n    while True:\n        delay = self._backoff.failed(now, retry_after)\n"
-        "        self.backoff.succeeded()\n        counters.failed_attempt(1)\n")
-    assert [(p.name, line) for p, line in retry_loops(tmp_path)] == [("planted.py", 3), ("planted.py", 4)]
+        "        self.backoff.succeeded()\n        counters.failed_attempt(1)\n"
+        "        wake.wait(max(0.01, backoff.not_before - now))\n")
+    assert [(p.name, line) for p, line in retry_loops(tmp_path)] == [
+        ("planted.py", 3), ("planted.py", 4), ("planted.py", 6)]

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpumon import cli, config, daemon
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
-from gpumon.sinks.dcgm_compat import FIELDS, DcgmCompat
+from gpumon.sinks.prometheus.dcgm_compat import FIELDS, DcgmCompat
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +124,11 @@ def test_no_gpu_no_compat_families() -> None:
 
 
 def test_the_migration_guide_lists_every_name() -> None:
-    from gpumon.sinks.dcgm_compat import markdown_table
+    from gpumon.sinks.prometheus.dcgm_compat import markdown_table
     from tests.conftest import REPO
 
     with open(os.path.join(REPO, "docs", "dcgm-exporter.md"), encoding="utf-8") as fh:
-        assert markdown_table() in fh.read(), "regenerate with python -m gpumon.sinks.dcgm_compat"
+        assert markdown_table() in fh.read(), "regenerate with python -m gpumon.sinks.prometheus.dcgm_compat"
 
 
 def test_relabelled_copies_of_a_series_are_summed_once(snapshot) -> None:

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumon import cli, config, daemon
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
 from gpumon.simulate import control
-from gpumon.sinks.dcgm_compat import DcgmCompat
+from gpumon.sinks.prometheus.dcgm_compat import DcgmCompat
 
 INSTANCES = ["7", "8", "9"]  # the double's GPU instance ids (gpumon/simulate/nvml.py set_mig)
 

@@ -23,7 +23,8 @@ import pytest
 import trustme
 
 from gpumon.sinks.base import SinkContext
-from gpumon.sinks.prometheus import PrometheusSink, source_key
+from gpumon.sinks.prometheus import PrometheusSink
+from gpumon.sinks.prometheus.server import source_key
 from tests.conftest import http_get, wait_for
 from tests.test_prometheus_endpoint import raw, section, snapshot
 

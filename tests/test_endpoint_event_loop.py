@@ -17,8 +17,8 @@ import time
 import pytest
 import trustme
 
-from gpumon.sinks.http_front import WAIT_TLS, raise_nofile_limit
 from gpumon.sinks.prometheus import PrometheusSink
+from gpumon.sinks.prometheus.connections import WAIT_TLS, raise_nofile_limit
 from tests.conftest import REPO, http_get, wait_for
 from tests.test_endpoint_attacks import Flood, client, start_sink, write_tls
 from tests.test_prometheus_endpoint import raw
@@ -311,7 +311,7 @@ def test_thousands_of_tls_connections_hanging_up_at_once_do_not_hold_up_a_scrape
 
 
 def test_the_soft_descriptor_limit_is_raised_to_the_hard_one():
-    code = ("import resource; from gpumon.sinks.http_front import WAIT_TLS, raise_nofile_limit; "
+    code = ("import resource; from gpumon.sinks.prometheus.connections import WAIT_TLS, raise_nofile_limit; "
             "print(raise_nofile_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
 
     def lower() -> None:

@@ -279,7 +279,7 @@ def test_a_certificate_that_is_not_there_fails_start_not_the_export_threads(tmp_
     with pytest.raises(RuntimeError) as err:
         sink.start()
     assert "certificate" in str(err.value) and missing in str(err.value)
-    assert not sink._threads
+    assert not sink._uploaders
 
 
 def test_a_certificate_that_is_not_pem_fails_start_naming_the_file(tmp_path):
@@ -292,7 +292,7 @@ def test_a_certificate_that_is_not_pem_fails_start_naming_the_file(tmp_path):
 
 
 def test_a_transport_fault_is_a_retried_attempt_not_a_dead_thread(http_receiver, tmp_path, monkeypatch):
-    real = otel.sink.send
+    real = otel.export.send
     faults = {"left": 2}
 
     def flaky(transport, message, timeout=None):
@@ -301,7 +301,7 @@ def test_a_transport_fault_is_a_retried_attempt_not_a_dead_thread(http_receiver,
             raise ssl.SSLError("certificate verify failed: unable to get local issuer certificate")
         return real(transport, message, timeout)
 
-    monkeypatch.setattr(otel.sink, "send", flaky)
+    monkeypatch.setattr(otel.export, "send", flaky)
     sink = make_sink(http_receiver.endpoint, tmp_path, logs=False)
     sink.start()
     try:
@@ -311,6 +311,6 @@ def test_a_transport_fault_is_a_retried_attempt_not_a_dead_thread(http_receiver,
         http_receiver.wait(lambda r: r.metrics)
         wait_for(lambda: sink.health().up, timeout=10)
         assert sink.health().failed == 2
-        assert all(t.is_alive() for t in sink._threads)
+        assert all(u.running for u in sink._uploaders)
     finally:
         sink.stop(2)

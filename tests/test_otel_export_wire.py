@@ -335,3 +335,16 @@ def test_fixed_interval_coalesces_to_the_latest_snapshot(http_receiver, tmp_path
 
 def only_point_time(request) -> int:
     return request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].time_unix_nano
+
+
+def test_stop_sends_the_snapshot_an_interval_still_holds_back(http_receiver, tmp_path):
+    """At stop the newest snapshot goes out at once, within the stop's deadline, whatever the interval."""
+    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False, interval=60)
+    sink.start()
+    snap = snapshot(time.time(), 1.0, 1.0)
+    sink.publish(snap)
+    started = time.monotonic()
+    sink.stop(5)
+    assert time.monotonic() - started < 3
+    assert [only_point_time(m) for m in http_receiver.metrics] == [int(snap.time * 1e9)]
+    assert sink.health().extra["exported_data_points"] == POINTS

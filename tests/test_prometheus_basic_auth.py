@@ -13,7 +13,7 @@ import pytest
 
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.prometheus import PrometheusSink
-from gpumon.sinks.webconfig import Auth, FailureLimiter, VerifiedStore, load_web_config
+from gpumon.sinks.prometheus.webconfig import Auth, FailureLimiter, VerifiedStore, load_web_config
 from tests.conftest import REPO, http_get
 from tests.test_prometheus_endpoint import section, snapshot
 

@@ -15,7 +15,7 @@ import trustme
 from gpumon.config import ConfigError, Section
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.prometheus import OPTIONS, PrometheusSink
-from gpumon.sinks.webconfig import load_web_config
+from gpumon.sinks.prometheus.webconfig import load_web_config
 from tests.conftest import clean_env, http_get
 from tests.test_prometheus_endpoint import snapshot
 

@@ -49,10 +49,10 @@ def test_failures_back_off_with_retry_after_and_only_done_batches_are_acknowledg
                      OSError("EIO")])
     backoff = Backoff(0.05, 1.0, jitter=NO_JITTER)
     up = _uploader(tmp_path, sender, backoff)
-    up.spool.append([b"a", b"b"])
+    up.queue.append([b"a", b"b"])
     up.start()
     up.notify()
-    wait_for(lambda: up.stats().records == 0)
+    wait_for(lambda: up.queue.stats().records == 0)
     assert sender.seen == [(b"a",), (b"a",), (b"a",), (b"a",), (b"b",)]
     gaps = [later - earlier for earlier, later in zip(sender.times, sender.times[1:], strict=False)]
     assert gaps[0] >= 0.05 - 0.01  # the backoff's first delay
@@ -67,7 +67,7 @@ def test_failures_back_off_with_retry_after_and_only_done_batches_are_acknowledg
 def test_a_config_fault_waits_from_the_floor(tmp_path):
     sender = Sender([Outcome(ack=False, retry=True, config=True)])
     up = _uploader(tmp_path, sender, Backoff(0.01, 5.0, jitter=NO_JITTER))
-    up.spool.append([b"a"])
+    up.queue.append([b"a"])
     up.start()
     wait_for(lambda: len(sender.seen) == 2)
     assert sender.times[1] - sender.times[0] >= 0.3 - 0.01
@@ -78,19 +78,19 @@ def test_stop_drains_within_its_deadline_and_leaves_the_rest_on_disk(tmp_path):
     sender = Sender([])
     up = _uploader(tmp_path, sender, Backoff(0.05, 1.0))
     up.start()
-    up.spool.append([b"a", b"b", b"c"])
+    up.queue.append([b"a", b"b", b"c"])
     up.notify()
-    wait_for(lambda: up.stats().records == 0)  # delivered while running
+    wait_for(lambda: up.queue.stats().records == 0)  # delivered while running
 
     sender.release.clear()  # the receiver hangs from here on
-    up.spool.append([b"d", b"e"])
+    up.queue.append([b"d", b"e"])
     up.notify()
     wait_for(lambda: len(sender.seen) == 3 and not sender.release.is_set())
     started = time.monotonic()
     up.stop(started + 0.3, abort=sender.release.set)  # abort: what ends a request in flight
     assert time.monotonic() - started < 1.0
     wait_for(lambda: not up.running)
-    up.spool.close()  # the thread outlived the deadline: stop() synced the spool and left it open
+    up.queue.close()  # the thread outlived the deadline: stop() synced the spool and left it open
     again = Spool(str(tmp_path / "spool"), 1 << 20)
     try:
         left = again.read()

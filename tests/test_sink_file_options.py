@@ -87,7 +87,7 @@ def _unblock(fifo: str) -> None:
 
 def test_a_web_config_swapped_for_a_fifo_is_refused_without_blocking(tmp_path):
     """The option is checked at load; the file is read again at start and on reload."""
-    from gpumon.sinks.webconfig import load_web_config
+    from gpumon.sinks.prometheus.webconfig import load_web_config
 
     fifo = str(tmp_path / "web.yml")
     os.mkfifo(fifo)

@@ -1,6 +1,6 @@
 """dcgm-exporter's default counter set as gpumon metrics: each DCGM field, the gpumon metric (by
 constant) its value comes from, and how it is scaled; the compat page (``[prometheus] compat =
-"dcgm-exporter"``, :mod:`gpumon.sinks.dcgm_compat`) renders it.
+"dcgm-exporter"``, :mod:`gpumon.sinks.prometheus.dcgm_compat`) renders it.
 
 The fields are ``etc/default-counters.csv`` of NVIDIA/dcgm-exporter, read at commit d5e5f51,
 2026-05-12, with their types and help as that file declares them.

@@ -1,10 +1,13 @@
-"""Plumbing every sink shares: Retry-After, delivery counters, and whether a snapshot holds a new
-collector run.
+"""What the sinks' requests and counts share: Retry-After from response headers, redirects followed
+only to the same origin, request headers checked and their secrets kept out of messages, a
+receiver's answer made fit for a log line, files read without blocking, the delivery counters, and
+whether a snapshot holds a new collector run.
 
-One home for these, as the OpenTelemetry Collector has one ``exporterhelper``: a sink that needs to
-honour a server's Retry-After and count what it sent, failed or dropped takes it from here rather
-than writing its own loop. Logging a failure once is :mod:`gpumon.log_once`'s and the backoff is
-:mod:`gpumon.backoff`'s (collectors need them too, and must not import a sink module).
+The delivery machine itself (queue or spool, the retry loop, the backoff wait, the stop with a
+deadline) is :mod:`gpumon.sinks.delivery`'s, as the OpenTelemetry Collector's is its
+``exporterhelper``. Logging a failure once is :mod:`gpumon.log_once`'s and the backoff is
+:mod:`gpumon.backoff`'s (collectors need them too, and must not import a sink module). The health
+actions' Kubernetes client takes Retry-After from here too.
 """
 
 from __future__ import annotations

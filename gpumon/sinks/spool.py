@@ -597,6 +597,14 @@ class Spool:
                               self._dropped, self._corrupt, self._error,
                               dropped_weight=self._dropped_weight, cursor_error=self._cursor_error)
 
+    def pending(self) -> int:
+        """Records not yet acknowledged: what the uploader's drain at stop waits for."""
+        return self.stats().records
+
+    def due_in(self) -> float | None:
+        """A record is due as soon as it is appended (the appender wakes the uploader)."""
+        return None
+
     def _release(self) -> None:
         owner, self._owner = self._owner, None
         if owner is not None:

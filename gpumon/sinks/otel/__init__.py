@@ -3,9 +3,10 @@
 The values in a snapshot are already collected and already cumulative where they count, so the sink
 does not run them through the SDK's instruments and aggregation (a second sampling clock that would
 re-timestamp them). It encodes the snapshot straight into the OTLP protobuf messages, with the
-snapshot's own timestamp, and sends them from its own threads over OTLP/HTTP (protobuf) or OTLP/gRPC:
-one thread for metrics, one for logs, so a slow metrics export never delays an XID's log record.
-``publish`` only swaps a reference and appends events to a bounded queue.
+snapshot's own timestamp, and sends them over OTLP/HTTP (protobuf) or OTLP/gRPC from two uploaders
+of the shared delivery machine (:mod:`gpumon.sinks.delivery`): one for metrics, one for logs, so a
+slow metrics export never delays an XID's log record. ``publish`` only puts the snapshot in a
+latest-item slot and appends its events to a bounded queue (:mod:`gpumon.sinks.queues`).
 
 Nothing here imports protobuf, grpc or OpenTelemetry at module import: the registry imports this
 module to read the class attributes, and a daemon without the ``otel`` sink must not pay for them.
@@ -15,7 +16,8 @@ module to read the class attributes, and a daemon without the ``otel`` sink must
 - :mod:`~gpumon.sinks.otel.encoding`: snapshots and events as OTLP messages (names from
   :mod:`gpumon.sinks.otel.mapping`);
 - :mod:`~gpumon.sinks.otel.transport`: OTLP/HTTP and OTLP/gRPC, and what an answer means;
-- :mod:`~gpumon.sinks.otel.sink`: the OtelSink and its two export threads.
+- :mod:`~gpumon.sinks.otel.export`: per signal, encode a batch, send it, classify the answer;
+- :mod:`~gpumon.sinks.otel.sink`: the OtelSink: its queues, its two uploaders, health and check.
 """
 
 from __future__ import annotations

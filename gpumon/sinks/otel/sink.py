@@ -1,10 +1,10 @@
-"""The OtelSink: ``publish`` swaps in the latest snapshot and queues its events; one thread exports
-metrics and one exports logs, each with its own backoff, so a slow metrics export never delays an
-XID's log record."""
+"""The OtelSink: ``publish`` puts the latest snapshot in a slot and queues its events; one shared
+:class:`~gpumon.sinks.delivery.Uploader` exports metrics and one exports logs (the senders of
+:mod:`.export`), each with its own backoff, so a slow metrics export never delays an XID's log
+record."""
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
@@ -19,12 +19,10 @@ from gpumon.log_once import LogOnce
 from gpumon.model import Event, Snapshot
 from gpumon.sinks import azure_host
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
-from gpumon.sinks.common import (
-    DeliveryCounters,
-    has_new_results,
-    redact_url,
-)
-from gpumon.sinks.otel.encoding import MetricEncoder, encode_logs, pb_modules
+from gpumon.sinks.common import DeliveryCounters, has_new_results, redact_url
+from gpumon.sinks.delivery import BatchSize, Uploader
+from gpumon.sinks.otel.encoding import pb_modules
+from gpumon.sinks.otel.export import LOG_BATCH, Exporting, LogsSender, MetricsSender
 from gpumon.sinks.otel.resource import azure_attributes, resource_attributes
 from gpumon.sinks.otel.settings import (
     GRPC,
@@ -35,7 +33,8 @@ from gpumon.sinks.otel.settings import (
     SignalSettings,
     resolve_settings,
 )
-from gpumon.sinks.otel.transport import THROTTLED_LOG_ATTEMPTS, SendResult, make_transport, send
+from gpumon.sinks.otel.transport import make_transport, send
+from gpumon.sinks.queues import BoundedQueue, LatestSlot
 
 if TYPE_CHECKING:
     from gpumon.config import Section
@@ -60,22 +59,15 @@ class OtelSink(Sink):
                  ) -> None:
         super().__init__(ctx, cfg)
         self._environ = os.environ if environ is None else environ
-        self._lock = threading.Lock()
-        self._wake_metrics = threading.Condition(self._lock)
-        self._wake_logs = threading.Condition(self._lock)
-        self._stopping = False
-        self._latest: Snapshot | None = None
-        self._events: collections.deque[tuple[int, Event]] = collections.deque()
-        """Queued events with their sequence numbers (from 1), oldest first."""
-        self._event_seq = 0
-        self._in_flight = 0
-        """Sequence number of the last event of the batch being sent; 0 when none is."""
+        interval = self.settings.interval
+        self._slot: LatestSlot[Snapshot] = LatestSlot(
+            lambda new, sent: new is not sent if interval else has_new_results(new, sent), interval)
+        self._events: BoundedQueue[Event] = BoundedQueue(self.settings.max_queued_records)
         self._metrics = DeliveryCounters()
         self._logs = DeliveryCounters()
-        self._resource: dict[str, str] = {}
-        self._resource_ready = threading.Event()
+        self._exporting = Exporting(ctx.version, {}, 0.0)
         self._imds: ImdsClient | None = None
-        self._threads: list[threading.Thread] = []
+        self._uploaders: list[Uploader[Any]] = []
         self._settings: dict[str, SignalSettings] = {}
         self._transports: dict[str, Any] = {}
         """Built by start(), so that a certificate that will not load fails start-up, not a thread."""
@@ -99,7 +91,8 @@ class OtelSink(Sink):
         pb_modules()  # fail start-up now, not on the first export, if the protobuf classes do not load
         self._transports = self._make_transports()
         try:
-            self._resource = resource_attributes(self.ctx, self.settings.resource_attributes, self._environ)
+            self._exporting.set_resource(resource_attributes(self.ctx, self.settings.resource_attributes,
+                                                             self._environ))
             if self.settings.azure_detect:
                 self._imds = azure_host.imds_client(self.ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
         except BaseException:
@@ -107,17 +100,30 @@ class OtelSink(Sink):
                 transport.close()
             raise
         if self._imds is not None:
+            self._exporting.ready_wait = self._imds.timeout + 0.5
             threading.Thread(target=self._detect_azure, name="otel-imds", daemon=True).start()
         else:
-            self._resource_ready.set()
-        self._threads = [threading.Thread(target=self._metrics_loop, name="otel-metrics", daemon=True)]
+            self._ready()
+        self._uploaders = [self._uploader(MetricsSender(self._exporting, self._settings["metrics"],
+                                                        self._transports.get("metrics"), self._metrics,
+                                                        self._log_once), self._slot, 1)]
         if "logs" in self._settings:
-            self._threads.append(threading.Thread(target=self._logs_loop, name="otel-logs", daemon=True))
+            self._uploaders.append(self._uploader(LogsSender(self._exporting, self._settings["logs"],
+                                                             self._transports.get("logs"), self._logs,
+                                                             self._log_once, self._events),
+                                                  self._events, LOG_BATCH))
         self._started = True
-        for thread in self._threads:
-            thread.start()
+        for uploader in self._uploaders:
+            uploader.start()
         where = ", ".join(f"{s.signal} -> {redact_url(s.endpoint)}" for s in self._settings.values())
         log.info("otel: exporting over %s (%s)", self._settings["metrics"].protocol, where)
+
+    def _uploader(self, sender: MetricsSender | LogsSender, queue: Any, records: int) -> Uploader[Any]:
+        """One signal's uploader: the sink's backoff policy, and at stop one last try of what is pending."""
+        return Uploader(f"otel-{sender.signal}", queue, sender,
+                        Backoff(self.settings.backoff_initial, self.settings.backoff_max),
+                        size=BatchSize(records=records), config_floor=self.config_backoff_min,
+                        retrying=sender.retrying, last_try=True, on_exit=sender.close)
 
     def _make_transports(self) -> dict[str, Any]:
         """One transport per signal; raises RuntimeError naming the signal, the endpoint and the files
@@ -144,240 +150,70 @@ class OtelSink(Sink):
             raise
         return built
 
-    def _send(self, signal: str, transport: Any, request: Any, timeout: float | None) -> tuple[Any, SendResult]:
-        """Send through ``transport`` (built anew when a previous fault discarded it); a fault in the
-        transport itself is a failed, retryable attempt, never the end of the export thread."""
-        try:
-            if transport is None:
-                transport = make_transport(self._settings[signal], self.ctx.version)
-            return transport, send(transport, request, timeout)
-        except Exception as exc:  # noqa: BLE001 - the thread must outlive it and retry with backoff
-            if transport is not None:
-                try:
-                    transport.close()
-                except Exception:  # noqa: BLE001 - closing a broken transport
-                    pass
-            return None, SendResult(False, True, f"transport: {type(exc).__name__}: {exc}")
-
     def _detect_azure(self) -> None:
         """Once, at start: the resource identifies the exporter, it does not follow it around."""
         try:
             found = azure_host.facts(self._imds, azure_host.kvp_pool(self.ctx))
             detected = azure_attributes(found.instance, found.physical_host)
             if detected:
-                with self._lock:
-                    self._resource = resource_attributes(
-                        self.ctx, self.settings.resource_attributes, self._environ, detected)
+                self._exporting.set_resource(resource_attributes(
+                    self.ctx, self.settings.resource_attributes, self._environ, detected))
             if found.instance is not None:
                 log.info("otel: on Azure (%s, %s)", detected.get("host.type", "?"),
                          detected.get("cloud.region", "?"))
         finally:
-            self._resource_ready.set()
+            self._ready()
 
-    def _detect_wait(self) -> float:
-        """How long the first export waits for the Azure attributes."""
-        return self._imds.timeout + 0.5 if self._imds is not None else 0.0
+    def _ready(self) -> None:
+        """The resource is final: exports may begin, the first one an ``interval`` from now."""
+        self._slot.start_ticks()
+        self._exporting.ready.set()
 
     def publish(self, snapshot: Snapshot) -> None:
-        """Keep the snapshot and queue its events; the export threads do the rest."""
-        with self._lock:
-            self._latest = snapshot
-            if snapshot.events and "logs" in self._settings:
-                limit = self.settings.max_queued_records
-                for event in snapshot.events:
-                    if len(self._events) >= limit:
-                        seq, _ = self._events.popleft()
-                        if seq > self._in_flight:  # one being sent is counted by its send's outcome
-                            self._logs.dropped += 1
-                    self._event_seq += 1
-                    self._events.append((self._event_seq, event))
-                self._wake_logs.notify()
-            self._wake_metrics.notify()
+        """Keep the snapshot and queue its events; the uploaders do the rest."""
+        self._slot.put(snapshot)
+        if snapshot.events and "logs" in self._settings:
+            self._logs.dropped_items(self._events.put(snapshot.events))
+        for uploader in self._uploaders:
+            uploader.notify()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Send what is pending once (within ``timeout``) and let the threads go."""
+        """Send what is pending once (within ``timeout``) and let the uploaders go; events that could
+        not be sent then are counted dropped."""
         deadline = time.monotonic() + timeout
-        with self._lock:
-            self._stopping = True
-            self._stop_deadline = deadline
-            self._wake_metrics.notify_all()
-            self._wake_logs.notify_all()
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        alive = [t.name for t in self._threads if t.is_alive()]
+        self._exporting.stop_deadline = deadline
+        self._slot.last_try()
+        for uploader in self._uploaders:
+            uploader.begin_stop()
+        for uploader in self._uploaders:
+            uploader.stop(deadline)
+        alive = [u.name for u in self._uploaders if u.running]
         if alive:
             log.warning("otel: export still in progress at shutdown (%s); abandoning it", ", ".join(alive))
-
-    # -- export loops
-
-    def _final_timeout(self, configured: float) -> float:
-        return max(0.05, min(configured, getattr(self, "_stop_deadline", 0) - time.monotonic()))
-
-    def _metrics_loop(self) -> None:
-        settings = self._settings["metrics"]
-        transport = self._transports.get("metrics")
-        encoder = MetricEncoder(self.ctx.version)
-        backoff = Backoff(self.settings.backoff_initial, self.settings.backoff_max)
-        interval = self.settings.interval
-        self._resource_ready.wait(self._detect_wait())
-        exported: Snapshot | None = None
-        pending: tuple[Snapshot, int] | None = None  # a snapshot that failed and awaits its retry
-        next_tick = time.monotonic() + interval
-
-        def is_fresh(snapshot: Snapshot | None) -> bool:
-            if snapshot is None:
-                return False
-            return snapshot is not exported if interval else has_new_results(snapshot, exported)
-
-        try:
-            while True:
-                with self._lock:
-                    while True:
-                        now = time.monotonic()
-                        due = max(backoff.not_before, next_tick if interval else 0.0)
-                        fresh = is_fresh(self._latest)
-                        if self._stopping or (fresh and now >= due):
-                            break
-                        self._wake_metrics.wait(max(0.01, due - now) if fresh else None)
-                    stopping, snapshot, resource = self._stopping, self._latest, dict(self._resource)
-                if snapshot is None or not is_fresh(snapshot):
-                    if stopping:
-                        return
-                    continue
-                if interval:
-                    next_tick = max(next_tick + interval, time.monotonic())
-                if pending is not None and pending[0] is not snapshot:
-                    with self._lock:  # superseded by a newer snapshot: its points are given up
-                        self._metrics.dropped += pending[1]
-                pending = None
-                try:
-                    request, points = encoder.encode(snapshot, resource)
-                except Exception as exc:  # noqa: BLE001 - a bad value must not kill the export thread
-                    self._log_once.warning("encode", "otel: could not encode a snapshot: %s", exc)
-                    exported = snapshot
-                    continue
-                timeout = self._final_timeout(settings.timeout) if stopping else None
-                transport, result = self._send("metrics", transport, request, timeout)
-                exported = snapshot
-                self._account(self._metrics, result, points, backoff, "metrics", settings)
-                if not result.ok and result.retryable and not stopping:
-                    exported = None  # the retry sends whatever is latest by then
-                    pending = (snapshot, points)
-                elif not result.ok:
-                    with self._lock:
-                        self._metrics.dropped += points
-                if stopping:
-                    return
-        finally:
-            if transport is not None:
-                transport.close()
-
-    def _logs_loop(self) -> None:
-        settings = self._settings["logs"]
-        transport = self._transports.get("logs")
-        backoff = Backoff(self.settings.backoff_initial, self.settings.backoff_max)
-        throttled = 0  # attempts of the head batch answered RESOURCE_EXHAUSTED without RetryInfo
-        self._resource_ready.wait(self._detect_wait())
-        try:
-            while True:
-                with self._lock:
-                    while True:
-                        now = time.monotonic()
-                        if self._stopping or (self._events and now >= backoff.not_before):
-                            break
-                        self._wake_logs.wait(max(0.01, backoff.not_before - now) if self._events else None)
-                    stopping = self._stopping
-                    batch = [self._events[i] for i in range(min(512, len(self._events)))]
-                    self._in_flight = batch[-1][0] if batch else 0
-                    resource = dict(self._resource)
-                if not batch:
-                    return  # stopping and nothing left
-                timeout = self._final_timeout(settings.timeout) if stopping else None
-                try:
-                    request = encode_logs([event for _, event in batch], resource, self.ctx.version)
-                except Exception as exc:  # noqa: BLE001 - an attribute that will not encode
-                    self._log_once.warning("encode-logs", "otel: could not encode events: %s", exc)
-                    result = SendResult(False, False, f"encode: {exc}")
-                else:
-                    transport, result = self._send("logs", transport, request, timeout)
-                keep = not result.ok and (result.retryable
-                                          or (result.throttled and throttled + 1 < THROTTLED_LOG_ATTEMPTS))
-                throttled = throttled + 1 if keep and not result.retryable else 0
-                with self._lock:
-                    self._in_flight = 0
-                    # publish() may have evicted part of the batch meanwhile: what is left of it is the
-                    # head of the queue up to the batch's last sequence number, not len(batch) entries
-                    last = batch[-1][0]
-                    left = 0
-                    while left < len(self._events) and self._events[left][0] <= last:
-                        left += 1
-                    if keep:
-                        self._logs.dropped += len(batch) - left  # evicted while in flight: not retried
-                    else:
-                        for _ in range(left):
-                            self._events.popleft()
-                        if not result.ok:
-                            self._logs.dropped += len(batch)
-                    if stopping and not result.ok:  # one attempt at shutdown: give the rest up
-                        self._logs.dropped += len(self._events)
-                        self._events.clear()
-                    done = stopping and not self._events
-                    self._account_locked(self._logs, result, len(batch), backoff, "logs", settings)
-                if done:
-                    return
-        finally:
-            if transport is not None:
-                transport.close()
-
-    def _account(self, counters: DeliveryCounters, result: SendResult, items: int, backoff: Backoff,
-                 signal: str, settings: SignalSettings) -> None:
-        """Count an export's outcome, schedule a retry, and log state changes once (not every cycle)."""
-        with self._lock:
-            self._account_locked(counters, result, items, backoff, signal, settings)
-
-    def _account_locked(self, counters: DeliveryCounters, result: SendResult, items: int, backoff: Backoff,
-                        signal: str, settings: SignalSettings) -> None:
-        """``_account`` for a caller that holds the lock, so that its own bookkeeping and these counters
-        change together."""
-        if result.ok:
-            if counters.consecutive_failures:
-                log.info("otel: %s export to %s recovered", signal, redact_url(settings.endpoint))
-            self._log_once.clear(f"failed-{signal}")
-            counters.succeeded(items - result.rejected)
-            counters.dropped += result.rejected
-            backoff.succeeded()
-            if result.rejected:
-                self._log_once.warning(f"rejected-{signal}", "otel: the collector rejected %d %s items",
-                                       result.rejected, signal)
-            return
-        counters.failed_attempt(1, result.detail)  # gpumon_sink_failed_total counts requests
-        delay = backoff.failed(time.monotonic(), result.retry_after,
-                               self.config_backoff_min if result.config else None)
-        self._log_once.warning(f"failed-{signal}", "otel: %s export to %s failed (%s); retrying with backoff, "
-                               "next in %.2f s", signal, redact_url(settings.endpoint), result.detail, delay)
+        elif self._started:
+            self._logs.dropped_items(self._events.clear())
 
     # -- reporting
 
     def health(self) -> SinkHealth:
-        with self._lock:
-            m, lg = self._metrics, self._logs
-            # metrics: up only after a first accepted export; logs are sent only when events happen,
-            # so they only hold the sink down while their latest attempt failed
-            up = self._started and m.up and not lg.consecutive_failures
-            detail = m.last_error or lg.last_error
-            return SinkHealth(
-                up=up,
-                exported=m.sent + lg.sent,
-                failed=m.failed + lg.failed,
-                dropped=m.dropped + lg.dropped,
-                detail=detail,
-                extra={
-                    "queued_records": float(len(self._events)),
-                    "consecutive_failures": float(max(m.consecutive_failures, lg.consecutive_failures)),
-                    "exported_data_points": float(m.sent),
-                    "exported_log_records": float(lg.sent),
-                },
-            )
+        m, lg = self._metrics, self._logs
+        # metrics: up only after a first accepted export; logs are sent only when events happen,
+        # so they only hold the sink down while their latest attempt failed
+        up = self._started and m.up and not lg.consecutive_failures
+        detail = m.last_error or lg.last_error
+        return SinkHealth(
+            up=up,
+            exported=m.sent + lg.sent,
+            failed=m.failed + lg.failed,
+            dropped=m.dropped + lg.dropped,
+            detail=detail,
+            extra={
+                "queued_records": float(self._events.pending()),
+                "consecutive_failures": float(max(m.consecutive_failures, lg.consecutive_failures)),
+                "exported_data_points": float(m.sent),
+                "exported_log_records": float(lg.sent),
+            },
+        )
 
     def check(self) -> list[CheckResult]:
         """Send an empty export request per signal: proves address, TLS, headers and protocol."""

@@ -244,5 +244,5 @@ def _under_mig(f: Field) -> str:
     return f"{source} minus `{f.mig_minus.name}`" if f.mig_minus is not None else source
 
 
-if __name__ == "__main__":  # python -m gpumon.sinks.dcgm_compat: the table in docs/dcgm-exporter.md
+if __name__ == "__main__":  # python -m gpumon.sinks.prometheus.dcgm_compat: the table in docs/dcgm-exporter.md
     print(markdown_table(), end="")
