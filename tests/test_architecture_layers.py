@@ -1,5 +1,5 @@
 """The layer picture of docs/architecture.md, enforced on the import graph (imports inside functions
-count; ``if TYPE_CHECKING:`` blocks do not): face -> loop -> collectors, health, sinks -> sources ->
+count; ``if TYPE_CHECKING:`` blocks do not): face -> loop -> stages, collectors, health, sinks -> sources ->
 core and the metric catalogue; simulate beside them, reached only from the loop and the face. And
 the catalogue's rule, enforced on the source: no metric name is written as a string outside it."""
 
@@ -14,7 +14,7 @@ from tests.conftest import REPO
 from tests.test_import_structure import graph
 
 FACE = ("gpumon.cli", "gpumon.__main__", "gpumon.report", "gpumon.confdoc")
-LOOP = ("gpumon.daemon", "gpumon.registry", "gpumon.selfmetrics")
+LOOP = ("gpumon.daemon", "gpumon.registry")
 
 COLLECTOR_MODULES = frozenset(target.partition(":")[0] for target in BUILTIN_COLLECTORS.values())
 """Modules a built-in collector is registered from; every other module in collectors/ is a helper."""
@@ -56,6 +56,11 @@ def breaches() -> dict[str, set[tuple[str, str]]]:
                     or (inside(target, "gpumon.sinks") and target != "gpumon.sinks.common")):
                 breach("health imports no collector, simulate, loop or face module, of sinks only common",
                        source, target)
+            if inside(source, "gpumon.stages") and (
+                    upward or inside(target, "gpumon.collectors", "gpumon.simulate")):
+                breach("stages import no collector, simulate, loop or face module", source, target)
+            if inside(target, "gpumon.stages") and not inside(source, "gpumon.stages", "gpumon.daemon"):
+                breach("stages are imported only by the loop (daemon/) and each other", source, target)
             if inside(source, "gpumon.sources") and not (
                     inside(target, "gpumon.sources") or target in ("gpumon.model", "gpumon.config")):
                 breach("sources import only model, config and sources", source, target)
@@ -87,7 +92,9 @@ def test_the_rules_see_the_modules_they_are_about():
     assert "gpumon.report" in edges["gpumon.cli"]
     assert "gpumon.backoff" in edges["gpumon.health.actions.worker"]  # the actions use the shared backoff
     assert "gpumon.backoff" in edges["gpumon.collectors.nvml_session"]  # and so does NVML's re-init
-    for package in ("gpumon.sinks", "gpumon.health", "gpumon.sources", "gpumon.simulate"):
+    assert "gpumon.stages" in edges["gpumon.daemon.plan"]  # the plan builds the stages
+    assert "gpumon.health.stage" in edges["gpumon.stages.health"]  # which run the health rules
+    for package in ("gpumon.sinks", "gpumon.health", "gpumon.sources", "gpumon.simulate", "gpumon.stages"):
         assert any(inside(m, package) for m in edges), package
 
 
@@ -104,7 +111,9 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
                "gpumon.collectors.nvml": real["gpumon.collectors.nvml"] | {"gpumon.report.tables"},
                "gpumon.daemon.once": real["gpumon.daemon.once"] | {"gpumon.report"},
                "gpumon.table": real["gpumon.table"] | {"gpumon.model"},
-               "gpumon.backoff": real["gpumon.backoff"] | {"gpumon.sinks.common"}}
+               "gpumon.backoff": real["gpumon.backoff"] | {"gpumon.sinks.common"},
+               "gpumon.stages.relabel": real["gpumon.stages.relabel"] | {"gpumon.collectors.attribution"},
+               "gpumon.sinks.prometheus": real["gpumon.sinks.prometheus"] | {"gpumon.stages.selfmetrics"}}
     monkeypatch.setattr(me, "graph", lambda: planted)
     found = {edge for edges in breaches().values() for edge in edges}
     assert ("gpumon.sources.kvp", "gpumon.collectors.nvml") in found
@@ -116,6 +125,8 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
     assert ("gpumon.daemon.once", "gpumon.report") in found
     assert ("gpumon.table", "gpumon.model") in found
     assert ("gpumon.backoff", "gpumon.sinks.common") in found
+    assert ("gpumon.stages.relabel", "gpumon.collectors.attribution") in found
+    assert ("gpumon.sinks.prometheus", "gpumon.stages.selfmetrics") in found
 
 
 def test_imports_point_down_the_layers():

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from gpumon.collectors.base import Context
 from gpumon.collectors.infiniband import InfinibandCollector
 from gpumon.model import Snapshot
-from gpumon.selfmetrics import REASONS, STATES, reason_code
 from gpumon.simulate.sysfs import build_tree
+from gpumon.stages.selfmetrics import REASONS, STATES, reason_code
 from tests.conftest import wait_for
 from tests.test_daemon_loop import Scripted, latest, loop_of  # noqa: F401 - loop_of is a fixture
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
@@ -57,12 +58,13 @@ class Recorder(Sink):
         self.snapshots.append(snapshot)
 
 
-def make_loop(*collectors: Scripted, interval: float = 0.05, deadline: float = 0.5) -> tuple[Loop, Recorder]:
+def make_loop(*collectors: Scripted, interval: float = 0.05, deadline: float = 0.5,
+              health: Any = None) -> tuple[Loop, Recorder]:
     config = load(schemas(), None, {"GPUMON_DAEMON_INTERVAL": str(interval),
                                     "GPUMON_DAEMON_DEADLINE": str(deadline)}, {})
     plan = Plan([PlannedCollector(c.name, c, True, True) for c in collectors])
     sink = Recorder()
-    return Loop(config, plan, Context(hostname="test"), [sink]), sink
+    return Loop(config, plan, Context(hostname="test"), [sink], health=health), sink
 
 
 
@@ -281,9 +283,8 @@ def test_a_slow_health_evaluation_never_makes_a_fast_collector_late(loop_of) -> 
     """The rules run outside the loop's lock: a collector handing in a run while the health stage
     takes longer than the collector's deadline is not reported down."""
     fast = Scripted("fast")
-    loop, sink = make_loop(fast, interval=0.1, deadline=0.5)
     slow = SlowHealth(1.2)
-    loop.health = slow  # type: ignore[assignment]
+    loop, sink = make_loop(fast, interval=0.1, deadline=0.5, health=slow)
     loop.start()
     try:
         wait_for(lambda: slow.updates >= 3, timeout=20)

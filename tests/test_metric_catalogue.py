@@ -13,7 +13,6 @@ import dataclasses
 
 import pytest
 
-from gpumon import selfmetrics
 from gpumon.catalogue import daemon as daemon_metrics
 from gpumon.catalogue import gpu as gpu_metrics
 from gpumon.catalogue import hints as cat
@@ -23,6 +22,7 @@ from gpumon.confdoc import declared_specs
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
 from gpumon.sinks.azure_monitor.rows import GPU, IB, RowBuilder, stream_columns
 from gpumon.sinks.otel import mapping as otel_mapping
+from gpumon.stages import selfmetrics
 
 OWN = MetricSpec(
     "gpumon_gpu_widget_ratio", MetricType.GAUGE, "A widget.", "ratio", ("gpu", "uuid"),

@@ -3,7 +3,8 @@
 Each :class:`CollectorRunner` calls its collector's ``collect()`` on the collector's interval and
 hands the result to the :class:`Loop`. The loop's own thread wakes on every result (and four times a
 second otherwise), marks down any collector whose run has outlived its deadline, composes an
-immutable Snapshot of the latest good results, and publishes it to every sink. A hung or failing
+immutable Snapshot of the latest good results, runs it through the stages the plan built (health,
+attribution relabel, self-metrics: :mod:`gpumon.stages`), and publishes it to every sink. A hung or failing
 collector therefore never stalls another collector, the loop, or a sink; and a down collector's
 series are withdrawn rather than served stale.
 """
@@ -16,25 +17,19 @@ import time
 from dataclasses import dataclass
 
 from gpumon import attribution_labels, registry
-from gpumon.collectors.attribution import OPTIONS as ATTRIBUTION
 from gpumon.collectors.base import Collector, CollectorUnavailable, Context
 from gpumon.config import Config
-from gpumon.daemon.plan import Plan, collector_deadline
+from gpumon.daemon.plan import Plan, collector_deadline, make_stages
 from gpumon.health.stage import HealthStage
+from gpumon.logs import log_event
 from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot
-from gpumon.selfmetrics import CollectorBook, SelfMetrics, reason_code
 from gpumon.sinks.base import Sink, SinkHealth
+from gpumon.stages import Books, CollectorBook, run_stages
+from gpumon.stages.selfmetrics import reason_code
 
 log = logging.getLogger("gpumon.daemon")
-event_log = logging.getLogger("gpumon.event")
 
-
-def log_event(event: Event) -> None:
-    """Every event is also one structured log line (``extra`` carries the fields for JSON logs)."""
-    level = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING,
-             Severity.ERROR: logging.ERROR, Severity.CRITICAL: logging.CRITICAL}[event.severity]
-    subject = " ".join(f"{k}={v}" for k, v in event.subject.items())
-    event_log.log(level, "%s %s: %s", event.kind, subject, event.message, extra={"event": event.as_dict()})
+__all__ = ["CollectorRunner", "Loop", "ReloadCounts", "log_event", "run_collect"]
 
 
 @dataclass
@@ -159,24 +154,17 @@ class Loop:
     every 10 s or more sees nothing staler, and a watcher running every second does not cost a whole
     publish a second on a quiet host."""
     SOFT = 1.0
-    """Seconds a publish may wait when a health evaluation was put off (see HEALTH_EVERY)."""
-    HEALTH_EVERY = 1.0
-    """Seconds between health evaluations when a collector's series changed (the watch interval), so
-    a fast collector does not pay the rules on every run; runs that changed nothing are judged every
-    REFRESH seconds (the rules' windows and hold times move on)."""
+    """Seconds a publish may wait when a stage put work off (the health stage judges at most every
+    second: see gpumon.stages.health)."""
 
     def __init__(self, config: Config, plan: Plan, ctx: Context, sinks: list[Sink],
                  reloads: ReloadCounts | None = None, health: HealthStage | None = None) -> None:
         self.config = config
         self.health = health
-        self._relabel = ATTRIBUTION.settings_of(config.sections.get("attribution")).labels
-        """``[attribution] labels``: every per-GPU series also carries its holders' labels."""
-        self._health_seen: tuple[int, ...] | None = None
-        self._health_out: tuple[tuple[MetricFamily, ...], tuple[Event, ...]] = ((), ())
-        self._health_at = -self.REFRESH
-        self._health_series: tuple[tuple[MetricFamily, ...], ...] = ()
+        self.stages = make_stages(config, health, self.REFRESH)
+        """The steps after collection, run on every compose (outside the loop's lock)."""
         self._owed = False
-        """A health evaluation was put off: the next publish comes within SOFT seconds."""
+        """A stage put work off: the next publish comes within SOFT seconds."""
         self._shown: dict[str, tuple[tuple[MetricFamily, ...], tuple]] = {}
         self._placeholders: dict[tuple[str, str, bool], CollectorStatus] = {}
         self.reloads = reloads
@@ -184,7 +172,6 @@ class Loop:
         self.ctx = ctx
         self.sinks = sinks
         self.host = ctx.hostname
-        self.self_metrics = SelfMetrics()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -412,23 +399,22 @@ class Loop:
                 families.extend(slot.families)
                 self._shown[planned.name] = (slot.families, (slot.book.up, slot.book.state, slot.book.reason))
                 statuses.append(slot.status or self._placeholder(planned.name, "no run yet"))
-            books = {name: slot.book for name, slot in self._slots.items()}
-            reloads = self.reloads.as_dict() if self.reloads is not None else None
-            not_running = {p.name: p.reason for p in self.plan.collectors if p.name not in self._slots}
+            books = Books({name: slot.book for name, slot in self._slots.items()},
+                          runs=tuple(slot.book.runs for slot in self._slots.values()),
+                          series=tuple(slot.families for slot in self._slots.values()),
+                          reported=all(slot.status is not None for slot in self._slots.values()),
+                          sinks=self._sink_health,
+                          reloads=self.reloads.as_dict() if self.reloads is not None else None,
+                          not_running={p.name: p.reason for p in self.plan.collectors if p.name not in self._slots})
             events, self._events = tuple(self._events), []
-            judge = self._due_for_judgement()
-        allocation = next((f for f in families if f.name == attribution_labels.ALLOCATION_FAMILY), None)
-        # the rules (and a save of the verdicts to disk) run outside the lock
-        health_families, health_events = self._judge(families, events, statuses) if judge else \
-            (self._health_out[0], ())
-        families.extend(health_families)
-        events += health_events
-        if allocation is not None and self._relabel:
-            families = list(attribution_labels.relabel(families, allocation))
-        families.extend(self.self_metrics.families(books, self._sink_health, reloads, not_running))
+        # the stages (the health rules, a save of the verdicts to disk) run outside the lock
+        draft = run_stages(self.stages, Snapshot(self.host, time.time(), tuple(families), events,
+                                                 tuple(statuses)), books)
+        self._owed |= books.owed
         with self._lock:
             self._seq += 1
-            snapshot = Snapshot(self.host, time.time(), _merged(families), events, tuple(statuses), self._seq)
+            snapshot = Snapshot(self.host, time.time(), _merged(draft.families), draft.events, draft.collectors,
+                                self._seq)
             self.latest = snapshot
             self.snapshot_ready.notify_all()
         return snapshot
@@ -442,40 +428,6 @@ class Loop:
             status = self._placeholders[key] = CollectorStatus(name, False, 0.0, reason, available=available)
         return status
 
-    def _due_for_judgement(self) -> bool:
-        """Whether the health stage should look again (called with the lock held): only when a
-        collector brought a new run, every collector has reported once, and not more often than
-        HEALTH_EVERY (REFRESH when the runs brought the same series)."""
-        if self.health is None or any(slot.status is None for slot in self._slots.values()):
-            return False  # no verdict before every collector has reported once
-        seen = tuple(slot.book.runs for slot in self._slots.values())
-        if seen == self._health_seen:
-            return False
-        now = time.monotonic()
-        series = tuple(slot.families for slot in self._slots.values())
-        same = len(series) == len(self._health_series) and all(
-            a is b for a, b in zip(series, self._health_series))  # unchanged runs keep the shown tuple
-        if now - self._health_at < (self.REFRESH if same else self.HEALTH_EVERY):
-            self._owed = True  # judged on a later publish (see _run)
-            return False
-        self._health_seen, self._health_at, self._health_series = seen, now, series
-        return True
-
-    def _judge(self, families: list[MetricFamily], events: tuple[Event, ...],
-               statuses: list[CollectorStatus]) -> tuple[tuple[MetricFamily, ...], tuple[Event, ...]]:
-        """The health stage's verdict on the collectors' latest results (outside the loop's lock)."""
-        assert self.health is not None
-        try:
-            result = self.health.update(Snapshot(self.host, time.time(), tuple(families), events,
-                                                 tuple(statuses)))
-        except Exception:  # a rule bug must not stop the loop: the verdict goes stale, counted in the log
-            log.exception("health: evaluating the rules failed")
-            return self._health_out[0], ()
-        for event in result.events:
-            log_event(event)
-        self._health_out = (result.families, result.events)
-        return result.families, result.events
-
     def publish_now(self) -> Snapshot:
         snapshot = self.compose()
         for sink in self.sinks:
@@ -486,7 +438,7 @@ class Loop:
         return snapshot
 
 
-def _merged(families: list[MetricFamily]) -> tuple[MetricFamily, ...]:
+def _merged(families: tuple[MetricFamily, ...]) -> tuple[MetricFamily, ...]:
     """One family per name: two collectors emitting the same metric must not produce two HELP/TYPE
     blocks, which is not a valid exposition."""
     index: dict[str, int] = {}

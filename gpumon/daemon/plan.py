@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from gpumon import registry
 from gpumon.collectors.base import Collector, Context
 from gpumon.config import Config
+from gpumon.health.stage import HealthStage
 from gpumon.sinks.base import Sink, SinkContext
+from gpumon.stages import AttributionRelabel, HealthJudging, SelfMetrics, Stage
 
 log = logging.getLogger("gpumon.daemon")
 
@@ -125,6 +127,20 @@ def make_sinks(config: Config, ctx: SinkContext) -> list[Sink]:
         cls.validate(config)
         sinks.append(cls(ctx, config.sections.get(name)))
     return sinks
+
+
+def make_stages(config: Config, health: HealthStage | None, refresh: float) -> list[Stage]:
+    """The steps after collection, in order: the health verdict on the collectors' series (judged
+    again at most every ``refresh`` seconds while the runs bring the same series), the attribution
+    labels on every per-GPU series (the verdict's too), then the self-metrics."""
+    stages: list[Stage] = []
+    if health is not None:
+        stages.append(HealthJudging(health, unchanged_every=refresh))
+    attribution = config.sections.get("attribution")
+    if attribution is not None and attribution["labels"]:
+        stages.append(AttributionRelabel())
+    stages.append(SelfMetrics())
+    return stages
 
 
 def close_plan(plan: Plan) -> None:

@@ -1,15 +1,15 @@
-"""gpumon's metrics about itself: build, collectors, sinks and the process.
+"""gpumon's metrics about itself: build, collectors, sinks and the process (the last stage).
 
 Kept apart from the loop so the loop stays about threads and time; this module only turns the loop's
-bookkeeping into metric families.
+bookkeeping (:class:`~gpumon.stages.base.Books`) into metric families.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
@@ -32,8 +32,9 @@ from gpumon.catalogue.daemon import (
     SINK_UP,
     sink_gauge,
 )
-from gpumon.model import MetricFamily, MetricSpec, MetricType
+from gpumon.model import MetricFamily, MetricSpec, MetricType, Snapshot
 from gpumon.sinks.base import SinkHealth
+from gpumon.stages.base import Books, CollectorBook
 
 STATES = ("ok", "down", "unavailable")
 REASONS = ("none", "no_source", "library_not_found", "driver_not_loaded", "no_permission", "init_failed",
@@ -54,28 +55,6 @@ _REASON_WORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 _PROCESS_BY_NAME = {spec.name: spec for spec in PROCESS_SPECS}
 
 
-@dataclass
-class CollectorBook:
-    """The loop's running totals for one collector."""
-
-    up: bool | None = None
-    """None until the first run ends, so a collector that has not run yet is not reported down."""
-    duration: float = 0.0
-    runs: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-
-    state: str | None = None
-    """One of STATES once the first run ends."""
-    reason: str = "none"
-    """One of REASONS: why the collector is not ok."""
-
-    def count(self, reason: str, n: int = 1) -> None:
-        self.errors[reason] = self.errors.get(reason, 0) + n
-
-    def set_state(self, state: str, reason: str = "none") -> None:
-        self.state, self.reason = state, reason
-
-
 def reason_code(message: str) -> str:
     """A collector's own words for why it is unavailable (its probe's reason, its
     CollectorUnavailable) mapped onto REASONS: the one place that knows those messages, so a label
@@ -94,6 +73,11 @@ a scraper (every 10 s or more) nothing more."""
 
 
 class SelfMetrics:
+    """The self-metrics stage: the loop's bookkeeping added as families, after every other stage
+    (its families carry no GPU, so the attribution relabel would leave them as they are anyway)."""
+
+    name = "self_metrics"
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._build = MetricFamily(BUILD_INFO, (BUILD_INFO.sample(1, __version__, platform.python_version()),))
         registry = CollectorRegistry(auto_describe=False)
@@ -101,6 +85,10 @@ class SelfMetrics:
         self._process_specs: dict[str, MetricSpec] = {}
         self._clock = clock
         self._process_cache: tuple[float, list[MetricFamily]] | None = None
+
+    def __call__(self, snapshot: Snapshot, books: Books) -> Snapshot:
+        added = self.families(books.collectors, books.sinks, books.reloads, books.not_running)
+        return dataclasses.replace(snapshot, families=snapshot.families + tuple(added))
 
     def families(self, collectors: dict[str, CollectorBook], sinks: dict[str, SinkHealth],
                  reloads: dict[str, int] | None = None,
