@@ -66,7 +66,7 @@ def overhead(opts: Options, profile: str = "nd-h100-v5", health: bool = True) ->
                     results.append((runner, runner.collector.collect(), time.monotonic() - started))
                 t1 = time.thread_time()
                 for runner, result, duration in results:
-                    loop.accept(runner, result, "", False, duration)
+                    loop.accept(runner, result, "", None, duration)
                 t2 = time.thread_time()
                 loop.publish_now()
                 t3 = time.thread_time()

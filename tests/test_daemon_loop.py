@@ -11,7 +11,7 @@ from gpumon.cli import schemas
 from gpumon.collectors.base import Collector, CollectorUnavailable, Context
 from gpumon.config import load
 from gpumon.daemon import Loop, Plan, PlannedCollector, collect_once
-from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity, Snapshot
+from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity, Snapshot, StateReason
 from gpumon.sinks.base import Sink, SinkContext
 from tests.conftest import series, wait_for
 
@@ -38,7 +38,7 @@ class Scripted(Collector):
         if self.mode == "hang":
             self.release.wait(30)
         if self.mode == "unavailable":
-            raise CollectorUnavailable("driver not loaded")
+            raise CollectorUnavailable("driver not loaded", StateReason.DRIVER_NOT_LOADED)
         result = Collection()
         result.add(VALUE, [VALUE.sample(self.runs, self.name)])
         result.count_error("parse", 2)
@@ -231,9 +231,10 @@ def test_a_probe_that_hangs_is_unavailable_after_the_deadline():
 
     collector = HangingProbe("hp")
     t0 = time.monotonic()
-    available, reason, finished, retry = _probe(collector, 0.3)
+    available, reason, finished, retry, cause = _probe(collector, 0.3)
     collector.release.set()
     assert not available and not finished and not retry and "did not answer within 0.3 s" in reason
+    assert cause == "deadline_exceeded"
     assert time.monotonic() - t0 < 2
 
 

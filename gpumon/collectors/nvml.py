@@ -37,10 +37,11 @@ from gpumon.collectors.nvml_tables import (
     TOTAL_POWER_SAMPLES,
     error_name,
     union_value,
+    unusable_cause,
 )
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.log_once import LogOnce
-from gpumon.model import Collection, MetricSpec, Sample, label_set
+from gpumon.model import Collection, MetricSpec, Sample, StateReason, label_set
 
 log = logging.getLogger("gpumon.nvml")
 
@@ -103,7 +104,11 @@ class _GpuLost(Exception):
 
 
 class _NvmlGone(Exception):
-    pass
+    """NVML itself became unusable mid-run; ``cause`` from the NVML code that said so."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.cause = unusable_cause(code, StateReason.ERROR)
 
 
 @dataclass
@@ -184,9 +189,9 @@ class NvmlCollector(Collector):
         try:
             self.session.ensure()
         except CollectorUnavailable as exc:
-            return Availability(False, str(exc), retry=self.session.retryable)
+            return Availability(False, str(exc), retry=self.session.retryable, cause=exc.cause)
         if not self.session.devices:
-            return Availability(False, "NVML reports no GPUs")
+            return Availability(False, "NVML reports no GPUs", cause=StateReason.NO_SOURCE)
         return Availability(True, f"NVML initialised, {len(self.session.devices)} GPU(s)")
 
     def close(self) -> None:
@@ -251,8 +256,8 @@ class NvmlCollector(Collector):
                     except _GpuLost as lost:
                         self.session.mark_lost(gpu.dev, lost.reason)
         except _NvmlGone as gone:
-            self.session.invalidate(str(gone))
-            raise CollectorUnavailable(str(gone)) from None
+            self.session.invalidate(str(gone), gone.cause)
+            raise CollectorUnavailable(str(gone), gone.cause) from None
 
         for gpu in self._gpus:
             emit(gpu, [(CG.LOST, (), 1.0 if gpu.dev.lost else 0.0)])
@@ -381,7 +386,7 @@ class NvmlCollector(Collector):
             raise _GpuLost(f"{what}: {exc}")
         if kind == "unavailable":
             out.count_error(reason)
-            raise _NvmlGone(f"NVML became unusable ({what}: {exc})")
+            raise _NvmlGone(f"NVML became unusable ({what}: {exc})", code)
         if kind == "unsupported":
             gpu.dropped[key] = self._clock()
             out.count_error(reason)
@@ -496,9 +501,9 @@ class NvmlCollector(Collector):
             uuid = text(self.session.call("nvmlDeviceGetUUID", handle))
             self.session.probe(handle)   # a call that reaches the GPU, on every driver
         except Exception as exc:  # noqa: BLE001 - still lost, or worse
-            kind, _ = classify(exc)
+            kind, code = classify(exc)
             if kind == "unavailable":
-                raise _NvmlGone(f"NVML became unusable ({exc})") from None
+                raise _NvmlGone(f"NVML became unusable ({exc})", code) from None
             return False
         if gpu.dev.uuid and uuid != gpu.dev.uuid:
             return False

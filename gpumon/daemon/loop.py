@@ -22,10 +22,9 @@ from gpumon.config import Config
 from gpumon.daemon.plan import Plan, collector_deadline, make_stages
 from gpumon.health.stage import HealthStage
 from gpumon.logs import log_event
-from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot
+from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot, StateReason
 from gpumon.sinks.base import Sink, SinkHealth
 from gpumon.stages import Books, CollectorBook, run_stages
-from gpumon.stages.selfmetrics import reason_code
 
 log = logging.getLogger("gpumon.daemon")
 
@@ -118,18 +117,19 @@ class CollectorRunner:
             log.debug("closing collector %s failed", self.name, exc_info=True)
 
 
-def run_collect(collector: Collector) -> tuple[Collection | None, str, bool]:
-    """One ``collect()``: (result, failure, unavailable). Nothing a collector does escapes."""
+def run_collect(collector: Collector) -> tuple[Collection | None, str, StateReason | None]:
+    """One ``collect()``: (result, failure, unavailable: why, or None when the source is there).
+    Nothing a collector does escapes."""
     try:
         result = collector.collect()
     except CollectorUnavailable as exc:
-        return None, str(exc) or "source unavailable", True
+        return None, str(exc) or "source unavailable", StateReason(getattr(exc, "cause", StateReason.ERROR))
     except BaseException as exc:  # noqa: BLE001 - a collector's bug is its own outage, not the daemon's
         log.debug("collector %s raised", collector.name, exc_info=True)
-        return None, f"{type(exc).__name__}: {exc}", False
+        return None, f"{type(exc).__name__}: {exc}", None
     if not isinstance(result, Collection) or not all(isinstance(e, Event) for e in result.events):
-        return None, f"collect() returned {type(result).__name__}, not a Collection of Events", False
-    return registry.screen(collector, result), "", False
+        return None, f"collect() returned {type(result).__name__}, not a Collection of Events", None
+    return registry.screen(collector, result), "", None
 
 
 @dataclass
@@ -252,7 +252,7 @@ class Loop:
         return list(attribution_labels.enrich(events, allocation)) if allocation is not None else events
 
     def accept(self, runner: CollectorRunner, result: Collection | None, failure: str,
-               unavailable: bool, duration: float) -> None:
+               unavailable: StateReason | None, duration: float) -> None:
         """Take one run's outcome. A run that finished after its deadline does not bring the
         collector back up (it keeps flapping otherwise); its events still count."""
         to_log: list[Event] = []
@@ -276,11 +276,12 @@ class Loop:
                 book.set_state("ok")
             elif result is not None:
                 to_log += self._mark_down(runner.name, slot, f"run took {duration:.3g} s, over its "
-                                          f"{runner.deadline:g} s deadline", duration, cause="deadline_exceeded")
+                                          f"{runner.deadline:g} s deadline", duration,
+                                          cause=StateReason.DEADLINE_EXCEEDED)
             else:
-                book.count("unavailable" if unavailable else "exception")
-                to_log += self._mark_down(runner.name, slot, failure, duration, available=not unavailable,
-                                          cause=reason_code(failure) if unavailable else "error")
+                book.count("unavailable" if unavailable is not None else "exception")
+                to_log += self._mark_down(runner.name, slot, failure, duration, available=unavailable is None,
+                                          cause=unavailable or StateReason.ERROR)
             news = bool(self._events) or self._differs(runner.name, slot)
         for event in to_log:
             log_event(event)
@@ -288,14 +289,14 @@ class Loop:
             self._wake.set()  # else only bookkeeping moved: the loop publishes it within REFRESH s
 
     def _mark_down(self, name: str, slot: _Slot, error: str, duration: float,
-                   available: bool = True, cause: str = "error") -> list[Event]:
+                   available: bool = True, cause: StateReason = StateReason.ERROR) -> list[Event]:
         """Withdraw the collector's series and report it down once (called with the lock held).
         ``cause`` is the gpumon_collector_state reason. Returns the event to log once the lock is
         released."""
         slot.families = ()
         slot.status = CollectorStatus(name, False, duration, error, available)
         slot.book.up = False
-        slot.book.set_state("down" if available else "unavailable", cause)
+        slot.book.set_state("down" if available else "unavailable", cause.value)
         if slot.down_reported:
             return []
         slot.down_reported = True
@@ -308,8 +309,8 @@ class Loop:
         with self._lock:
             slot = self._slots[name]
             slot.book.count(reason)
-            events = self._mark_down(name, slot, error, duration,
-                                     cause="deadline_exceeded" if reason == "deadline" else "error")
+            events = self._mark_down(name, slot, error, duration, cause=StateReason.DEADLINE_EXCEEDED
+                                     if reason == "deadline" else StateReason.ERROR)
         for event in events:
             log_event(event)
         self._wake.set()
@@ -405,7 +406,8 @@ class Loop:
                           reported=all(slot.status is not None for slot in self._slots.values()),
                           sinks=self._sink_health,
                           reloads=self.reloads.as_dict() if self.reloads is not None else None,
-                          not_running={p.name: p.reason for p in self.plan.collectors if p.name not in self._slots})
+                          not_running={p.name: p.cause.value for p in self.plan.collectors
+                                       if p.name not in self._slots})
             events, self._events = tuple(self._events), []
         # the stages (the health rules, a save of the verdicts to disk) run outside the lock
         draft = run_stages(self.stages, Snapshot(self.host, time.time(), tuple(families), events,

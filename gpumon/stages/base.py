@@ -56,7 +56,7 @@ class Books:
     sinks: dict[str, SinkHealth] = field(default_factory=dict)
     reloads: dict[str, int] | None = None
     not_running: dict[str, str] = field(default_factory=dict)
-    """Collectors the plan did not start, with their probe's reason."""
+    """Collectors the plan did not start, with their probe's cause (a ``StateReason`` value)."""
     owed: bool = False
     """Set by a stage that put work off: the loop composes again within its SOFT seconds."""
 

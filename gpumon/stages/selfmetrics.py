@@ -32,38 +32,16 @@ from gpumon.catalogue.daemon import (
     SINK_UP,
     sink_gauge,
 )
-from gpumon.model import MetricFamily, MetricSpec, MetricType, Snapshot
+from gpumon.model import MetricFamily, MetricSpec, MetricType, Snapshot, StateReason
 from gpumon.sinks.base import SinkHealth
 from gpumon.stages.base import Books, CollectorBook
 
 STATES = ("ok", "down", "unavailable")
-REASONS = ("none", "no_source", "library_not_found", "driver_not_loaded", "no_permission", "init_failed",
-           "deadline_exceeded", "error")
-"""The ``reason`` values of gpumon_collector_state; ``none`` goes with ``ok``."""
-
-_REASON_WORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("deadline_exceeded", ("deadline", "did not answer within")),
-    ("library_not_found", ("library_not_found", "library not found", "not installed")),
-    ("driver_not_loaded", ("driver_not_loaded", "driver not loaded", "no infiniband driver")),
-    ("no_permission", ("no_permission", "permission denied", "insufficient permissions",
-                       "operation not permitted")),
-    ("no_source", ("has no ", "reports no gpus", "no infiniband devices", "no such file", "no nvidia gpu",
-                   "no aer ")),
-    ("init_failed", ("init failed", "initialisation", "initialization")),
-)
+REASONS = tuple(reason.value for reason in StateReason)
+"""The ``reason`` values of gpumon_collector_state (given where a failure is raised); ``none`` goes
+with ``ok``."""
 
 _PROCESS_BY_NAME = {spec.name: spec for spec in PROCESS_SPECS}
-
-
-def reason_code(message: str) -> str:
-    """A collector's own words for why it is unavailable (its probe's reason, its
-    CollectorUnavailable) mapped onto REASONS: the one place that knows those messages, so a label
-    value never carries free text (paths, error codes) that would multiply series."""
-    lowered = message.lower()
-    for code, words in _REASON_WORDS:
-        if any(word in lowered for word in words):
-            return code
-    return "error"
 
 
 PROCESS_EVERY = 5.0
@@ -93,7 +71,7 @@ class SelfMetrics:
     def families(self, collectors: dict[str, CollectorBook], sinks: dict[str, SinkHealth],
                  reloads: dict[str, int] | None = None,
                  not_running: dict[str, str] | None = None) -> list[MetricFamily]:
-        """``not_running``: collectors the plan did not start, with their probe's reason."""
+        """``not_running``: collectors the plan did not start, with their probe's cause (a REASONS value)."""
         names = sorted(collectors)
         out = [
             self._build,
@@ -173,5 +151,5 @@ def _states(collectors: dict[str, CollectorBook], not_running: dict[str, str]) -
     """One gpumon_collector_state sample per collector, sorted by name; a running collector appears
     once its first run ends (as gpumon_collector_up does)."""
     rows = {name: (book.state, book.reason) for name, book in collectors.items() if book.state is not None}
-    rows.update({name: ("unavailable", reason_code(reason)) for name, reason in not_running.items()})
+    rows.update({name: ("unavailable", reason) for name, reason in not_running.items()})
     return tuple(COLLECTOR_STATE.sample(1, name, state, reason) for name, (state, reason) in sorted(rows.items()))
