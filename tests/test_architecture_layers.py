@@ -107,7 +107,7 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
                "gpumon.catalogue.gpu": real["gpumon.catalogue.gpu"] | {"gpumon.sources.ib_sysfs"},
                "gpumon.catalogue.hints": real["gpumon.catalogue.hints"] | {"gpumon.model"},
                "gpumon.sinks.otel.mapping": real["gpumon.sinks.otel.mapping"]
-               | {"gpumon.collectors.nvml_metrics"},
+               | {"gpumon.collectors.nvml_readings"},
                "gpumon.collectors.nvml": real["gpumon.collectors.nvml"] | {"gpumon.report.tables"},
                "gpumon.daemon.once": real["gpumon.daemon.once"] | {"gpumon.report"},
                "gpumon.table": real["gpumon.table"] | {"gpumon.model"},
@@ -120,7 +120,7 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
     assert ("gpumon.collectors.kmsg", "gpumon.collectors.xid") in found
     assert ("gpumon.catalogue.gpu", "gpumon.sources.ib_sysfs") in found
     assert ("gpumon.catalogue.hints", "gpumon.model") in found
-    assert ("gpumon.sinks.otel.mapping", "gpumon.collectors.nvml_metrics") in found
+    assert ("gpumon.sinks.otel.mapping", "gpumon.collectors.nvml_readings") in found
     assert ("gpumon.collectors.nvml", "gpumon.report.tables") in found
     assert ("gpumon.daemon.once", "gpumon.report") in found
     assert ("gpumon.table", "gpumon.model") in found
