@@ -217,3 +217,17 @@ def test_the_retry_loop_rule_finds_a_planted_loop(tmp_path):
         "def run(self):\n    while True:\n        delay = self._backoff.failed(now, retry_after)\n"
         "        self.backoff.succeeded()\n        counters.failed_attempt(1)\n")
     assert [(p.name, line) for p, line in retry_loops(tmp_path)] == [("planted.py", 3), ("planted.py", 4)]
+
+
+# ------------------------------------------------------------------ small modules
+MODULE_LINES = 600
+
+
+def test_no_collector_stage_or_loop_module_passes_600_lines():
+    """The nvml collector is readers on one base (nvml_gpu, nvml_fields, nvml_mig), not one module of
+    discovery, MIG, GPM, fields and NVLink sums: a collector, stage or loop module that outgrows
+    MODULE_LINES is two modules."""
+    long = {str(path.relative_to(REPO)): n for package in ("collectors", "stages", "daemon")
+            for path in sorted((Path(REPO) / "gpumon" / package).rglob("*.py"))
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES}
+    assert not long, f"modules over {MODULE_LINES} lines: {long}"
