@@ -30,6 +30,7 @@ def _parts(tmp: str, profile: str, health: bool = True):
     from gpumon.daemon.health import health_stage
     from gpumon.daemon.loop import Loop
     from gpumon.daemon.plan import make_sinks, plan_collectors
+    from gpumon.stages import HealthJudging
 
     environ = {"GPUMON_DAEMON_STATE_DIR": os.path.join(tmp, "state"), "GPUMON_DAEMON_SIMULATE": profile}
     flags = {"listen": "127.0.0.1:0", "simulate": profile}
@@ -40,7 +41,9 @@ def _parts(tmp: str, profile: str, health: bool = True):
     plan = plan_collectors(ctx.config, ctx)
     sinks = make_sinks(config, sink_context(ctx.config))
     loop = Loop(config, plan, ctx, sinks, None, health_stage(config, ctx) if health else None)
-    loop.HEALTH_EVERY = 0.0  # every cycle is judged, as at the default 10 s interval
+    for stage in loop.stages:
+        if isinstance(stage, HealthJudging):
+            stage.every = 0.0  # every cycle is judged, as at the default 10 s interval
     return ctx, plan, sinks, loop
 
 
@@ -63,7 +66,7 @@ def overhead(opts: Options, profile: str = "nd-h100-v5", health: bool = True) ->
                     results.append((runner, runner.collector.collect(), time.monotonic() - started))
                 t1 = time.thread_time()
                 for runner, result, duration in results:
-                    loop.accept(runner, result, "", False, duration)
+                    loop.accept(runner, result, "", None, duration)
                 t2 = time.thread_time()
                 loop.publish_now()
                 t3 = time.thread_time()

@@ -14,6 +14,8 @@ import logging
 import re
 import sys
 
+from gpumon.model import Event, Severity
+
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
@@ -69,3 +71,15 @@ def setup(level: str = "info", fmt: str = "text", stream=None) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+
+
+_event_log = logging.getLogger("gpumon.event")
+_LEVELS = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING,
+           Severity.ERROR: logging.ERROR, Severity.CRITICAL: logging.CRITICAL}
+
+
+def log_event(event: Event) -> None:
+    """Every event is also one structured log line (``extra`` carries the fields for JSON logs)."""
+    subject = " ".join(f"{k}={v}" for k, v in event.subject.items())
+    _event_log.log(_LEVELS[event.severity], "%s %s: %s", event.kind, subject, event.message,
+                   extra={"event": event.as_dict()})

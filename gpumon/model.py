@@ -48,6 +48,24 @@ class Severity(str, enum.Enum):
     CRITICAL = "critical"
 
 
+class StateReason(str, enum.Enum):
+    """Why a collector is not ok: the ``reason`` label of ``gpumon_collector_state``, a fixed
+    vocabulary so a label never carries free text (paths, error codes) that would multiply series.
+    Given where the failure is raised (``Availability.cause``, ``CollectorUnavailable.cause``)."""
+
+    NONE = "none"
+    """Goes with ``ok``."""
+    NO_SOURCE = "no_source"
+    """The host has no such source (no GPUs, no HCA, no AER statistics)."""
+    LIBRARY_NOT_FOUND = "library_not_found"
+    DRIVER_NOT_LOADED = "driver_not_loaded"
+    NO_PERMISSION = "no_permission"
+    INIT_FAILED = "init_failed"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    ERROR = "error"
+    """Anything else, and what a plugin that gives no cause raises."""
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     """What a metric is. ``name`` is the exposed Prometheus name: counters end in ``_total``,

@@ -23,6 +23,7 @@ from gpumon.model import (
     Sample,
     Severity,
     Snapshot,
+    StateReason,
 )
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkDependencyMissing, SinkHealth
 from gpumon.table import Table
@@ -54,6 +55,7 @@ __all__ = [
     "Section",
     "SectionSchema",
     "Severity",
+    "StateReason",
     "Sink",
     "SinkContext",
     "SinkDependencyMissing",

@@ -1,5 +1,5 @@
 """The layer picture of docs/architecture.md, enforced on the import graph (imports inside functions
-count; ``if TYPE_CHECKING:`` blocks do not): face -> loop -> collectors, health, sinks -> sources ->
+count; ``if TYPE_CHECKING:`` blocks do not): face -> loop -> stages, collectors, health, sinks -> sources ->
 core and the metric catalogue; simulate beside them, reached only from the loop and the face. And
 the catalogue's rule, enforced on the source: no metric name is written as a string outside it."""
 
@@ -14,7 +14,7 @@ from tests.conftest import REPO
 from tests.test_import_structure import graph
 
 FACE = ("gpumon.cli", "gpumon.__main__", "gpumon.report", "gpumon.confdoc")
-LOOP = ("gpumon.daemon", "gpumon.registry", "gpumon.selfmetrics")
+LOOP = ("gpumon.daemon", "gpumon.registry")
 
 COLLECTOR_MODULES = frozenset(target.partition(":")[0] for target in BUILTIN_COLLECTORS.values())
 """Modules a built-in collector is registered from; every other module in collectors/ is a helper."""
@@ -56,6 +56,11 @@ def breaches() -> dict[str, set[tuple[str, str]]]:
                     or (inside(target, "gpumon.sinks") and target != "gpumon.sinks.common")):
                 breach("health imports no collector, simulate, loop or face module, of sinks only common",
                        source, target)
+            if inside(source, "gpumon.stages") and (
+                    upward or inside(target, "gpumon.collectors", "gpumon.simulate")):
+                breach("stages import no collector, simulate, loop or face module", source, target)
+            if inside(target, "gpumon.stages") and not inside(source, "gpumon.stages", "gpumon.daemon"):
+                breach("stages are imported only by the loop (daemon/) and each other", source, target)
             if inside(source, "gpumon.sources") and not (
                     inside(target, "gpumon.sources") or target in ("gpumon.model", "gpumon.config")):
                 breach("sources import only model, config and sources", source, target)
@@ -87,7 +92,9 @@ def test_the_rules_see_the_modules_they_are_about():
     assert "gpumon.report" in edges["gpumon.cli"]
     assert "gpumon.backoff" in edges["gpumon.health.actions.worker"]  # the actions use the shared backoff
     assert "gpumon.backoff" in edges["gpumon.collectors.nvml_session"]  # and so does NVML's re-init
-    for package in ("gpumon.sinks", "gpumon.health", "gpumon.sources", "gpumon.simulate"):
+    assert "gpumon.stages" in edges["gpumon.daemon.plan"]  # the plan builds the stages
+    assert "gpumon.health.stage" in edges["gpumon.stages.health"]  # which run the health rules
+    for package in ("gpumon.sinks", "gpumon.health", "gpumon.sources", "gpumon.simulate", "gpumon.stages"):
         assert any(inside(m, package) for m in edges), package
 
 
@@ -100,22 +107,26 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
                "gpumon.catalogue.gpu": real["gpumon.catalogue.gpu"] | {"gpumon.sources.ib_sysfs"},
                "gpumon.catalogue.hints": real["gpumon.catalogue.hints"] | {"gpumon.model"},
                "gpumon.sinks.otel.mapping": real["gpumon.sinks.otel.mapping"]
-               | {"gpumon.collectors.nvml_metrics"},
+               | {"gpumon.collectors.nvml_readings"},
                "gpumon.collectors.nvml": real["gpumon.collectors.nvml"] | {"gpumon.report.tables"},
                "gpumon.daemon.once": real["gpumon.daemon.once"] | {"gpumon.report"},
                "gpumon.table": real["gpumon.table"] | {"gpumon.model"},
-               "gpumon.backoff": real["gpumon.backoff"] | {"gpumon.sinks.common"}}
+               "gpumon.backoff": real["gpumon.backoff"] | {"gpumon.sinks.common"},
+               "gpumon.stages.relabel": real["gpumon.stages.relabel"] | {"gpumon.collectors.attribution"},
+               "gpumon.sinks.prometheus": real["gpumon.sinks.prometheus"] | {"gpumon.stages.selfmetrics"}}
     monkeypatch.setattr(me, "graph", lambda: planted)
     found = {edge for edges in breaches().values() for edge in edges}
     assert ("gpumon.sources.kvp", "gpumon.collectors.nvml") in found
     assert ("gpumon.collectors.kmsg", "gpumon.collectors.xid") in found
     assert ("gpumon.catalogue.gpu", "gpumon.sources.ib_sysfs") in found
     assert ("gpumon.catalogue.hints", "gpumon.model") in found
-    assert ("gpumon.sinks.otel.mapping", "gpumon.collectors.nvml_metrics") in found
+    assert ("gpumon.sinks.otel.mapping", "gpumon.collectors.nvml_readings") in found
     assert ("gpumon.collectors.nvml", "gpumon.report.tables") in found
     assert ("gpumon.daemon.once", "gpumon.report") in found
     assert ("gpumon.table", "gpumon.model") in found
     assert ("gpumon.backoff", "gpumon.sinks.common") in found
+    assert ("gpumon.stages.relabel", "gpumon.collectors.attribution") in found
+    assert ("gpumon.sinks.prometheus", "gpumon.stages.selfmetrics") in found
 
 
 def test_imports_point_down_the_layers():
@@ -212,3 +223,17 @@ def test_the_retry_loop_rule_finds_a_planted_loop(tmp_path):
         "        wake.wait(max(0.01, backoff.not_before - now))\n")
     assert [(p.name, line) for p, line in retry_loops(tmp_path)] == [
         ("planted.py", 3), ("planted.py", 4), ("planted.py", 6)]
+
+
+# ------------------------------------------------------------------ small modules
+MODULE_LINES = 600
+
+
+def test_no_collector_stage_or_loop_module_passes_600_lines():
+    """The nvml collector is readers on one base (nvml_gpu, nvml_fields, nvml_mig), not one module of
+    discovery, MIG, GPM, fields and NVLink sums: a collector, stage or loop module that outgrows
+    MODULE_LINES is two modules."""
+    long = {str(path.relative_to(REPO)): n for package in ("collectors", "stages", "daemon")
+            for path in sorted((Path(REPO) / "gpumon" / package).rglob("*.py"))
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES}
+    assert not long, f"modules over {MODULE_LINES} lines: {long}"

@@ -9,7 +9,7 @@ import sys
 
 from gpumon.model import MetricFamily, MetricSpec, MetricType
 from gpumon.render import Renderer
-from gpumon.selfmetrics import SelfMetrics
+from gpumon.stages.selfmetrics import SelfMetrics
 from tests.conftest import clean_env
 
 

@@ -4,17 +4,26 @@ collector each read differently."""
 
 from __future__ import annotations
 
+import errno
 import re
 
+import pynvml
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from gpumon.collectors.base import Context
+from gpumon.collectors.aer import AerCollector
+from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.collectors.infiniband import InfinibandCollector
+from gpumon.collectors.kmsg import KmsgCollector
+from gpumon.collectors.linkflap import LinkflapCollector
+from gpumon.collectors.nvml import NvmlCollector
+from gpumon.collectors.xid import XidCollector
+from gpumon.config import Section
+from gpumon.daemon import plan
 from gpumon.model import Snapshot
-from gpumon.selfmetrics import REASONS, STATES, reason_code
+from gpumon.simulate.nvml import FakeNVML
 from gpumon.simulate.sysfs import build_tree
+from gpumon.sources import ib_sysfs
+from gpumon.stages.selfmetrics import REASONS, STATES
 from tests.conftest import wait_for
 from tests.test_daemon_loop import Scripted, latest, loop_of  # noqa: F401 - loop_of is a fixture
 
@@ -33,35 +42,74 @@ def page_states(page: str) -> dict[str, tuple[str, str]]:
     return {m[0]: (m[1], m[2]) for m in STATE_LINE.findall(page)}
 
 
-@pytest.mark.parametrize("message, code", [
-    ("no /host/sys/class/infiniband (no InfiniBand driver loaded)", "driver_not_loaded"),
-    ("/sys/class/infiniband has no devices (no RDMA-capable NIC)", "no_source"),
-    ("NVML init failed: NVML Shared Library Not Found (library_not_found)", "library_not_found"),
-    ("nvidia-ml-py (module pynvml) is not installed", "library_not_found"),
-    ("NVML init failed: Driver Not Loaded (driver_not_loaded)", "driver_not_loaded"),
-    ("NVML init failed: Insufficient Permissions (no_permission)", "no_permission"),
-    ("cannot list /sys/class/infiniband: Permission denied", "no_permission"),
-    ("NVML init failed: Unknown Error (unknown)", "init_failed"),
-    ("NVML reports no GPUs", "no_source"),
-    ("probe did not answer within 10 s", "deadline_exceeded"),
-    ("probe failed: KeyError: 'x'", "error"),
+@pytest.mark.parametrize(("code", "cause"), [
+    (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "driver_not_loaded"),
+    (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "library_not_found"),
+    (pynvml.NVML_ERROR_NO_PERMISSION, "no_permission"),
+    (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "init_failed"),
+    (pynvml.NVML_ERROR_UNKNOWN, "init_failed"),
 ])
-def test_messages_map_onto_the_fixed_vocabulary(message, code):
-    assert reason_code(message) == code
+def test_an_nvml_init_failure_gives_its_cause_where_it_is_raised(code, cause):
+    """The NVML return code of nvmlInit, not the words of its message, chooses the reason; the probe
+    and a run both carry it (and the XID watcher, on the same session, too)."""
+    fake = FakeNVML("h100-sxm5-80gb", 1)
+    ctx = Context(hostname="test", nvml=fake)
+    fake.fail_init(code)
+    collector = NvmlCollector(ctx)
+    assert collector.probe().cause == cause
+    with pytest.raises(CollectorUnavailable) as raised:
+        collector.collect()
+    assert raised.value.cause == cause
+    assert XidCollector(ctx).probe().cause == cause
+    collector.close()
 
 
-@given(st.text(max_size=80))
-def test_any_message_gives_a_known_reason(message):
-    assert reason_code(message) in REASONS
+def test_a_host_whose_nvml_has_no_gpus_has_no_source():
+    fake = FakeNVML("h100-sxm5-80gb", 0)
+    collector = NvmlCollector(Context(hostname="test", nvml=fake))
+    assert collector.probe().cause == "no_source"
+    collector.close()
 
 
-def test_probe_reasons_of_a_real_collector(tmp_path):
-    """The words the IB collector really uses: no class/infiniband vs an empty one."""
+def test_probe_causes_of_the_sysfs_collectors(tmp_path):
+    """No class/infiniband (no driver) vs an empty one (no HCA); no AER-capable function; a missing
+    kernel log is an error, as every cause a collector does not give."""
     none = InfinibandCollector(Context("h", sysfs_root=str(tmp_path))).probe()
-    assert reason_code(none.reason) == "driver_not_loaded"
+    assert (none.available, none.cause) == (False, "driver_not_loaded")
+    assert LinkflapCollector(Context("h", sysfs_root=str(tmp_path))).probe().cause == "driver_not_loaded"
+    assert AerCollector(Context("h", sysfs_root=str(tmp_path))).probe().cause == "no_source"
     (tmp_path / "class" / "infiniband").mkdir(parents=True)
     empty = InfinibandCollector(Context("h", sysfs_root=str(tmp_path))).probe()
-    assert reason_code(empty.reason) == "no_source"
+    assert (empty.available, empty.cause) == (False, "no_source")
+    with pytest.raises(CollectorUnavailable) as raised:
+        LinkflapCollector(Context("h", sysfs_root=str(tmp_path))).collect()
+    assert raised.value.cause == "no_source"
+    kmsg = KmsgCollector(Context("h"), Section("kmsg", {"path": str(tmp_path / "none")}))
+    assert (kmsg.probe().available, kmsg.probe().cause) == (False, "error")
+
+
+def test_a_listing_refused_or_gone_says_so():
+    """The errno of a failed listing of class/infiniband, not its words."""
+    assert ib_sysfs._listing_cause(PermissionError(errno.EACCES, "Permission denied")) == "no_permission"
+    assert ib_sysfs._listing_cause(PermissionError(errno.EPERM, "Operation not permitted")) == "no_permission"
+    assert ib_sysfs._listing_cause(FileNotFoundError(errno.ENOENT, "No such file or directory")) == "no_source"
+    assert ib_sysfs._listing_cause(OSError(errno.EIO, "Input/output error")) == "error"
+
+
+def test_the_plan_gives_a_raising_probe_error():
+    """(A hung probe: deadline_exceeded, tests/test_daemon_loop.py.)"""
+    class Raises(Collector):
+        name = "raises"
+
+        def probe(self) -> Availability:
+            raise PermissionError("permission denied")
+
+    assert plan._probe(Raises(Context("h")), 5.0)[4] == "error"
+
+
+def test_the_reasons_are_the_vocabulary_in_its_order():
+    assert REASONS == ("none", "no_source", "library_not_found", "driver_not_loaded", "no_permission",
+                       "init_failed", "deadline_exceeded", "error")
 
 
 def test_ok_down_unavailable_and_back(loop_of):  # noqa: F811 - the fixture by its name

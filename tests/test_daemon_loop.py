@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
@@ -10,7 +11,7 @@ from gpumon.cli import schemas
 from gpumon.collectors.base import Collector, CollectorUnavailable, Context
 from gpumon.config import load
 from gpumon.daemon import Loop, Plan, PlannedCollector, collect_once
-from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity, Snapshot
+from gpumon.model import Collection, Event, MetricSpec, MetricType, Severity, Snapshot, StateReason
 from gpumon.sinks.base import Sink, SinkContext
 from tests.conftest import series, wait_for
 
@@ -37,7 +38,7 @@ class Scripted(Collector):
         if self.mode == "hang":
             self.release.wait(30)
         if self.mode == "unavailable":
-            raise CollectorUnavailable("driver not loaded")
+            raise CollectorUnavailable("driver not loaded", StateReason.DRIVER_NOT_LOADED)
         result = Collection()
         result.add(VALUE, [VALUE.sample(self.runs, self.name)])
         result.count_error("parse", 2)
@@ -57,12 +58,13 @@ class Recorder(Sink):
         self.snapshots.append(snapshot)
 
 
-def make_loop(*collectors: Scripted, interval: float = 0.05, deadline: float = 0.5) -> tuple[Loop, Recorder]:
+def make_loop(*collectors: Scripted, interval: float = 0.05, deadline: float = 0.5,
+              health: Any = None) -> tuple[Loop, Recorder]:
     config = load(schemas(), None, {"GPUMON_DAEMON_INTERVAL": str(interval),
                                     "GPUMON_DAEMON_DEADLINE": str(deadline)}, {})
     plan = Plan([PlannedCollector(c.name, c, True, True) for c in collectors])
     sink = Recorder()
-    return Loop(config, plan, Context(hostname="test"), [sink]), sink
+    return Loop(config, plan, Context(hostname="test"), [sink], health=health), sink
 
 
 
@@ -229,9 +231,10 @@ def test_a_probe_that_hangs_is_unavailable_after_the_deadline():
 
     collector = HangingProbe("hp")
     t0 = time.monotonic()
-    available, reason, finished, retry = _probe(collector, 0.3)
+    available, reason, finished, retry, cause = _probe(collector, 0.3)
     collector.release.set()
     assert not available and not finished and not retry and "did not answer within 0.3 s" in reason
+    assert cause == "deadline_exceeded"
     assert time.monotonic() - t0 < 2
 
 
@@ -281,9 +284,8 @@ def test_a_slow_health_evaluation_never_makes_a_fast_collector_late(loop_of) -> 
     """The rules run outside the loop's lock: a collector handing in a run while the health stage
     takes longer than the collector's deadline is not reported down."""
     fast = Scripted("fast")
-    loop, sink = make_loop(fast, interval=0.1, deadline=0.5)
     slow = SlowHealth(1.2)
-    loop.health = slow  # type: ignore[assignment]
+    loop, sink = make_loop(fast, interval=0.1, deadline=0.5, health=slow)
     loop.start()
     try:
         wait_for(lambda: slow.updates >= 3, timeout=20)

@@ -13,16 +13,16 @@ import dataclasses
 
 import pytest
 
-from gpumon import selfmetrics
 from gpumon.catalogue import daemon as daemon_metrics
 from gpumon.catalogue import gpu as gpu_metrics
 from gpumon.catalogue import hints as cat
 from gpumon.catalogue import lookup
-from gpumon.collectors import nvml_metrics
+from gpumon.collectors import nvml_readings
 from gpumon.confdoc import declared_specs
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
 from gpumon.sinks.azure_monitor.rows import GPU, IB, RowBuilder, stream_columns
 from gpumon.sinks.otel import mapping as otel_mapping
+from gpumon.stages import selfmetrics
 
 OWN = MetricSpec(
     "gpumon_gpu_widget_ratio", MetricType.GAUGE, "A widget.", "ratio", ("gpu", "uuid"),
@@ -111,7 +111,7 @@ def test_each_hint_fits_the_declaration_it_sits_on(name):
 
 
 def test_the_violation_columns_cover_every_reason_nvml_fields_read():
-    reasons = {f.extra[0] for f in nvml_metrics.FIELDS if f.spec is gpu_metrics.CLOCK_VIOLATION}
+    reasons = {f.extra[0] for f in nvml_readings.FIELDS if f.spec is gpu_metrics.CLOCK_VIOLATION}
     (hint,) = lookup.azure_hints(gpu_metrics.CLOCK_VIOLATION)
     assert isinstance(hint, cat.MetricColumns)
     assert {value for value, _ in hint.split} == reasons

@@ -9,7 +9,7 @@ import pynvml
 import pytest
 
 from gpumon.catalogue import gpu as CG
-from gpumon.collectors import nvml_metrics as M
+from gpumon.collectors import nvml_readings as M
 from gpumon.collectors.base import Context
 from gpumon.collectors.nvml import NvmlCollector
 from gpumon.collectors.nvml_session import NvmlSession

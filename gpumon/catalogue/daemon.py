@@ -17,7 +17,7 @@ from gpumon.catalogue.units import (
 )
 from gpumon.model import MetricSpec, MetricType
 
-# --- the loop (selfmetrics.py) ----------------------------------------------------------------------
+# --- the loop (stages/selfmetrics.py) ----------------------------------------------------------------------
 BUILD_INFO = MetricSpec("gpumon_build_info", MetricType.INFO, "gpumon version and the Python running it.",
 unit=INFO,
                         labels=("version", "python"))
@@ -86,7 +86,7 @@ CONFIG_RELOAD_OK = MetricSpec("gpumon_config_last_reload_successful", MetricType
 
 SELF_SPECS = (BUILD_INFO, COLLECTOR_UP, COLLECTOR_STATE, COLLECTOR_DURATION, COLLECTOR_RUNS, COLLECTOR_ERRORS,
               SINK_UP, SINK_EXPORTED, SINK_FAILED, SINK_DROPPED, CONFIG_RELOADS, CONFIG_RELOAD_OK)
-"""The loop's self-metrics (:mod:`gpumon.selfmetrics` builds them)."""
+"""The loop's self-metrics (:mod:`gpumon.stages.selfmetrics` builds them)."""
 
 
 def _process(name: str, kind: MetricType, help: str, unit: Unit, otel: OtelMetric | None = None) -> MetricSpec:

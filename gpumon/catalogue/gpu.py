@@ -1,6 +1,6 @@
 """The GPU metrics: NVML's (the nvml collector) and the XID watcher's, each declared once.
 
-The nvml collector (:mod:`gpumon.collectors.nvml_metrics`) says where each value comes from in NVML;
+The nvml collector (:mod:`gpumon.collectors.nvml_readings`) says where each value comes from in NVML;
 this module says what the metric is: name, type, typed unit, help, labels and its sink hints.
 """
 

@@ -30,7 +30,7 @@ from gpumon.catalogue.host import (
 from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.log_once import COUNTED, LogOnce
-from gpumon.model import Collection, MetricSpec, Sample
+from gpumon.model import Collection, MetricSpec, Sample, StateReason
 from gpumon.sources import pci_aer
 from gpumon.sources.ib_sysfs import Fault, read_mode_cached
 from gpumon.sources.pci import nvml_bus_id
@@ -83,10 +83,11 @@ class AerCollector(Collector):
         functions = pci_aer.discover(self.ctx.sysfs_root)
         if not functions:
             return Availability(False, "no NVIDIA GPU or RDMA HCA PCI function under "
-                                f"{os.path.join(self.ctx.sysfs_root, 'bus', 'pci', 'devices')}")
+                                f"{os.path.join(self.ctx.sysfs_root, 'bus', 'pci', 'devices')}",
+                                cause=StateReason.NO_SOURCE)
         if not any(pci_aer.has_aer(f) for f in functions):
             return Availability(False, "no AER statistics (kernel without CONFIG_PCIEAER, or functions "
-                                "without the AER capability)")
+                                "without the AER capability)", cause=StateReason.NO_SOURCE)
         return Availability(True)
 
     def _watched(self) -> list[pci_aer.Reader]:

@@ -36,7 +36,7 @@ from gpumon.collectors.gpu_directory import KEY as DIRECTORY_KEY
 from gpumon.collectors.gpu_directory import GpuDirectory, GpuEntry
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.log_once import LogOnce
-from gpumon.model import Collection, MetricSpec
+from gpumon.model import Collection, MetricSpec, StateReason
 from gpumon.sources import cgroup, jobmap, kubelet
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class AttributionCollector(Collector):
         if self.settings.processes and (self.ctx.simulation is not None or os.path.exists("/dev/nvidiactl")):
             return Availability(True)
         return Availability(False, "no kubelet socket, no job mapping directory and no NVIDIA driver "
-                                   "whose processes could be attributed")
+                                   "whose processes could be attributed", cause=StateReason.ERROR)
 
     # -- a run ----------------------------------------------------------------------------------
     def collect(self) -> Collection:

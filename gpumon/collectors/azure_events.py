@@ -31,7 +31,7 @@ from gpumon.catalogue.host import (
 from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.imds import EVENT_TYPES, ImdsError, ScheduledEvent, ScheduledEvents
-from gpumon.model import Collection, Event, MetricSpec, Severity
+from gpumon.model import Collection, Event, MetricSpec, Severity, StateReason
 
 log = logging.getLogger("gpumon.collectors.azure_events")
 
@@ -95,7 +95,7 @@ class AzureEventsCollector(Collector):
 
     def probe(self) -> Availability:
         on, why = self._client.on_azure()
-        return Availability(on, why)
+        return Availability(on, why, cause=StateReason.ERROR)  # off Azure (no IMDS answers)
 
     def check(self) -> Availability:
         """One poll, as the daemon's first: a refusal (403) would repeat on every poll."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from gpumon.config import Config, Section, SectionSchema, parsed_section
-from gpumon.model import Collection, MetricSpec, Snapshot
+from gpumon.model import Collection, MetricSpec, Snapshot, StateReason
 from gpumon.table import Table
 
 T = TypeVar("T")
@@ -31,13 +31,20 @@ class Availability:
     #: The source is on this host but not ready (a driver still loading or being updated): ``gpumon
     #: run`` starts the collector anyway, reported down, so it comes up without a restart.
     retry: bool = False
+    #: Why, from the fixed vocabulary of ``gpumon_collector_state``'s ``reason`` label.
+    cause: StateReason = StateReason.ERROR
 
 
 class CollectorUnavailable(Exception):
     """Raised by ``collect()`` when the source went away (driver unloaded, tree removed).
 
-    The loop reports the collector unavailable with this message rather than failed.
+    The loop reports the collector unavailable with this message rather than failed, and ``cause``
+    as the ``reason`` of ``gpumon_collector_state``.
     """
+
+    def __init__(self, message: str = "", cause: StateReason = StateReason.ERROR) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 @dataclass

@@ -24,7 +24,7 @@ from gpumon.collectors.base import Availability, Collector, Context
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.imds import AzureInstance, ImdsError
 from gpumon.log_once import COUNTED, LogOnce
-from gpumon.model import Collection, MetricSpec
+from gpumon.model import Collection, MetricSpec, StateReason
 from gpumon.sources import kvp
 
 log = logging.getLogger("gpumon.collectors.host_info")
@@ -81,7 +81,8 @@ class HostInfoCollector(Collector):
                 return Availability(True)
             except OSError:
                 pass
-        return Availability(False, f"{why}; no Hyper-V KVP pool at {self.settings.kvp_pool or '(not read)'}")
+        return Availability(False, f"{why}; no Hyper-V KVP pool at {self.settings.kvp_pool or '(not read)'}",
+                            cause=StateReason.ERROR)
 
     def check(self) -> Availability:
         """IMDS answering but refusing (403 from a proxy in the way): every run would count it."""

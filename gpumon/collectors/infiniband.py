@@ -33,7 +33,7 @@ from gpumon.catalogue.infiniband import (
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.flaps import is_up, shared_detector
-from gpumon.model import Collection, Labels, MetricSpec, Sample
+from gpumon.model import Collection, Labels, MetricSpec, Sample, StateReason
 from gpumon.sources import ib_sysfs
 from gpumon.sources.ib_sysfs import (
     HW_NOT_COUNTERS,
@@ -196,7 +196,8 @@ OPTIONS = SectionSchema(
 
 def probe_tree(sysfs_root: str) -> Availability:
     """Whether ``<sysfs_root>/class/infiniband`` lists devices; shared with the link-flap watcher."""
-    return Availability(*ib_sysfs.probe_tree(sysfs_root))
+    available, reason, cause = ib_sysfs.probe_tree(sysfs_root)
+    return Availability(available, reason, cause=cause)
 
 
 class InfinibandCollector(Collector):
@@ -245,8 +246,8 @@ class InfinibandCollector(Collector):
             self._signature = signature
             where = class_dir(self.ctx.sysfs_root)
             raise CollectorUnavailable(
-                f"no {where} (no InfiniBand driver loaded)" if signature is None
-                else f"{where} has no devices")
+                f"no {where} (no InfiniBand driver loaded)" if signature is None else f"{where} has no devices",
+                StateReason.DRIVER_NOT_LOADED if signature is None else StateReason.NO_SOURCE)
         if self._stale or signature != self._signature:
             complete = self._rediscover(coll)
             self._signature = signature

@@ -40,7 +40,7 @@ from gpumon.collectors.base import Availability, Collector, CollectorUnavailable
 from gpumon.collectors.nvml_tables import xid_info
 from gpumon.config import Option, Section, SectionSchema
 from gpumon.log_once import COUNTED, LogOnce
-from gpumon.model import Collection, Event, MetricSpec, Severity
+from gpumon.model import Collection, Event, MetricSpec, Severity, StateReason
 from gpumon.sources import driver_log
 from gpumon.sources.kmsg import BOOT_ID_PATH, DEFAULT_PATH, FIRST_START, Batch, KmsgReader, Record
 from gpumon.sources.pci import nvml_bus_id, sysfs_name
@@ -125,7 +125,7 @@ class KmsgCollector(Collector):
         try:
             os.close(os.open(self.settings.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
         except OSError as exc:
-            return Availability(False, _reason(self.settings.path, exc))
+            return Availability(False, _reason(self.settings.path, exc), cause=_cause(exc))
         return Availability(True)
 
     def collect(self) -> Collection:
@@ -137,7 +137,7 @@ class KmsgCollector(Collector):
             except OSError as exc:
                 self.reader.close()
                 if not taken:
-                    raise CollectorUnavailable(_reason(self.settings.path, exc)) from None
+                    raise CollectorUnavailable(_reason(self.settings.path, exc), _cause(exc)) from None
                 break  # what was read counts; the next run opens the log again (or fails)
             self._take(batch, out)
             taken += len(batch.records)
@@ -306,6 +306,11 @@ class KmsgCollector(Collector):
 
     def close(self) -> None:
         self.reader.close()
+
+
+def _cause(exc: OSError) -> StateReason:
+    """Refused (needs root or CAP_SYSLOG), else an error: a missing kernel log included."""
+    return StateReason.NO_PERMISSION if exc.errno in (errno.EACCES, errno.EPERM) else StateReason.ERROR
 
 
 def _reason(path: str, exc: OSError) -> str:

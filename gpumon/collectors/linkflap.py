@@ -27,7 +27,7 @@ from gpumon.catalogue.infiniband import (
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.config import Config, Option, Section, SectionSchema
 from gpumon.flaps import SIGNALS, PortFlapStatus, shared_detector
-from gpumon.model import Collection, MetricFamily, MetricSpec, Sample
+from gpumon.model import Collection, MetricFamily, MetricSpec, Sample, StateReason
 from gpumon.sources import ib_sysfs
 from gpumon.sources.ib_sysfs import (
     DEVICE_OPTIONS,
@@ -167,7 +167,8 @@ class LinkflapCollector(Collector):
         return self.settings.watch_interval
 
     def probe(self) -> Availability:
-        return Availability(*ib_sysfs.probe_tree(self.ctx.sysfs_root))
+        available, reason, cause = ib_sysfs.probe_tree(self.ctx.sysfs_root)
+        return Availability(available, reason, cause=cause)
 
     def close(self) -> None:
         for port in self._ports:
@@ -202,7 +203,8 @@ class LinkflapCollector(Collector):
         if not signature:
             self.close()
             self._signature = signature
-            raise CollectorUnavailable(f"no InfiniBand devices under {class_dir(self.ctx.sysfs_root)}")
+            raise CollectorUnavailable(f"no InfiniBand devices under {class_dir(self.ctx.sysfs_root)}",
+                                       StateReason.NO_SOURCE)
         if self._stale or signature != self._signature:
             self._rediscover()
             self._signature = signature

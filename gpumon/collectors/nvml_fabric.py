@@ -17,7 +17,7 @@ import ctypes
 from typing import Any
 
 from gpumon.catalogue import gpu as CG
-from gpumon.collectors import nvml_metrics as M
+from gpumon.collectors import nvml_readings as M
 from gpumon.collectors.nvml_session import Device, nvml_code
 from gpumon.collectors.nvml_tables import (
     FABRIC_CONDITIONS,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.catalogue import gpu as CG
-from gpumon.collectors import nvml_metrics as M
+from gpumon.collectors import nvml_readings as M
 
 INFO_FN = "nvmlDeviceGetProcessesUtilizationInfo"
 LEGACY_FN = "nvmlDeviceGetProcessUtilization"

@@ -25,9 +25,9 @@ from typing import Any
 
 from gpumon.backoff import NO_JITTER, Backoff
 from gpumon.collectors.base import CollectorUnavailable, Context
-from gpumon.collectors.nvml_tables import FUNCTION_NOT_FOUND, error_kind, error_name
+from gpumon.collectors.nvml_tables import FUNCTION_NOT_FOUND, error_kind, error_name, unusable_cause
 from gpumon.log_once import LogOnce
-from gpumon.model import Event, Severity
+from gpumon.model import Event, Severity, StateReason
 
 log = logging.getLogger("gpumon.nvml")
 
@@ -107,6 +107,8 @@ class NvmlSession:
         self.ready = False
         self.generation = 0
         self.reason = "NVML not initialised yet"
+        self.cause = StateReason.ERROR
+        """Why, for ``gpumon_collector_state``, beside ``reason``'s words."""
         #: False while the last failure says this is no GPU host (no libnvidia-ml, no nvidia-ml-py);
         #: True when the library is there but init failed (driver not loaded, version mismatch).
         self.retryable = False
@@ -151,7 +153,7 @@ class NvmlSession:
             if self._refs or not self.ready:
                 return
             self.ready = False
-            self.reason = "NVML session closed"
+            self.reason, self.cause = "NVML session closed", StateReason.ERROR
         self._shutdown("session closed")
 
     def _shutdown(self, why: str) -> None:
@@ -188,18 +190,19 @@ class NvmlSession:
         if self.ready:
             return
         if not self._init_lock.acquire(blocking=False):
-            raise CollectorUnavailable("NVML initialisation in progress")
+            raise CollectorUnavailable("NVML initialisation in progress", StateReason.INIT_FAILED)
         try:
             if self.ready:
                 return
             now = self._clock()
             if now < self._next_try:
-                raise CollectorUnavailable(self.reason)
+                raise CollectorUnavailable(self.reason, self.cause)
             try:
                 lib = self.lib
             except ImportError:
-                self._fail("nvidia-ml-py (module pynvml) is not installed", now, retryable=False)
-                raise CollectorUnavailable(self.reason) from None
+                self._fail("nvidia-ml-py (module pynvml) is not installed", now, retryable=False,
+                           cause=StateReason.LIBRARY_NOT_FOUND)
+                raise CollectorUnavailable(self.reason, self.cause) from None
             self._run_pending_shutdowns()
             inited = False
             try:
@@ -212,8 +215,9 @@ class NvmlSession:
                     self._shutdown("discovery failed")
                 code = nvml_code(exc)
                 reason = f"NVML init failed: {exc}" + (f" ({error_name(code)})" if code else "")
-                self._fail(reason, now, retryable=code is None or error_name(code) != "library_not_found")
-                raise CollectorUnavailable(self.reason) from None
+                self._fail(reason, now, retryable=code is None or error_name(code) != "library_not_found",
+                           cause=unusable_cause(code, StateReason.INIT_FAILED))
+                raise CollectorUnavailable(self.reason, self.cause) from None
             with self._lock:
                 self.ready = True
                 self.generation += 1
@@ -223,13 +227,13 @@ class NvmlSession:
         finally:
             self._init_lock.release()
 
-    def _fail(self, reason: str, now: float, retryable: bool) -> None:
+    def _fail(self, reason: str, now: float, retryable: bool, cause: StateReason) -> None:
         if reason != self.reason:
             if retryable:
                 log.warning("%s; retrying with backoff", reason)
             else:  # no GPU host: the daemon says once that the collector is unavailable
                 log.debug("%s", reason)
-        self.reason = reason
+        self.reason, self.cause = reason, cause
         self.retryable = retryable
         self._next_try = now + self._backoff.failed(now)
 
@@ -244,13 +248,13 @@ class NvmlSession:
         if pending:
             self._gated_shutdown(pending)
 
-    def invalidate(self, reason: str) -> None:
+    def invalidate(self, reason: str, cause: StateReason = StateReason.ERROR) -> None:
         """NVML stopped working mid-run (driver unloaded): unavailable until a re-init succeeds."""
         with self._lock:
             if not self.ready:
                 return
             self.ready = False
-            self.reason = reason
+            self.reason, self.cause = reason, cause
             self._next_try = self._clock() + self._backoff.next_delay()
         log.warning("%s; re-initialising NVML with backoff", reason)
         self._shutdown("invalidated")

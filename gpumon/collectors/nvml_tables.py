@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpumon.model import Severity
+from gpumon.model import Severity, StateReason
 
 # --- error codes (NVML_ERROR_*) and what the collector does with them -------------------------------
 
@@ -44,6 +44,16 @@ re-initialises with backoff."""
 
 def error_name(code: int) -> str:
     return ERROR_NAMES.get(code, f"code_{code}")
+
+
+_UNUSABLE_CAUSES = {12: StateReason.LIBRARY_NOT_FOUND, 9: StateReason.DRIVER_NOT_LOADED,
+                    4: StateReason.NO_PERMISSION}
+
+
+def unusable_cause(code: int | None, otherwise: StateReason) -> StateReason:
+    """Why NVML is unusable, for ``gpumon_collector_state``: no library, no driver, no permission
+    (NVML_ERROR_LIBRARY_NOT_FOUND, _DRIVER_NOT_LOADED, _NO_PERMISSION), else ``otherwise``."""
+    return _UNUSABLE_CAUSES.get(code, otherwise) if code is not None else otherwise
 
 
 def error_kind(code: int) -> str:

@@ -39,7 +39,7 @@ from gpumon.collectors.nvml_tables import (
     xid_info,
 )
 from gpumon.config import Option, Section, SectionSchema
-from gpumon.model import Collection, Event, MetricSpec, Severity
+from gpumon.model import Collection, Event, MetricSpec, Severity, StateReason
 from gpumon.xid_ledger import bus_id_of, shared_ledger
 
 log = logging.getLogger("gpumon.xid")
@@ -108,8 +108,9 @@ class XidCollector(Collector):
         try:
             self.session.ensure()
         except CollectorUnavailable as exc:
-            return Availability(False, str(exc), retry=self.session.retryable)
-        return Availability(True) if self.session.devices else Availability(False, "NVML reports no GPUs")
+            return Availability(False, str(exc), retry=self.session.retryable, cause=exc.cause)
+        return Availability(True) if self.session.devices else \
+            Availability(False, "NVML reports no GPUs", cause=StateReason.NO_SOURCE)
 
     # --- the thread ----------------------------------------------------------------------------------
 

@@ -2,8 +2,9 @@
 
 - :mod:`~gpumon.daemon.context`: the host (hostname, the collectors' Context, a simulated host, the
   sinks' SinkContext);
-- :mod:`~gpumon.daemon.plan`: which collectors (probed) and sinks run;
-- :mod:`~gpumon.daemon.loop`: every collector on its own thread, one composer of Snapshots;
+- :mod:`~gpumon.daemon.plan`: which collectors (probed), stages and sinks run;
+- :mod:`~gpumon.daemon.loop`: every collector on its own thread, one composer of Snapshots that runs
+  them through the stages (:mod:`gpumon.stages`);
 - :mod:`~gpumon.daemon.once`: every collector run once, for ``gpumon once`` and ``gpumon check``;
 - :mod:`~gpumon.daemon.health`: the health stage and what it learns from the host;
 - :mod:`~gpumon.daemon.reload`: the Daemon, which builds, launches and reloads a set-up;

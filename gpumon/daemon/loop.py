@@ -3,7 +3,8 @@
 Each :class:`CollectorRunner` calls its collector's ``collect()`` on the collector's interval and
 hands the result to the :class:`Loop`. The loop's own thread wakes on every result (and four times a
 second otherwise), marks down any collector whose run has outlived its deadline, composes an
-immutable Snapshot of the latest good results, and publishes it to every sink. A hung or failing
+immutable Snapshot of the latest good results, runs it through the stages the plan built (health,
+attribution relabel, self-metrics: :mod:`gpumon.stages`), and publishes it to every sink. A hung or failing
 collector therefore never stalls another collector, the loop, or a sink; and a down collector's
 series are withdrawn rather than served stale.
 """
@@ -16,25 +17,18 @@ import time
 from dataclasses import dataclass
 
 from gpumon import attribution_labels, registry
-from gpumon.collectors.attribution import OPTIONS as ATTRIBUTION
 from gpumon.collectors.base import Collector, CollectorUnavailable, Context
 from gpumon.config import Config
-from gpumon.daemon.plan import Plan, collector_deadline
+from gpumon.daemon.plan import Plan, collector_deadline, make_stages
 from gpumon.health.stage import HealthStage
-from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot
-from gpumon.selfmetrics import CollectorBook, SelfMetrics, reason_code
+from gpumon.logs import log_event
+from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot, StateReason
 from gpumon.sinks.base import Sink, SinkHealth
+from gpumon.stages import Books, CollectorBook, run_stages
 
 log = logging.getLogger("gpumon.daemon")
-event_log = logging.getLogger("gpumon.event")
 
-
-def log_event(event: Event) -> None:
-    """Every event is also one structured log line (``extra`` carries the fields for JSON logs)."""
-    level = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING,
-             Severity.ERROR: logging.ERROR, Severity.CRITICAL: logging.CRITICAL}[event.severity]
-    subject = " ".join(f"{k}={v}" for k, v in event.subject.items())
-    event_log.log(level, "%s %s: %s", event.kind, subject, event.message, extra={"event": event.as_dict()})
+__all__ = ["CollectorRunner", "Loop", "ReloadCounts", "log_event", "run_collect"]
 
 
 @dataclass
@@ -123,18 +117,19 @@ class CollectorRunner:
             log.debug("closing collector %s failed", self.name, exc_info=True)
 
 
-def run_collect(collector: Collector) -> tuple[Collection | None, str, bool]:
-    """One ``collect()``: (result, failure, unavailable). Nothing a collector does escapes."""
+def run_collect(collector: Collector) -> tuple[Collection | None, str, StateReason | None]:
+    """One ``collect()``: (result, failure, unavailable: why, or None when the source is there).
+    Nothing a collector does escapes."""
     try:
         result = collector.collect()
     except CollectorUnavailable as exc:
-        return None, str(exc) or "source unavailable", True
+        return None, str(exc) or "source unavailable", StateReason(getattr(exc, "cause", StateReason.ERROR))
     except BaseException as exc:  # noqa: BLE001 - a collector's bug is its own outage, not the daemon's
         log.debug("collector %s raised", collector.name, exc_info=True)
-        return None, f"{type(exc).__name__}: {exc}", False
+        return None, f"{type(exc).__name__}: {exc}", None
     if not isinstance(result, Collection) or not all(isinstance(e, Event) for e in result.events):
-        return None, f"collect() returned {type(result).__name__}, not a Collection of Events", False
-    return registry.screen(collector, result), "", False
+        return None, f"collect() returned {type(result).__name__}, not a Collection of Events", None
+    return registry.screen(collector, result), "", None
 
 
 @dataclass
@@ -159,24 +154,17 @@ class Loop:
     every 10 s or more sees nothing staler, and a watcher running every second does not cost a whole
     publish a second on a quiet host."""
     SOFT = 1.0
-    """Seconds a publish may wait when a health evaluation was put off (see HEALTH_EVERY)."""
-    HEALTH_EVERY = 1.0
-    """Seconds between health evaluations when a collector's series changed (the watch interval), so
-    a fast collector does not pay the rules on every run; runs that changed nothing are judged every
-    REFRESH seconds (the rules' windows and hold times move on)."""
+    """Seconds a publish may wait when a stage put work off (the health stage judges at most every
+    second: see gpumon.stages.health)."""
 
     def __init__(self, config: Config, plan: Plan, ctx: Context, sinks: list[Sink],
                  reloads: ReloadCounts | None = None, health: HealthStage | None = None) -> None:
         self.config = config
         self.health = health
-        self._relabel = ATTRIBUTION.settings_of(config.sections.get("attribution")).labels
-        """``[attribution] labels``: every per-GPU series also carries its holders' labels."""
-        self._health_seen: tuple[int, ...] | None = None
-        self._health_out: tuple[tuple[MetricFamily, ...], tuple[Event, ...]] = ((), ())
-        self._health_at = -self.REFRESH
-        self._health_series: tuple[tuple[MetricFamily, ...], ...] = ()
+        self.stages = make_stages(config, health, self.REFRESH)
+        """The steps after collection, run on every compose (outside the loop's lock)."""
         self._owed = False
-        """A health evaluation was put off: the next publish comes within SOFT seconds."""
+        """A stage put work off: the next publish comes within SOFT seconds."""
         self._shown: dict[str, tuple[tuple[MetricFamily, ...], tuple]] = {}
         self._placeholders: dict[tuple[str, str, bool], CollectorStatus] = {}
         self.reloads = reloads
@@ -184,7 +172,6 @@ class Loop:
         self.ctx = ctx
         self.sinks = sinks
         self.host = ctx.hostname
-        self.self_metrics = SelfMetrics()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -265,7 +252,7 @@ class Loop:
         return list(attribution_labels.enrich(events, allocation)) if allocation is not None else events
 
     def accept(self, runner: CollectorRunner, result: Collection | None, failure: str,
-               unavailable: bool, duration: float) -> None:
+               unavailable: StateReason | None, duration: float) -> None:
         """Take one run's outcome. A run that finished after its deadline does not bring the
         collector back up (it keeps flapping otherwise); its events still count."""
         to_log: list[Event] = []
@@ -289,11 +276,12 @@ class Loop:
                 book.set_state("ok")
             elif result is not None:
                 to_log += self._mark_down(runner.name, slot, f"run took {duration:.3g} s, over its "
-                                          f"{runner.deadline:g} s deadline", duration, cause="deadline_exceeded")
+                                          f"{runner.deadline:g} s deadline", duration,
+                                          cause=StateReason.DEADLINE_EXCEEDED)
             else:
-                book.count("unavailable" if unavailable else "exception")
-                to_log += self._mark_down(runner.name, slot, failure, duration, available=not unavailable,
-                                          cause=reason_code(failure) if unavailable else "error")
+                book.count("unavailable" if unavailable is not None else "exception")
+                to_log += self._mark_down(runner.name, slot, failure, duration, available=unavailable is None,
+                                          cause=unavailable or StateReason.ERROR)
             news = bool(self._events) or self._differs(runner.name, slot)
         for event in to_log:
             log_event(event)
@@ -301,14 +289,14 @@ class Loop:
             self._wake.set()  # else only bookkeeping moved: the loop publishes it within REFRESH s
 
     def _mark_down(self, name: str, slot: _Slot, error: str, duration: float,
-                   available: bool = True, cause: str = "error") -> list[Event]:
+                   available: bool = True, cause: StateReason = StateReason.ERROR) -> list[Event]:
         """Withdraw the collector's series and report it down once (called with the lock held).
         ``cause`` is the gpumon_collector_state reason. Returns the event to log once the lock is
         released."""
         slot.families = ()
         slot.status = CollectorStatus(name, False, duration, error, available)
         slot.book.up = False
-        slot.book.set_state("down" if available else "unavailable", cause)
+        slot.book.set_state("down" if available else "unavailable", cause.value)
         if slot.down_reported:
             return []
         slot.down_reported = True
@@ -321,8 +309,8 @@ class Loop:
         with self._lock:
             slot = self._slots[name]
             slot.book.count(reason)
-            events = self._mark_down(name, slot, error, duration,
-                                     cause="deadline_exceeded" if reason == "deadline" else "error")
+            events = self._mark_down(name, slot, error, duration, cause=StateReason.DEADLINE_EXCEEDED
+                                     if reason == "deadline" else StateReason.ERROR)
         for event in events:
             log_event(event)
         self._wake.set()
@@ -412,23 +400,23 @@ class Loop:
                 families.extend(slot.families)
                 self._shown[planned.name] = (slot.families, (slot.book.up, slot.book.state, slot.book.reason))
                 statuses.append(slot.status or self._placeholder(planned.name, "no run yet"))
-            books = {name: slot.book for name, slot in self._slots.items()}
-            reloads = self.reloads.as_dict() if self.reloads is not None else None
-            not_running = {p.name: p.reason for p in self.plan.collectors if p.name not in self._slots}
+            books = Books({name: slot.book for name, slot in self._slots.items()},
+                          runs=tuple(slot.book.runs for slot in self._slots.values()),
+                          series=tuple(slot.families for slot in self._slots.values()),
+                          reported=all(slot.status is not None for slot in self._slots.values()),
+                          sinks=self._sink_health,
+                          reloads=self.reloads.as_dict() if self.reloads is not None else None,
+                          not_running={p.name: p.cause.value for p in self.plan.collectors
+                                       if p.name not in self._slots})
             events, self._events = tuple(self._events), []
-            judge = self._due_for_judgement()
-        allocation = next((f for f in families if f.name == attribution_labels.ALLOCATION_FAMILY), None)
-        # the rules (and a save of the verdicts to disk) run outside the lock
-        health_families, health_events = self._judge(families, events, statuses) if judge else \
-            (self._health_out[0], ())
-        families.extend(health_families)
-        events += health_events
-        if allocation is not None and self._relabel:
-            families = list(attribution_labels.relabel(families, allocation))
-        families.extend(self.self_metrics.families(books, self._sink_health, reloads, not_running))
+        # the stages (the health rules, a save of the verdicts to disk) run outside the lock
+        draft = run_stages(self.stages, Snapshot(self.host, time.time(), tuple(families), events,
+                                                 tuple(statuses)), books)
+        self._owed |= books.owed
         with self._lock:
             self._seq += 1
-            snapshot = Snapshot(self.host, time.time(), _merged(families), events, tuple(statuses), self._seq)
+            snapshot = Snapshot(self.host, time.time(), _merged(draft.families), draft.events, draft.collectors,
+                                self._seq)
             self.latest = snapshot
             self.snapshot_ready.notify_all()
         return snapshot
@@ -442,40 +430,6 @@ class Loop:
             status = self._placeholders[key] = CollectorStatus(name, False, 0.0, reason, available=available)
         return status
 
-    def _due_for_judgement(self) -> bool:
-        """Whether the health stage should look again (called with the lock held): only when a
-        collector brought a new run, every collector has reported once, and not more often than
-        HEALTH_EVERY (REFRESH when the runs brought the same series)."""
-        if self.health is None or any(slot.status is None for slot in self._slots.values()):
-            return False  # no verdict before every collector has reported once
-        seen = tuple(slot.book.runs for slot in self._slots.values())
-        if seen == self._health_seen:
-            return False
-        now = time.monotonic()
-        series = tuple(slot.families for slot in self._slots.values())
-        same = len(series) == len(self._health_series) and all(
-            a is b for a, b in zip(series, self._health_series))  # unchanged runs keep the shown tuple
-        if now - self._health_at < (self.REFRESH if same else self.HEALTH_EVERY):
-            self._owed = True  # judged on a later publish (see _run)
-            return False
-        self._health_seen, self._health_at, self._health_series = seen, now, series
-        return True
-
-    def _judge(self, families: list[MetricFamily], events: tuple[Event, ...],
-               statuses: list[CollectorStatus]) -> tuple[tuple[MetricFamily, ...], tuple[Event, ...]]:
-        """The health stage's verdict on the collectors' latest results (outside the loop's lock)."""
-        assert self.health is not None
-        try:
-            result = self.health.update(Snapshot(self.host, time.time(), tuple(families), events,
-                                                 tuple(statuses)))
-        except Exception:  # a rule bug must not stop the loop: the verdict goes stale, counted in the log
-            log.exception("health: evaluating the rules failed")
-            return self._health_out[0], ()
-        for event in result.events:
-            log_event(event)
-        self._health_out = (result.families, result.events)
-        return result.families, result.events
-
     def publish_now(self) -> Snapshot:
         snapshot = self.compose()
         for sink in self.sinks:
@@ -486,7 +440,7 @@ class Loop:
         return snapshot
 
 
-def _merged(families: list[MetricFamily]) -> tuple[MetricFamily, ...]:
+def _merged(families: tuple[MetricFamily, ...]) -> tuple[MetricFamily, ...]:
     """One family per name: two collectors emitting the same metric must not produce two HELP/TYPE
     blocks, which is not a valid exposition."""
     index: dict[str, int] = {}

@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from gpumon import registry
 from gpumon.collectors.base import Collector, Context
 from gpumon.config import Config
+from gpumon.health.stage import HealthStage
+from gpumon.model import StateReason
 from gpumon.sinks.base import Sink, SinkContext
+from gpumon.stages import AttributionRelabel, HealthJudging, SelfMetrics, Stage
 
 log = logging.getLogger("gpumon.daemon")
 
@@ -29,6 +32,8 @@ class PlannedCollector:
     #: Not available yet but its source is on this host (driver loading): ``run`` starts it anyway,
     #: reported down until its source is ready.
     waiting: bool = False
+    #: Why it is not available, for ``gpumon_collector_state``.
+    cause: StateReason = StateReason.ERROR
 
 
 @dataclass
@@ -74,12 +79,12 @@ def plan_collectors(config: Config, ctx: Context) -> Plan:
             plan.collectors.append(PlannedCollector(name, None, name in explicit, False, found))
             continue
         collector = found(ctx, config.sections.get(name))
-        available, reason, finished, retry = _probe(collector, collector_deadline(config, collector))
+        available, reason, finished, retry, cause = _probe(collector, collector_deadline(config, collector))
         waiting = not available and finished and retry
         if not (available or waiting) and finished:
             collector.close()  # a probe still hanging in a library call keeps its collector
         plan.collectors.append(PlannedCollector(name, collector if available or waiting else None,
-                                                name in explicit, available, reason, waiting))
+                                                name in explicit, available, reason, waiting, cause))
     return plan
 
 
@@ -89,26 +94,27 @@ def collector_deadline(config: Config, collector: Collector) -> float:
     return float(config.daemon.deadline) or max(interval, 1.0)
 
 
-def _probe(collector: Collector, deadline: float) -> tuple[bool, str, bool, bool]:
+def _probe(collector: Collector, deadline: float) -> tuple[bool, str, bool, bool, StateReason]:
     """Probe on a thread of its own: a library that hangs at init (nvmlInit on a wedged GPU) must
-    not keep the daemon from binding its port. Returns (available, reason, finished, retry)."""
-    answer: list[tuple[bool, str, bool]] = []
+    not keep the daemon from binding its port. Returns (available, reason, finished, retry, cause)."""
+    answer: list[tuple[bool, str, bool, StateReason]] = []
 
     def probe() -> None:
         try:
             availability = collector.probe()
-            answer.append((bool(availability.available), availability.reason, bool(availability.retry)))
+            answer.append((bool(availability.available), availability.reason, bool(availability.retry),
+                           StateReason(availability.cause)))
         except Exception as exc:  # a probe must not raise; if it does, it is this collector's problem
             log.debug("probe of collector %s raised", collector.name, exc_info=True)
-            answer.append((False, f"probe failed: {type(exc).__name__}: {exc}", False))
+            answer.append((False, f"probe failed: {type(exc).__name__}: {exc}", False, StateReason.ERROR))
 
     thread = threading.Thread(target=probe, name=f"probe-{collector.name}", daemon=True)
     thread.start()
     thread.join(deadline)
     if not answer:
-        return False, f"probe did not answer within {deadline:g} s", False, False
-    available, reason, retry = answer[0]
-    return available, reason, True, retry
+        return False, f"probe did not answer within {deadline:g} s", False, False, StateReason.DEADLINE_EXCEEDED
+    available, reason, retry, cause = answer[0]
+    return available, reason, True, retry, cause
 
 
 def make_sinks(config: Config, ctx: SinkContext) -> list[Sink]:
@@ -125,6 +131,20 @@ def make_sinks(config: Config, ctx: SinkContext) -> list[Sink]:
         cls.validate(config)
         sinks.append(cls(ctx, config.sections.get(name)))
     return sinks
+
+
+def make_stages(config: Config, health: HealthStage | None, refresh: float) -> list[Stage]:
+    """The steps after collection, in order: the health verdict on the collectors' series (judged
+    again at most every ``refresh`` seconds while the runs bring the same series), the attribution
+    labels on every per-GPU series (the verdict's too), then the self-metrics."""
+    stages: list[Stage] = []
+    if health is not None:
+        stages.append(HealthJudging(health, unchanged_every=refresh))
+    attribution = config.sections.get("attribution")
+    if attribution is not None and attribution["labels"]:
+        stages.append(AttributionRelabel())
+    stages.append(SelfMetrics())
+    return stages
 
 
 def close_plan(plan: Plan) -> None:

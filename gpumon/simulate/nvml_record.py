@@ -6,7 +6,7 @@ field id's ``nvmlReturn`` / ``valueType`` / value, the power-sample buffer, GPM 
 types the GPU supports, and how long each call takes. Run against :class:`FakeNVML`, it writes the
 double's answers in the same form, so a test can hold the double to a real driver's record
 (``tests/fixtures/nvml/``). The per-run calls and fields are the collector's own tables
-(``nvml_metrics`` and ``nvml_fabric``): one the collector adds is recorded without touching this
+(``nvml_readings`` and ``nvml_fabric``): one the collector adds is recorded without touching this
 file. The static facts the collector reads at discovery are listed here (``STATIC_CALLS``).
 
 ``--events SECONDS`` also waits that long for NVML events (XIDs, ...) on every GPU and records each
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from gpumon.collectors import nvml_metrics as M
+from gpumon.collectors import nvml_readings as M
 from gpumon.collectors.nvml_fabric import FABRIC_ITEM, FABRIC_LEGACY_ITEM
 from gpumon.collectors.nvml_gpm import GpmPair, alloc_samples, free_samples
 from gpumon.collectors.nvml_process_util import ENGINES, INFO_FN, LEGACY_FN

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon.config import Option, regex_check
-from gpumon.model import Collection
+from gpumon.model import Collection, StateReason
 
 READ_SIZE = 4096
 U64_MAX = (1 << 64) - 1
@@ -436,15 +436,22 @@ def list_attrs(path: str) -> list[str]:
         return []
 
 
-def probe_tree(sysfs_root: str) -> tuple[bool, str]:
-    """Whether ``<sysfs_root>/class/infiniband`` lists devices, and the sentence that says so."""
+def probe_tree(sysfs_root: str) -> tuple[bool, str, StateReason]:
+    """Whether ``<sysfs_root>/class/infiniband`` lists devices, the sentence that says so, and why not."""
     base = class_dir(sysfs_root)
     if not os.path.isdir(base):
-        return False, f"no {base} (no InfiniBand driver loaded)"
+        return False, f"no {base} (no InfiniBand driver loaded)", StateReason.DRIVER_NOT_LOADED
     try:
         devices = os.listdir(base)
     except OSError as exc:
-        return False, f"cannot list {base}: {exc.strerror or exc}"
+        return False, f"cannot list {base}: {exc.strerror or exc}", _listing_cause(exc)
     if not devices:
-        return False, f"{base} has no devices (no RDMA-capable NIC)"
-    return True, f"{len(devices)} device(s) under {base}"
+        return False, f"{base} has no devices (no RDMA-capable NIC)", StateReason.NO_SOURCE
+    return True, f"{len(devices)} device(s) under {base}", StateReason.NONE
+
+
+def _listing_cause(exc: OSError) -> StateReason:
+    """Refused (EACCES, EPERM), gone between the look and the listing (ENOENT), or anything else."""
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return StateReason.NO_PERMISSION
+    return StateReason.NO_SOURCE if exc.errno == errno.ENOENT else StateReason.ERROR

@@ -1,15 +1,15 @@
-"""gpumon's metrics about itself: build, collectors, sinks and the process.
+"""gpumon's metrics about itself: build, collectors, sinks and the process (the last stage).
 
 Kept apart from the loop so the loop stays about threads and time; this module only turns the loop's
-bookkeeping into metric families.
+bookkeeping (:class:`~gpumon.stages.base.Books`) into metric families.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
@@ -32,59 +32,16 @@ from gpumon.catalogue.daemon import (
     SINK_UP,
     sink_gauge,
 )
-from gpumon.model import MetricFamily, MetricSpec, MetricType
+from gpumon.model import MetricFamily, MetricSpec, MetricType, Snapshot, StateReason
 from gpumon.sinks.base import SinkHealth
+from gpumon.stages.base import Books, CollectorBook
 
 STATES = ("ok", "down", "unavailable")
-REASONS = ("none", "no_source", "library_not_found", "driver_not_loaded", "no_permission", "init_failed",
-           "deadline_exceeded", "error")
-"""The ``reason`` values of gpumon_collector_state; ``none`` goes with ``ok``."""
-
-_REASON_WORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("deadline_exceeded", ("deadline", "did not answer within")),
-    ("library_not_found", ("library_not_found", "library not found", "not installed")),
-    ("driver_not_loaded", ("driver_not_loaded", "driver not loaded", "no infiniband driver")),
-    ("no_permission", ("no_permission", "permission denied", "insufficient permissions",
-                       "operation not permitted")),
-    ("no_source", ("has no ", "reports no gpus", "no infiniband devices", "no such file", "no nvidia gpu",
-                   "no aer ")),
-    ("init_failed", ("init failed", "initialisation", "initialization")),
-)
+REASONS = tuple(reason.value for reason in StateReason)
+"""The ``reason`` values of gpumon_collector_state (given where a failure is raised); ``none`` goes
+with ``ok``."""
 
 _PROCESS_BY_NAME = {spec.name: spec for spec in PROCESS_SPECS}
-
-
-@dataclass
-class CollectorBook:
-    """The loop's running totals for one collector."""
-
-    up: bool | None = None
-    """None until the first run ends, so a collector that has not run yet is not reported down."""
-    duration: float = 0.0
-    runs: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-
-    state: str | None = None
-    """One of STATES once the first run ends."""
-    reason: str = "none"
-    """One of REASONS: why the collector is not ok."""
-
-    def count(self, reason: str, n: int = 1) -> None:
-        self.errors[reason] = self.errors.get(reason, 0) + n
-
-    def set_state(self, state: str, reason: str = "none") -> None:
-        self.state, self.reason = state, reason
-
-
-def reason_code(message: str) -> str:
-    """A collector's own words for why it is unavailable (its probe's reason, its
-    CollectorUnavailable) mapped onto REASONS: the one place that knows those messages, so a label
-    value never carries free text (paths, error codes) that would multiply series."""
-    lowered = message.lower()
-    for code, words in _REASON_WORDS:
-        if any(word in lowered for word in words):
-            return code
-    return "error"
 
 
 PROCESS_EVERY = 5.0
@@ -94,6 +51,11 @@ a scraper (every 10 s or more) nothing more."""
 
 
 class SelfMetrics:
+    """The self-metrics stage: the loop's bookkeeping added as families, after every other stage
+    (its families carry no GPU, so the attribution relabel would leave them as they are anyway)."""
+
+    name = "self_metrics"
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._build = MetricFamily(BUILD_INFO, (BUILD_INFO.sample(1, __version__, platform.python_version()),))
         registry = CollectorRegistry(auto_describe=False)
@@ -102,10 +64,14 @@ class SelfMetrics:
         self._clock = clock
         self._process_cache: tuple[float, list[MetricFamily]] | None = None
 
+    def __call__(self, snapshot: Snapshot, books: Books) -> Snapshot:
+        added = self.families(books.collectors, books.sinks, books.reloads, books.not_running)
+        return dataclasses.replace(snapshot, families=snapshot.families + tuple(added))
+
     def families(self, collectors: dict[str, CollectorBook], sinks: dict[str, SinkHealth],
                  reloads: dict[str, int] | None = None,
                  not_running: dict[str, str] | None = None) -> list[MetricFamily]:
-        """``not_running``: collectors the plan did not start, with their probe's reason."""
+        """``not_running``: collectors the plan did not start, with their probe's cause (a REASONS value)."""
         names = sorted(collectors)
         out = [
             self._build,
@@ -185,5 +151,5 @@ def _states(collectors: dict[str, CollectorBook], not_running: dict[str, str]) -
     """One gpumon_collector_state sample per collector, sorted by name; a running collector appears
     once its first run ends (as gpumon_collector_up does)."""
     rows = {name: (book.state, book.reason) for name, book in collectors.items() if book.state is not None}
-    rows.update({name: ("unavailable", reason_code(reason)) for name, reason in not_running.items()})
+    rows.update({name: ("unavailable", reason) for name, reason in not_running.items()})
     return tuple(COLLECTOR_STATE.sample(1, name, state, reason) for name, (state, reason) in sorted(rows.items()))
