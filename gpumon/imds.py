@@ -36,6 +36,7 @@ from typing import Any
 from gpumon.config import Option, SectionSchema
 from gpumon.httpdates import parse_retry_after
 from gpumon.log_once import LogOnce
+from gpumon.model import AzureInstance  # the compute document as data: the model's
 
 log = logging.getLogger("gpumon.imds")
 
@@ -94,41 +95,6 @@ class ImdsError(Exception):
     def __init__(self, reason: str, detail: str, status: int = 0) -> None:
         super().__init__(f"IMDS {reason}: {detail}")
         self.reason, self.detail, self.status = reason, detail, status
-
-
-@dataclass(frozen=True)
-class AzureInstance:
-    vm_id: str
-    vm_size: str
-    location: str
-    name: str
-    resource_id: str
-    vmss_name: str = ""
-    aks: bool = False
-    zone: str = ""
-    subscription_id: str = ""
-    resource_group: str = ""
-    placement_group_id: str = ""
-    platform_fault_domain: str = ""
-
-    @classmethod
-    def from_compute(cls, doc: dict) -> AzureInstance:
-        tags = doc.get("tagsList") or []
-        aks = any(t.get("name", "").startswith("aks-managed") for t in tags if isinstance(t, dict))
-        return cls(
-            vm_id=str(doc.get("vmId", "")),
-            vm_size=str(doc.get("vmSize", "")),
-            location=str(doc.get("location", "")),
-            name=str(doc.get("name", "")),
-            resource_id=str(doc.get("resourceId", "")),
-            vmss_name=str(doc.get("vmScaleSetName", "")),
-            aks=aks or str(doc.get("resourceGroupName", "")).upper().startswith("MC_"),
-            zone=str(doc.get("zone", "")),
-            subscription_id=str(doc.get("subscriptionId", "")),
-            resource_group=str(doc.get("resourceGroupName", "")),
-            placement_group_id=str(doc.get("placementGroupId", "")),
-            platform_fault_domain=str(doc.get("platformFaultDomain", "")),
-        )
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,11 @@ from gpumon import registry
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.config import Config, ConfigError, Option, Section, SectionSchema
 from gpumon.model import (
+    AzureInstance,
     Collection,
     CollectorStatus,
     Event,
+    HostIdentity,
     Labels,
     MetricFamily,
     MetricSpec,
@@ -36,6 +38,7 @@ __all__ = [
     "COLLECTOR_GROUP",
     "SINK_GROUP",
     "Availability",
+    "AzureInstance",
     "CheckResult",
     "Collection",
     "Collector",
@@ -45,6 +48,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "Event",
+    "HostIdentity",
     "Labels",
     "MetricFamily",
     "MetricSpec",

@@ -21,12 +21,15 @@ from gpumon.collectors.base import Collector, CollectorUnavailable, Context
 from gpumon.config import Config
 from gpumon.daemon.plan import Plan, collector_deadline
 from gpumon.health.stage import HealthStage
-from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot
+from gpumon.identity import IdentityProvider
+from gpumon.model import Collection, CollectorStatus, Event, HostIdentity, MetricFamily, Severity, Snapshot
 from gpumon.selfmetrics import CollectorBook, SelfMetrics, reason_code
 from gpumon.sinks.base import Sink, SinkHealth
 
 log = logging.getLogger("gpumon.daemon")
 event_log = logging.getLogger("gpumon.event")
+UNASKED = HostIdentity()
+"""The identity of a loop with no provider (``gpumon once``): not asked, so nothing is known."""
 
 
 def log_event(event: Event) -> None:
@@ -166,9 +169,15 @@ class Loop:
     REFRESH seconds (the rules' windows and hold times move on)."""
 
     def __init__(self, config: Config, plan: Plan, ctx: Context, sinks: list[Sink],
-                 reloads: ReloadCounts | None = None, health: HealthStage | None = None) -> None:
+                 reloads: ReloadCounts | None = None, health: HealthStage | None = None,
+                 identity: IdentityProvider | None = None) -> None:
         self.config = config
         self.health = health
+        self.identity = identity
+        """The host identity provider whose latest look every snapshot carries (None: ``gpumon
+        once``, whose snapshots carry an identity not asked for)."""
+        if identity is not None and identity.on_change is None:
+            identity.on_change = self.poke
         self._relabel = ATTRIBUTION.settings_of(config.sections.get("attribution")).labels
         """``[attribution] labels``: every per-GPU series also carries its holders' labels."""
         self._health_seen: tuple[int, ...] | None = None
@@ -209,6 +218,8 @@ class Loop:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        if self.identity is not None:
+            self.identity.start()
         self.publish_now()  # sinks have a page (self-metrics) before the first collection ends
         self.thread.start()
         for runner in self.runners:
@@ -219,6 +230,8 @@ class Loop:
 
         Sinks named in ``keep`` stay running (a reload that did not change them)."""
         end = time.monotonic() + timeout
+        if self.identity is not None:
+            self.identity.stop()
         for runner in self.runners:
             runner.stop()
         self._stop.set()
@@ -237,6 +250,8 @@ class Loop:
     def carry_over(self, previous: Loop) -> None:
         """After a reload: keep the running totals and latest series of collectors that still run,
         so counters do not reset and the page does not shrink until their first new run."""
+        if self.identity is not None and previous.identity is not None:
+            self.identity.adopt(previous.identity)
         with previous._lock:
             for name in self._slots:
                 old = previous._slots.get(name)
@@ -417,9 +432,10 @@ class Loop:
             not_running = {p.name: p.reason for p in self.plan.collectors if p.name not in self._slots}
             events, self._events = tuple(self._events), []
             judge = self._due_for_judgement()
+        identity = self.identity.current() if self.identity is not None else UNASKED
         allocation = next((f for f in families if f.name == attribution_labels.ALLOCATION_FAMILY), None)
         # the rules (and a save of the verdicts to disk) run outside the lock
-        health_families, health_events = self._judge(families, events, statuses) if judge else \
+        health_families, health_events = self._judge(families, events, statuses, identity) if judge else \
             (self._health_out[0], ())
         families.extend(health_families)
         events += health_events
@@ -428,7 +444,8 @@ class Loop:
         families.extend(self.self_metrics.families(books, self._sink_health, reloads, not_running))
         with self._lock:
             self._seq += 1
-            snapshot = Snapshot(self.host, time.time(), _merged(families), events, tuple(statuses), self._seq)
+            snapshot = Snapshot(self.host, time.time(), _merged(families), events, tuple(statuses), self._seq,
+                                identity)
             self.latest = snapshot
             self.snapshot_ready.notify_all()
         return snapshot
@@ -462,12 +479,13 @@ class Loop:
         return True
 
     def _judge(self, families: list[MetricFamily], events: tuple[Event, ...],
-               statuses: list[CollectorStatus]) -> tuple[tuple[MetricFamily, ...], tuple[Event, ...]]:
+               statuses: list[CollectorStatus], identity: HostIdentity
+               ) -> tuple[tuple[MetricFamily, ...], tuple[Event, ...]]:
         """The health stage's verdict on the collectors' latest results (outside the loop's lock)."""
         assert self.health is not None
         try:
             result = self.health.update(Snapshot(self.host, time.time(), tuple(families), events,
-                                                 tuple(statuses)))
+                                                 tuple(statuses), identity=identity))
         except Exception:  # a rule bug must not stop the loop: the verdict goes stale, counted in the log
             log.exception("health: evaluating the rules failed")
             return self._health_out[0], ()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpumon.backoff import Backoff
 from gpumon.config import readable_file_check
-from gpumon.imds import ImdsClient
+from gpumon.identity import azure_settings
 from gpumon.log_once import LogOnce
 from gpumon.model import Event, Snapshot
 from gpumon.sinks import azure_host
@@ -74,7 +74,10 @@ class OtelSink(Sink):
         self._logs = DeliveryCounters()
         self._resource: dict[str, str] = {}
         self._resource_ready = threading.Event()
-        self._imds: ImdsClient | None = None
+        self._overrides = (azure_host.imds_overrides(ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
+                           if self.settings.azure_detect else None)
+        """None: no Azure detection (``azure_detect`` off, or ``imds_url`` set empty); else the deprecated
+        IMDS keys set (the identity provider honours them)."""
         self._threads: list[threading.Thread] = []
         self._settings: dict[str, SignalSettings] = {}
         self._transports: dict[str, Any] = {}
@@ -100,15 +103,11 @@ class OtelSink(Sink):
         self._transports = self._make_transports()
         try:
             self._resource = resource_attributes(self.ctx, self.settings.resource_attributes, self._environ)
-            if self.settings.azure_detect:
-                self._imds = azure_host.imds_client(self.ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
         except BaseException:
             for transport in self._transports.values():
                 transport.close()
             raise
-        if self._imds is not None:
-            threading.Thread(target=self._detect_azure, name="otel-imds", daemon=True).start()
-        else:
+        if self._overrides is None:
             self._resource_ready.set()
         self._threads = [threading.Thread(target=self._metrics_loop, name="otel-metrics", daemon=True)]
         if "logs" in self._settings:
@@ -159,28 +158,33 @@ class OtelSink(Sink):
                     pass
             return None, SendResult(False, True, f"transport: {type(exc).__name__}: {exc}")
 
-    def _detect_azure(self) -> None:
-        """Once, at start: the resource identifies the exporter, it does not follow it around."""
-        try:
-            found = azure_host.facts(self._imds, azure_host.kvp_pool(self.ctx))
-            detected = azure_attributes(found.instance, found.physical_host)
-            if detected:
-                with self._lock:
-                    self._resource = resource_attributes(
-                        self.ctx, self.settings.resource_attributes, self._environ, detected)
-            if found.instance is not None:
-                log.info("otel: on Azure (%s, %s)", detected.get("host.type", "?"),
-                         detected.get("cloud.region", "?"))
-        finally:
-            self._resource_ready.set()
+    def identity_overrides(self) -> dict[str, Any] | None:
+        return self._overrides
+
+    def _take_identity(self, snapshot: Snapshot) -> None:
+        """Once, from the first snapshot whose identity the provider has looked up (called with the
+        lock held): the resource identifies the exporter, it does not follow it around."""
+        identity = snapshot.identity
+        if self._resource_ready.is_set() or identity is None or not identity.asked:
+            return
+        detected = azure_attributes(identity.instance, identity.physical_host)
+        if detected:
+            self._resource = resource_attributes(self.ctx, self.settings.resource_attributes, self._environ,
+                                                 detected)
+        if identity.instance is not None:
+            log.info("otel: on Azure (%s, %s)", detected.get("host.type", "?"), detected.get("cloud.region", "?"))
+        self._resource_ready.set()
 
     def _detect_wait(self) -> float:
-        """How long the first export waits for the Azure attributes."""
-        return self._imds.timeout + 0.5 if self._imds is not None else 0.0
+        """How long the first export waits for the Azure attributes: one IMDS request and a little."""
+        if self._overrides is None:
+            return 0.0
+        return azure_settings(self.ctx.config, self._overrides).imds_timeout + 0.5
 
     def publish(self, snapshot: Snapshot) -> None:
         """Keep the snapshot and queue its events; the export threads do the rest."""
         with self._lock:
+            self._take_identity(snapshot)
             self._latest = snapshot
             if snapshot.events and "logs" in self._settings:
                 limit = self.settings.max_queued_records
