@@ -1,8 +1,9 @@
 """Azure Instance Metadata Service (IMDS): the one client gpumon asks who this VM is and what the
 platform has scheduled for it.
 
-Every part of gpumon (the ``host_info`` and ``azure_events`` collectors, the OpenTelemetry and Azure
-Monitor sinks) goes through :func:`client`, one shared :class:`ImdsClient` per IMDS address, so the
+Every part of gpumon that asks (the ``host_info`` and ``azure_events`` collectors, the host identity
+provider whose answer the sinks and the health stage read from each snapshot, the Azure GHR health
+action) goes through :func:`client`, one shared :class:`ImdsClient` per IMDS address, so the
 compute document is fetched once and kept (re-read every ``compute_refresh`` seconds), and "not on
 Azure" is learnt once, by one short request, and kept too: off Azure nothing waits twice.
 

@@ -136,3 +136,13 @@ def test_a_provider_runs_only_where_the_identity_is_read() -> None:
     provider = identity_provider(cfg, [], [_Reads({"imds_url": "http://127.0.0.1:2", "imds_timeout": 2.5})])
     assert provider is not None and provider.client is imds.client("http://127.0.0.1:2")
     assert provider.client.timeout == 2.5  # a sink's deprecated key, honoured by the one provider
+
+
+def test_two_sinks_naming_different_imds_are_told_which_one_is_asked(caplog) -> None:
+    cfg = config(f"http://127.0.0.1:{closed_port()}")
+    first, second = _Reads({"imds_url": "http://127.0.0.1:3"}), _Reads({"imds_url": "http://127.0.0.1:4"})
+    second.name = "other"
+    with caplog.at_level("WARNING", logger="gpumon.daemon"):
+        provider = identity_provider(cfg, [], [first, second])
+    assert provider is not None and provider.client is imds.client("http://127.0.0.1:4")
+    assert "gpumon asks one IMDS, and takes 'http://127.0.0.1:4'" in caplog.text

@@ -3,6 +3,7 @@ or the health stage reads ``Snapshot.identity``, so a host that runs neither nev
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -10,6 +11,8 @@ from gpumon.config import Config
 from gpumon.daemon.health import wants_identity
 from gpumon.identity import IdentityProvider
 from gpumon.sinks.base import Sink
+
+log = logging.getLogger("gpumon.daemon")
 
 
 def identity_provider(config: Config, running: Iterable[str], sinks: Iterable[Sink]) -> IdentityProvider | None:
@@ -20,7 +23,13 @@ def identity_provider(config: Config, running: Iterable[str], sinks: Iterable[Si
     wanted = wants_identity(config, running)
     for sink in sinks:
         own = sink.identity_overrides()
-        if own is not None:
-            wanted = True
-            overrides.update(own)
+        if own is None:
+            continue
+        wanted = True
+        for key, value in own.items():
+            if key in overrides and overrides[key] != value:
+                log.warning("[%s] sets the deprecated IMDS key for [azure] %s to %r, another sink to %r: gpumon "
+                            "asks one IMDS, and takes %r (set [azure] %s instead)", sink.name, key, value,
+                            overrides[key], value, key)
+            overrides[key] = value
     return IdentityProvider.from_config(config, overrides) if wanted else None

@@ -13,20 +13,21 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from gpumon.config import SectionSchema
+from gpumon.config import Config, SectionSchema
+from gpumon.sinks.base import SinkContext
 
 log = logging.getLogger("gpumon.sinks")
 
 
-def _explicit(config: Any, sink: str, settings: Any, schema: SectionSchema[Any], key: str) -> bool:
+def _explicit(config: Config, sink: str, settings: Any, schema: SectionSchema[Any], key: str) -> bool:
     """Whether ``[sink] key`` was set (config file or variable), not just left at its default."""
-    if config is not None and f"{sink}.{key}" in config.origins:
+    if f"{sink}.{key}" in config.origins:
         return True
     option = schema.option(key)
     return option is not None and getattr(settings, key) != option.default
 
 
-def imds_overrides(ctx: Any, sink: str, settings: Any, schema: SectionSchema[Any],
+def imds_overrides(ctx: SinkContext, sink: str, settings: Any, schema: SectionSchema[Any],
                    aliases: Mapping[str, str]) -> dict[str, Any] | None:
     """The ``[azure]`` keys a sink's deprecated aliases set (empty: none), or None where the sink's
     ``imds_url`` alias is set empty (its host facts off). A set alias is warned about.
@@ -35,9 +36,8 @@ def imds_overrides(ctx: Any, sink: str, settings: Any, schema: SectionSchema[Any
     parsed here). ``aliases``: the sink's deprecated key -> the ``[azure]`` key it stands for."""
     if settings is None or isinstance(settings, Mapping):
         settings = schema.settings_of(settings)
-    config = getattr(ctx, "config", None)
     overrides = {azure_key: getattr(settings, key) for key, azure_key in aliases.items()
-                 if _explicit(config, sink, settings, schema, key)}
+                 if _explicit(ctx.config, sink, settings, schema, key)}
     if overrides.get("imds_url") == "":
         return None
     if overrides:
