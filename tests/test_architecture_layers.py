@@ -78,6 +78,11 @@ def breaches() -> dict[str, set[tuple[str, str]]]:
             if target == IMDS_CLIENT and inside(source, *IMDS_FREE) and source not in IMDS_ONE_OFF:
                 breach("only the identity provider refreshes the host identity: no sink, stage, health or loop "
                        "module imports the IMDS client (they read Snapshot.identity)", source, target)
+            if inside(source, "gpumon.identity") and not (
+                    inside(target, "gpumon.identity", "gpumon.sources")
+                    or target in ("gpumon", IMDS_CLIENT, "gpumon.model", "gpumon.config")):
+                breach("the identity provider imports only the IMDS client, sources, model and config "
+                       "(every layer above reads its answer on the snapshot)", source, target)
             if inside(source, "gpumon.catalogue") and not (
                     inside(target, "gpumon.catalogue") or target in ("gpumon", "gpumon.model")):
                 breach("the metric catalogue (pure data, the ground floor) imports only the model and itself",
@@ -114,7 +119,8 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
                "gpumon.daemon.once": real["gpumon.daemon.once"] | {"gpumon.report"},
                "gpumon.table": real["gpumon.table"] | {"gpumon.model"},
                "gpumon.backoff": real["gpumon.backoff"] | {"gpumon.sinks.common"},
-               "gpumon.sinks.otel.resource": real["gpumon.sinks.otel.resource"] | {"gpumon.imds"}}
+               "gpumon.sinks.otel.resource": real["gpumon.sinks.otel.resource"] | {"gpumon.imds"},
+               "gpumon.identity.provider": real["gpumon.identity.provider"] | {"gpumon.sinks.base"}}
     monkeypatch.setattr(me, "graph", lambda: planted)
     found = {edge for edges in breaches().values() for edge in edges}
     assert ("gpumon.sources.kvp", "gpumon.collectors.nvml") in found
@@ -127,6 +133,7 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
     assert ("gpumon.table", "gpumon.model") in found
     assert ("gpumon.backoff", "gpumon.sinks.common") in found
     assert ("gpumon.sinks.otel.resource", "gpumon.imds") in found
+    assert ("gpumon.identity.provider", "gpumon.sinks.base") in found
 
 
 def test_imports_point_down_the_layers():

@@ -165,7 +165,7 @@ class OtelSink(Sink):
         """Once, from the first snapshot whose identity the provider has looked up (called with the
         lock held): the resource identifies the exporter, it does not follow it around."""
         identity = snapshot.identity
-        if self._resource_ready.is_set() or identity is None or not identity.asked:
+        if self._overrides is None or self._resource_ready.is_set() or identity is None or not identity.asked:
             return
         detected = azure_attributes(identity.instance, identity.physical_host)
         if detected:
