@@ -20,6 +20,7 @@ never pays for it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -190,8 +191,6 @@ class AzureMonitorSink(Sink):
         self._lock = threading.Lock()
         self._window_start: float | None = None
         self._stopping = threading.Event()
-        self._overrides = azure_host.imds_overrides(ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
-        """None: ``imds_url`` set empty, the rows carry no host columns; else the deprecated keys set."""
         """Set at stop."""
         self._uploader: Uploader | None = None
         self._counters = DeliveryCounters()
@@ -272,6 +271,12 @@ class AzureMonitorSink(Sink):
         stats = self._spool.stats()
         log.info("azure_monitor: sending to %s (DCR %s), %d rows spooled from before",
                  self.settings.endpoint, self.settings.dcr_immutable_id, stats.records)
+
+    @functools.cached_property
+    def _overrides(self) -> dict[str, Any] | None:
+        """None: ``imds_url`` set empty, the rows carry no host columns; else the deprecated keys set
+        (worked out, and a set key warned about, when ``gpumon run`` first asks, not by ``gpumon check``)."""
+        return azure_host.imds_overrides(self.ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
 
     def identity_overrides(self) -> dict[str, Any] | None:
         """The rows' host columns come from ``Snapshot.identity`` unless ``imds_url`` is set empty."""

@@ -5,6 +5,7 @@ XID's log record."""
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import threading
@@ -74,10 +75,6 @@ class OtelSink(Sink):
         self._logs = DeliveryCounters()
         self._resource: dict[str, str] = {}
         self._resource_ready = threading.Event()
-        self._overrides = (azure_host.imds_overrides(ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
-                           if self.settings.azure_detect else None)
-        """None: no Azure detection (``azure_detect`` off, or ``imds_url`` set empty); else the deprecated
-        IMDS keys set (the identity provider honours them)."""
         self._threads: list[threading.Thread] = []
         self._settings: dict[str, SignalSettings] = {}
         self._transports: dict[str, Any] = {}
@@ -157,6 +154,15 @@ class OtelSink(Sink):
                 except Exception:  # noqa: BLE001 - closing a broken transport
                     pass
             return None, SendResult(False, True, f"transport: {type(exc).__name__}: {exc}")
+
+    @functools.cached_property
+    def _overrides(self) -> dict[str, Any] | None:
+        """None: no Azure detection (``azure_detect`` off, or ``imds_url`` set empty); else the deprecated
+        IMDS keys set (the identity provider honours them). Worked out, and a set key warned about, when
+        ``gpumon run`` first asks (not by ``gpumon check``)."""
+        if not self.settings.azure_detect:
+            return None
+        return azure_host.imds_overrides(self.ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
 
     def identity_overrides(self) -> dict[str, Any] | None:
         return self._overrides
