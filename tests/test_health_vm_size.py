@@ -8,7 +8,7 @@ import pytest
 
 from gpumon.cli import schemas
 from gpumon.config import load
-from gpumon.health.stage import HealthSettings, HealthStage
+from gpumon.health.stage import vm_size_of
 from gpumon.identity import IdentityProvider
 from gpumon.model import AzureInstance, CollectorStatus, HostIdentity, Snapshot
 from gpumon.simulate.imds import COMPUTE_PATH, ImdsServer
@@ -59,9 +59,8 @@ def _stamped(identity: HostIdentity | None) -> Snapshot:
      "Standard_ND96isr_H100_v5"),
     (None, ""),  # a snapshot no loop stamped: the baseline, as a stage built by hand always was
 ])
-def test_the_stage_reads_the_size_from_the_snapshot(tmp_path, identity, size) -> None:
-    stage = HealthStage(str(tmp_path), HealthSettings(), persist=False)
-    assert stage._size_of(_stamped(identity)) == size
+def test_the_stage_reads_the_size_from_the_snapshot(identity, size) -> None:
+    assert vm_size_of(_stamped(identity)) == size
 
 
 @pytest.fixture

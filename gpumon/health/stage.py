@@ -136,7 +136,7 @@ class HealthStage:
     def _expected(self, snapshot: Snapshot, findings_unhealthy: bool) -> tuple[Expected | None, str]:
         # The VM size is worth asking IMDS for only while the GPUs are read: the SKU table is about GPU
         # VMs, and without GPUs the baseline (or [health] vm_size) holds the InfiniBand ports.
-        size = self.settings.vm_size or (self._size_of(snapshot) if _inventory_judged(snapshot) else "")
+        size = self.settings.vm_size or (vm_size_of(snapshot) if _inventory_judged(snapshot) else "")
         if size is None:  # not known yet (IMDS has not answered): no inventory, and no baseline taken
             return None, ""
         sku = expected_for(size) if size else None
@@ -155,11 +155,6 @@ class HealthStage:
         b = self._state.baseline
         return Expected("baseline", "", int(b["gpus"]), str(b["gpu_model"]), int(b["ib_ports"]),
                         int(b["ib_rate_gbps"]), b.get("pcie_gen"), b.get("pcie_width")), "baseline"
-
-    def _size_of(self, snapshot: Snapshot) -> str | None:
-        """The VM size: the snapshot's host identity (None while the provider has not learnt it, ""
-        off Azure); a snapshot no loop stamped is held to the baseline."""
-        return snapshot.identity.vm_size() if snapshot.identity is not None else ""
 
     # -- one snapshot -----------------------------------------------------------------------------
     def update(self, snapshot: Snapshot) -> HealthResult:
@@ -443,6 +438,12 @@ INVENTORY_COLLECTORS = frozenset({"nvml"})
 ``gpu.model``, PCIe width). With only the InfiniBand collectors, ``ib.port.missing`` and
 ``ib.port.rate`` hold the ports to the baseline, or to the SKU ``[health] vm_size`` names: an
 InfiniBand-only host (off Azure, or an HB-series VM) asks IMDS nothing."""
+
+
+def vm_size_of(snapshot: Snapshot) -> str | None:
+    """The VM size the snapshot's host identity gives: None while the provider has not learnt it (no
+    inventory, no baseline taken), "" off Azure; a snapshot no loop stamped is held to the baseline."""
+    return snapshot.identity.vm_size() if snapshot.identity is not None else ""
 
 
 def _inventory_judged(snapshot: Snapshot) -> bool:
