@@ -4,6 +4,8 @@ and ``gpumon run`` builds a provider only where a sink or the health stage reads
 
 from __future__ import annotations
 
+import threading
+
 from gpumon import imds
 from gpumon.cli import schemas
 from gpumon.collectors.base import Context
@@ -16,7 +18,10 @@ from gpumon.model import HostIdentity
 from gpumon.simulate.azure import write_kvp_pool
 from gpumon.simulate.imds import COMPUTE, COMPUTE_PATH, ImdsServer
 from gpumon.sinks.base import Sink
+from tests import test_otel_receiver as receivers
 from tests.conftest import closed_port, wait_for
+
+http_receiver = receivers.http_receiver  # the OTLP receiver fixture
 
 
 def pool_file(tmp_path, host: str = "PHX0123456789") -> str:
@@ -146,3 +151,40 @@ def test_two_sinks_naming_different_imds_are_told_which_one_is_asked(caplog) -> 
         provider = identity_provider(cfg, [], [first, second])
     assert provider is not None and provider.client is imds.client("http://127.0.0.1:4")
     assert "gpumon asks one IMDS, and takes 'http://127.0.0.1:4'" in caplog.text
+
+
+def identity_threads() -> list[str]:
+    """Threads that ask IMDS for the identity (the sinks' and the health stage's own were ``*-imds``; the
+    simulated host's IMDS server, ``imds-stand-in``, answers)."""
+    return [t.name for t in threading.enumerate()
+            if t.is_alive() and (t.name.endswith("-imds") or t.name == "host-identity")]
+
+
+def test_a_running_daemon_asks_for_its_identity_on_one_thread_across_a_reload(tmp_path, http_receiver) -> None:
+    """``gpumon run --simulate`` with the OTel sink and the health stage (both read the identity): one
+    ``host-identity`` thread and no other IMDS thread; the sink's resource and every snapshot carry the
+    simulated VM; a reload leaves one thread, and the new loop knows the host from its first snapshot."""
+    from gpumon.daemon.reload import Daemon
+
+    env = {"GPUMON_DAEMON_STATE_DIR": str(tmp_path / "state"), "GPUMON_DAEMON_SIMULATE": "nd-h100-v5",
+           "GPUMON_DAEMON_SINKS": "prometheus,otel", "GPUMON_PROMETHEUS_LISTEN": "127.0.0.1:0",
+           "GPUMON_OTEL_ENDPOINT": http_receiver.endpoint, "GPUMON_OTEL_LOGS": "false"}
+    before = identity_threads()
+    daemon = Daemon(load(schemas(), None, env, {}))
+    daemon.start()
+    try:
+        assert daemon.loop is not None and daemon.loop.identity is not None
+        wait_for(lambda: daemon.loop is not None and daemon.loop.latest is not None
+                 and daemon.loop.latest.identity is not None and daemon.loop.latest.identity.asked)
+        assert identity_threads() == [*before, "host-identity"]
+        assert daemon.loop.latest.identity.vm_size() == "Standard_ND96isr_H100_v5"
+        http_receiver.wait(lambda r: any(
+            a.key == "host.type" for m in r.metrics for rm in m.resource_metrics for a in rm.resource.attributes))
+        first = daemon.loop
+        daemon.reload(load(schemas(), None, {**env, "GPUMON_DAEMON_INTERVAL": "5"}, {}))
+        assert daemon.loop is not first and daemon.loop.identity is not first.identity
+        assert daemon.loop.identity.current() == first.identity.current()  # known before its first look
+        wait_for(lambda: identity_threads() == [*before, "host-identity"])
+    finally:
+        daemon.stop()
+    wait_for(lambda: identity_threads() == before)
