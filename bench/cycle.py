@@ -28,6 +28,7 @@ def _parts(tmp: str, profile: str, health: bool = True):
     from gpumon.config import load
     from gpumon.daemon.context import make_context, sink_context
     from gpumon.daemon.health import health_stage
+    from gpumon.daemon.identity import identity_provider
     from gpumon.daemon.loop import Loop
     from gpumon.daemon.plan import make_sinks, plan_collectors
     from gpumon.stages import HealthJudging
@@ -40,7 +41,10 @@ def _parts(tmp: str, profile: str, health: bool = True):
     ctx = make_context(config)
     plan = plan_collectors(ctx.config, ctx)
     sinks = make_sinks(config, sink_context(ctx.config))
-    loop = Loop(config, plan, ctx, sinks, None, health_stage(config, ctx) if health else None)
+    identity = identity_provider(ctx.config, (p.name for p in plan.running), sinks) if health else None
+    if identity is not None:
+        identity.look()  # what the provider's thread has learnt by the daemon's first cycles
+    loop = Loop(config, plan, ctx, sinks, None, health_stage(config, ctx) if health else None, identity)
     for stage in loop.stages:
         if isinstance(stage, HealthJudging):
             stage.every = 0.0  # every cycle is judged, as at the default 10 s interval

@@ -1,8 +1,9 @@
 """Azure Instance Metadata Service (IMDS): the one client gpumon asks who this VM is and what the
 platform has scheduled for it.
 
-Every part of gpumon (the ``host_info`` and ``azure_events`` collectors, the OpenTelemetry and Azure
-Monitor sinks) goes through :func:`client`, one shared :class:`ImdsClient` per IMDS address, so the
+Every part of gpumon that asks (the ``host_info`` and ``azure_events`` collectors, the host identity
+provider whose answer the sinks and the health stage read from each snapshot, the Azure GHR health
+action) goes through :func:`client`, one shared :class:`ImdsClient` per IMDS address, so the
 compute document is fetched once and kept (re-read every ``compute_refresh`` seconds), and "not on
 Azure" is learnt once, by one short request, and kept too: off Azure nothing waits twice.
 
@@ -36,6 +37,7 @@ from typing import Any
 from gpumon.config import Option, SectionSchema
 from gpumon.httpdates import parse_retry_after
 from gpumon.log_once import LogOnce
+from gpumon.model import AzureInstance  # the compute document as data: the model's
 
 log = logging.getLogger("gpumon.imds")
 
@@ -94,41 +96,6 @@ class ImdsError(Exception):
     def __init__(self, reason: str, detail: str, status: int = 0) -> None:
         super().__init__(f"IMDS {reason}: {detail}")
         self.reason, self.detail, self.status = reason, detail, status
-
-
-@dataclass(frozen=True)
-class AzureInstance:
-    vm_id: str
-    vm_size: str
-    location: str
-    name: str
-    resource_id: str
-    vmss_name: str = ""
-    aks: bool = False
-    zone: str = ""
-    subscription_id: str = ""
-    resource_group: str = ""
-    placement_group_id: str = ""
-    platform_fault_domain: str = ""
-
-    @classmethod
-    def from_compute(cls, doc: dict) -> AzureInstance:
-        tags = doc.get("tagsList") or []
-        aks = any(t.get("name", "").startswith("aks-managed") for t in tags if isinstance(t, dict))
-        return cls(
-            vm_id=str(doc.get("vmId", "")),
-            vm_size=str(doc.get("vmSize", "")),
-            location=str(doc.get("location", "")),
-            name=str(doc.get("name", "")),
-            resource_id=str(doc.get("resourceId", "")),
-            vmss_name=str(doc.get("vmScaleSetName", "")),
-            aks=aks or str(doc.get("resourceGroupName", "")).upper().startswith("MC_"),
-            zone=str(doc.get("zone", "")),
-            subscription_id=str(doc.get("subscriptionId", "")),
-            resource_group=str(doc.get("resourceGroupName", "")),
-            placement_group_id=str(doc.get("placementGroupId", "")),
-            platform_fault_domain=str(doc.get("platformFaultDomain", "")),
-        )
 
 
 @dataclass(frozen=True)

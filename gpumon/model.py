@@ -181,8 +181,69 @@ class CollectorStatus:
 
 
 @dataclass(frozen=True)
+class AzureInstance:
+    """The VM's IMDS compute metadata (api-version 2021-02-01 keys), as data: what the identity
+    provider learns and every consumer of the host identity reads."""
+
+    vm_id: str
+    vm_size: str
+    location: str
+    name: str
+    resource_id: str
+    vmss_name: str = ""
+    aks: bool = False
+    zone: str = ""
+    subscription_id: str = ""
+    resource_group: str = ""
+    placement_group_id: str = ""
+    platform_fault_domain: str = ""
+
+    @classmethod
+    def from_compute(cls, doc: dict) -> AzureInstance:
+        tags = doc.get("tagsList") or []
+        aks = any(t.get("name", "").startswith("aks-managed") for t in tags if isinstance(t, dict))
+        return cls(
+            vm_id=str(doc.get("vmId", "")),
+            vm_size=str(doc.get("vmSize", "")),
+            location=str(doc.get("location", "")),
+            name=str(doc.get("name", "")),
+            resource_id=str(doc.get("resourceId", "")),
+            vmss_name=str(doc.get("vmScaleSetName", "")),
+            aks=aks or str(doc.get("resourceGroupName", "")).upper().startswith("MC_"),
+            zone=str(doc.get("zone", "")),
+            subscription_id=str(doc.get("subscriptionId", "")),
+            resource_group=str(doc.get("resourceGroupName", "")),
+            placement_group_id=str(doc.get("placementGroupId", "")),
+            platform_fault_domain=str(doc.get("platformFaultDomain", "")),
+        )
+
+
+@dataclass(frozen=True)
+class HostIdentity:
+    """Who this host is, as the identity provider (``gpumon.identity``) last learnt it; the loop
+    stamps it on every Snapshot, so the sinks and the health stage read it instead of asking IMDS.
+
+    ``asked``: the provider has looked at least once (before that nothing is known, not even
+    absence). ``instance``: IMDS's answer (None: none yet, or none here). ``off_azure``: nothing
+    answers at the IMDS address. ``physical_host``: the Hyper-V KVP pool's PhysicalHostName."""
+
+    instance: AzureInstance | None = None
+    physical_host: str = ""
+    asked: bool = False
+    off_azure: bool = False
+
+    def vm_size(self) -> str | None:
+        """The VM size; "" off Azure (the health baseline); None while unknown (no answer yet, or a
+        failure that is not "off Azure": asked again)."""
+        if self.instance is not None:
+            return self.instance.vm_size
+        return "" if self.off_azure else None
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """Everything sinks see at one moment. ``events`` holds only events new since the last snapshot."""
+    """Everything sinks see at one moment. ``events`` holds only events new since the last snapshot.
+    ``identity``: the host identity the loop stamped (None on a snapshot built without a loop)."""
 
     host: str
     time: float
@@ -190,6 +251,7 @@ class Snapshot:
     events: tuple[Event, ...]
     collectors: tuple[CollectorStatus, ...]
     seq: int = 0
+    identity: HostIdentity | None = None
 
     def family(self, name: str) -> MetricFamily | None:
         for fam in self.families:

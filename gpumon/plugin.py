@@ -13,9 +13,11 @@ from gpumon import registry
 from gpumon.collectors.base import Availability, Collector, CollectorUnavailable, Context
 from gpumon.config import Config, ConfigError, Option, Section, SectionSchema
 from gpumon.model import (
+    AzureInstance,
     Collection,
     CollectorStatus,
     Event,
+    HostIdentity,
     Labels,
     MetricFamily,
     MetricSpec,
@@ -37,6 +39,7 @@ __all__ = [
     "COLLECTOR_GROUP",
     "SINK_GROUP",
     "Availability",
+    "AzureInstance",
     "CheckResult",
     "Collection",
     "Collector",
@@ -46,6 +49,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "Event",
+    "HostIdentity",
     "Labels",
     "MetricFamily",
     "MetricSpec",

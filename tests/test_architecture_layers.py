@@ -25,6 +25,12 @@ SELF_CONTAINED = ("gpumon.model", "gpumon.config", "gpumon.table", "gpumon.backo
 import; they import nothing of gpumon (but the model names the hint types its specs carry)."""
 MODEL_MAY_IMPORT = frozenset({"gpumon.catalogue.hints"})
 
+IMDS_CLIENT = "gpumon.imds"
+IMDS_FREE = ("gpumon.sinks", "gpumon.stages", "gpumon.health", "gpumon.daemon", "gpumon.selfmetrics")
+"""Packages that read the host identity from the snapshot and never ask IMDS themselves."""
+IMDS_ONE_OFF = frozenset({"gpumon.health.actions.azure_ghr"})
+"""Asks IMDS once per report, on the actions' worker, for the resource id at that moment: no refresh."""
+
 KNOWN_BREACHES: set[tuple[str, str]] = set()
 """Edges that break a rule today, each to be removed by its module's owner; a fixed one must leave."""
 
@@ -74,6 +80,14 @@ def breaches() -> dict[str, set[tuple[str, str]]]:
             if inside(target, "gpumon.report") and not inside(source, *FACE):
                 breach("the report (once's output, the terminal tables) is imported only by the face",
                        source, target)
+            if target == IMDS_CLIENT and inside(source, *IMDS_FREE) and source not in IMDS_ONE_OFF:
+                breach("only the identity provider refreshes the host identity: no sink, stage, health or loop "
+                       "module imports the IMDS client (they read Snapshot.identity)", source, target)
+            if inside(source, "gpumon.identity") and not (
+                    inside(target, "gpumon.identity", "gpumon.sources")
+                    or target in ("gpumon", IMDS_CLIENT, "gpumon.model", "gpumon.config")):
+                breach("the identity provider imports only the IMDS client, sources, model and config "
+                       "(every layer above reads its answer on the snapshot)", source, target)
             if inside(source, "gpumon.catalogue") and not (
                     inside(target, "gpumon.catalogue") or target in ("gpumon", "gpumon.model")):
                 breach("the metric catalogue (pure data, the ground floor) imports only the model and itself",
@@ -113,7 +127,9 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
                "gpumon.table": real["gpumon.table"] | {"gpumon.model"},
                "gpumon.backoff": real["gpumon.backoff"] | {"gpumon.sinks.common"},
                "gpumon.stages.relabel": real["gpumon.stages.relabel"] | {"gpumon.collectors.attribution"},
-               "gpumon.sinks.prometheus": real["gpumon.sinks.prometheus"] | {"gpumon.stages.selfmetrics"}}
+               "gpumon.sinks.prometheus": real["gpumon.sinks.prometheus"] | {"gpumon.stages.selfmetrics"},
+               "gpumon.sinks.otel.resource": real["gpumon.sinks.otel.resource"] | {"gpumon.imds"},
+               "gpumon.identity.provider": real["gpumon.identity.provider"] | {"gpumon.sinks.base"}}
     monkeypatch.setattr(me, "graph", lambda: planted)
     found = {edge for edges in breaches().values() for edge in edges}
     assert ("gpumon.sources.kvp", "gpumon.collectors.nvml") in found
@@ -127,6 +143,8 @@ def test_the_rules_catch_a_planted_breach(monkeypatch):
     assert ("gpumon.backoff", "gpumon.sinks.common") in found
     assert ("gpumon.stages.relabel", "gpumon.collectors.attribution") in found
     assert ("gpumon.sinks.prometheus", "gpumon.stages.selfmetrics") in found
+    assert ("gpumon.sinks.otel.resource", "gpumon.imds") in found
+    assert ("gpumon.identity.provider", "gpumon.sinks.base") in found
 
 
 def test_imports_point_down_the_layers():
@@ -135,6 +153,33 @@ def test_imports_point_down_the_layers():
     assert not unexpected, f"imports against docs/architecture.md's layers: {unexpected}"
     stale = KNOWN_BREACHES - {edge for edges in found.values() for edge in edges}
     assert not stale, f"fixed breaches still listed in KNOWN_BREACHES: {sorted(stale)}"
+
+
+# ------------------------------------------------------------------ one host identity, one IMDS thread
+def imds_threads(edges: dict[str, set[str]]) -> set[str]:
+    """Modules that import the IMDS client and start a thread: each one a refresh of its own."""
+    found = set()
+    for module, targets in edges.items():
+        if IMDS_CLIENT not in targets or module == IMDS_CLIENT:
+            continue
+        path = Path(REPO, *module.split(".")).with_suffix(".py")
+        if not path.exists():
+            path = Path(REPO, *module.split("."), "__init__.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("Thread"):
+                found.add(module)
+    return found
+
+
+def test_one_thread_refreshes_the_host_identity():
+    """The identity provider alone keeps the host identity fresh (IMDS and the KVP pool, on its own
+    thread); the loop stamps it on each snapshot. A collector asks the shared client on its own run,
+    never on a thread it starts."""
+    edges = graph()
+    assert IMDS_CLIENT in edges["gpumon.identity.provider"]  # guards the rule: the provider is found
+    assert imds_threads(edges) == {"gpumon.identity.provider"}
+    planted = {**edges, "gpumon.sinks.delivery": edges["gpumon.sinks.delivery"] | {IMDS_CLIENT}}
+    assert "gpumon.sinks.delivery" in imds_threads(planted)
 
 
 # ------------------------------------------------------------------ metric names live in the catalogue

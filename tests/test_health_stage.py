@@ -174,6 +174,18 @@ def test_a_smaller_node_than_its_vm_size_is_unhealthy(tmp_path, host) -> None:
     assert any(f["rule"] == "gpu.model" for f in result.verdict.findings)
 
 
+def test_the_vm_size_comes_from_the_host_identity_on_the_snapshot(tmp_path, host) -> None:
+    """No ``[health] vm_size``: the identity the loop stamped says ND H200 v5, and the H100s are wrong."""
+    from gpumon.model import AzureInstance, HostIdentity
+
+    h200 = HostIdentity(AzureInstance("id", "Standard_ND96isr_H200_v5", "eastus2", "n", "r"), asked=True)
+    result = stage(tmp_path, Clock(), vm_size="").update(dataclasses.replace(host.snapshot(), identity=h200))
+    assert any(f["rule"] == "gpu.model" for f in result.verdict.findings)
+    unknown = stage(tmp_path / "unknown", Clock(), vm_size="").update(
+        dataclasses.replace(host.snapshot(), identity=HostIdentity()))  # not looked yet: no inventory held
+    assert not any(f["rule"] == "gpu.model" for f in unknown.verdict.findings)
+
+
 def test_a_corrupt_state_file_is_set_aside(tmp_path, host, caplog) -> None:
     state = tmp_path / "state"
     state.mkdir()

@@ -1,42 +1,66 @@
-"""The health stage's VM size from IMDS: asked off the loop thread, asked again after a failure that
-is not "off Azure"; off Azure no size at all."""
+"""The health stage's VM size: read from the host identity the loop stamps on each snapshot (the
+identity provider asks IMDS off the loop thread, again soon after a failure that is not "off Azure");
+off Azure no size at all, and IMDS is not asked where only the InfiniBand collectors run."""
 
 from __future__ import annotations
 
 import pytest
 
 from gpumon.cli import schemas
-from gpumon.collectors.base import Context
 from gpumon.config import load
-from gpumon.daemon.health import _VmSize
+from gpumon.health.stage import vm_size_of
+from gpumon.identity import IdentityProvider
+from gpumon.model import AzureInstance, CollectorStatus, HostIdentity, Snapshot
 from gpumon.simulate.imds import COMPUTE_PATH, ImdsServer
 from tests.conftest import closed_port, wait_for
 
 
-def size_of(url: str) -> _VmSize:
+def provider_of(url: str) -> IdentityProvider:
     config = load(schemas(), None, {"GPUMON_AZURE_IMDS_URL": url, "GPUMON_AZURE_COMPUTE_REFRESH": "10"}, {})
-    return _VmSize(Context(hostname="h", config=config))
+    return IdentityProvider.from_config(config)
 
 
 def test_a_5xx_at_boot_is_asked_again_and_the_size_is_learned() -> None:
     server = ImdsServer()
+    provider = provider_of(server.url)
+    provider.ask_again = 0.2
     try:
         server.fail(COMPUTE_PATH, 500)
-        vm = size_of(server.url)
-        vm.ASK_AGAIN = 0.2
-        assert vm() is None  # asked on a thread of its own: unknown until it answers
+        assert provider.current().vm_size() is None  # asked on a thread of its own: unknown until it answers
+        provider.start()
         wait_for(lambda: server.count(COMPUTE_PATH) >= 1, timeout=5)
-        assert vm() is None  # a 5xx is not "off Azure": unknown, no baseline taken meanwhile
+        assert provider.current().vm_size() is None  # a 5xx is not "off Azure": unknown, no baseline meanwhile
         server.fail(COMPUTE_PATH, None)
-        wait_for(lambda: vm() == "Standard_ND96isr_H100_v5", timeout=10)
+        wait_for(lambda: provider.current().vm_size() == "Standard_ND96isr_H100_v5", timeout=10)
     finally:
+        provider.stop()
         server.close()
 
 
 def test_off_azure_answers_no_size() -> None:
-    vm = size_of(f"http://127.0.0.1:{closed_port()}")  # nothing listens: unreachable, as off Azure
-    wait_for(lambda: vm() == "", timeout=10)
-    assert all(vm() == "" for _ in range(5))
+    provider = provider_of(f"http://127.0.0.1:{closed_port()}")  # nothing listens: unreachable, as off Azure
+    provider.start()
+    try:
+        wait_for(lambda: provider.current().vm_size() == "", timeout=10)
+        assert all(provider.look().vm_size() == "" for _ in range(5))
+    finally:
+        provider.stop()
+
+
+def _stamped(identity: HostIdentity | None) -> Snapshot:
+    return Snapshot("h", 0.0, (), (), (CollectorStatus("nvml", True, 0.1),), identity=identity)
+
+
+@pytest.mark.parametrize(("identity", "size"), [
+    (HostIdentity(), None),  # not asked yet: no inventory, no baseline
+    (HostIdentity(asked=True), None),  # asked, failed, not "off Azure": the same
+    (HostIdentity(asked=True, off_azure=True), ""),  # off Azure: the baseline
+    (HostIdentity(AzureInstance("id", "Standard_ND96isr_H100_v5", "eastus2", "n", "r"), asked=True),
+     "Standard_ND96isr_H100_v5"),
+    (None, ""),  # a snapshot no loop stamped: the baseline, as a stage built by hand always was
+])
+def test_the_stage_reads_the_size_from_the_snapshot(identity, size) -> None:
+    assert vm_size_of(_stamped(identity)) == size
 
 
 @pytest.fixture

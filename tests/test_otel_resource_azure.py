@@ -1,13 +1,19 @@
 """The resource: service.*, host.name, OTEL_RESOURCE_ATTRIBUTES, and on Azure cloud.* / host.id /
-host.type from IMDS, asked on a background thread so start-up never waits for it."""
+host.type from the host identity the loop stamps on each snapshot (the one provider asks IMDS, on its
+own thread: the sink never does, and start-up never waits for it). The first identity fixes the
+resource; the first export waits at most ``[azure] imds_timeout`` + 0.5 s for it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from gpumon.daemon.identity import identity_provider
+from gpumon.identity import IdentityProvider
+from gpumon.model import HostIdentity, Snapshot
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.otel import resource_attributes
 from tests import test_otel_receiver as receivers
@@ -57,6 +63,17 @@ class FakeImds:
         self.server.server_close()
 
 
+def provider_for(sink) -> IdentityProvider:
+    """The provider ``gpumon run`` builds for this sink alone (its deprecated ``imds_url`` honoured)."""
+    provider = identity_provider(sink.ctx.config, (), [sink])
+    assert provider is not None
+    return provider
+
+
+def stamped(identity: HostIdentity) -> Snapshot:
+    return dataclasses.replace(snapshot(time.time(), 1.0, 1.0), identity=identity)
+
+
 def test_layers_later_wins():
     ctx = SinkContext(hostname="node-7", state_dir="/tmp", version="1.2.3")
     env = {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,host.name=from-env,team=ml%20infra",
@@ -71,7 +88,7 @@ def test_azure_attributes_reach_the_collector(http_receiver, tmp_path):
     sink = make_sink(http_receiver.endpoint, tmp_path, logs=False, azure_detect=True, imds_url=imds.url)
     try:
         sink.start()
-        sink.publish(snapshot(time.time(), 1.0, 1.0))
+        sink.publish(stamped(provider_for(sink).look()))
         http_receiver.wait(lambda r: r.metrics)
     finally:
         sink.stop(2)
@@ -95,7 +112,7 @@ def test_aks_node_is_azure_aks(http_receiver, tmp_path):
     sink = make_sink(http_receiver.endpoint, tmp_path, pod_env, logs=False, azure_detect=True, imds_url=imds.url)
     try:
         sink.start()
-        sink.publish(snapshot(time.time(), 1.0, 1.0))
+        sink.publish(stamped(provider_for(sink).look()))
         http_receiver.wait(lambda r: r.metrics)
     finally:
         sink.stop(2)
@@ -123,7 +140,7 @@ def test_off_azure_nothing_is_added_and_start_does_not_wait(http_receiver, tmp_p
         started = time.monotonic()
         sink.start()
         assert time.monotonic() - started < 0.2
-        sink.publish(snapshot(time.time(), 1.0, 1.0))
+        sink.publish(stamped(provider_for(sink).look()))  # the provider's look times out: as absent
         http_receiver.wait(lambda r: r.metrics)
     finally:
         hold.set()
@@ -138,8 +155,48 @@ def test_imds_not_listening_adds_nothing(http_receiver, tmp_path):
                      imds_url=f"http://127.0.0.1:{closed_port()}/metadata")
     try:
         sink.start()
-        sink.publish(snapshot(time.time(), 1.0, 1.0))
+        sink.publish(stamped(provider_for(sink).look()))
         http_receiver.wait(lambda r: r.metrics)
     finally:
         sink.stop(2)
     assert "cloud.provider" not in attrs(http_receiver.metrics[0].resource_metrics[0].resource)
+
+
+def test_the_first_export_waits_a_little_for_the_identity_then_goes_without(http_receiver, tmp_path):
+    """The provider has not looked yet (the loop's first snapshot): the export waits ``imds_timeout``
+    + 0.5 s at most, then goes with gpumon's own attributes; the identity, once it comes, fixes the
+    resource, and a later change does not move it (the resource identifies the exporter)."""
+    imds = FakeImds(COMPUTE)
+    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False, azure_detect=True, imds_url=imds.url,
+                     imds_timeout=0.2, interval=0.0)
+    try:
+        sink.start()
+        started = time.monotonic()
+        sink.publish(stamped(HostIdentity()))
+        http_receiver.wait(lambda r: r.metrics)
+        assert 0.6 <= time.monotonic() - started < 5.0
+        first = provider_for(sink).look()
+        sink.publish(dataclasses.replace(stamped(first), seq=2))
+        http_receiver.wait(lambda r: len(r.metrics) >= 2)
+        assert first.instance is not None
+        moved = HostIdentity(dataclasses.replace(first.instance, vm_id="another"), asked=True)
+        sink.publish(dataclasses.replace(stamped(moved), seq=3))
+        http_receiver.wait(lambda r: len(r.metrics) >= 3)
+    finally:
+        sink.stop(2)
+        imds.close()
+    resources = [attrs(m.resource_metrics[0].resource) for m in http_receiver.metrics[:3]]
+    assert "host.id" not in resources[0]
+    assert resources[1]["host.id"] == resources[2]["host.id"] == COMPUTE["vmId"]
+
+
+def test_azure_detect_off_reads_no_identity(http_receiver, tmp_path):
+    sink = make_sink(http_receiver.endpoint, tmp_path, logs=False, azure_detect=False)
+    assert sink.identity_overrides() is None and identity_provider(sink.ctx.config, (), [sink]) is None
+    try:
+        sink.start()
+        sink.publish(stamped(HostIdentity(asked=True, physical_host="PHX0123456789")))
+        http_receiver.wait(lambda r: r.metrics)
+    finally:
+        sink.stop(2)
+    assert "gpumon.azure.physical_host" not in attrs(http_receiver.metrics[0].resource_metrics[0].resource)

@@ -1,10 +1,12 @@
-"""The OTel and Azure Monitor sinks ask the one IMDS ``[azure]`` configures, and carry the host's
-placement: on the OTel resource (decoded from a real OTLP export) and on the rows of all three Azure
-tables (through the real LogsIngestionClient to the loopback ingestion endpoint). Their own IMDS keys
-are deprecated aliases: honoured with a warning, and ``imds_url = ""`` still switches IMDS off."""
+"""The OTel and Azure Monitor sinks read the host identity the one provider learnt from the IMDS
+``[azure]`` configures (stamped on each snapshot), and carry the host's placement: on the OTel resource
+(decoded from a real OTLP export) and on the rows of all three Azure tables (through the real
+LogsIngestionClient to the loopback ingestion endpoint). Their own IMDS keys are deprecated aliases:
+honoured by the provider with a warning, and ``imds_url = ""`` still switches the sink's host facts off."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -14,7 +16,9 @@ from gpumon import imds
 from gpumon.collectors import host_info
 from gpumon.config import DAEMON, load
 from gpumon.daemon import make_context, sink_context
-from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
+from gpumon.daemon.identity import identity_provider
+from gpumon.identity import IdentityProvider
+from gpumon.model import Event, HostIdentity, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
 from gpumon.simulate.azure import write_kvp_pool
 from gpumon.simulate.imds import COMPUTE, ImdsServer
 from gpumon.sinks import azure_host, otel
@@ -48,9 +52,9 @@ def context(cfg) -> SinkContext:
     return SinkContext("node-7", str(cfg.daemon.state_dir), "9.9.9", config=cfg)
 
 
-def snapshot(events=()) -> Snapshot:
+def snapshot(events=(), identity: HostIdentity | None = None) -> Snapshot:
     fam = MetricFamily(POWER, (POWER.sample(300.0, "0", "GPU-a"),))
-    return Snapshot("node-7", time.time(), (fam,), tuple(events), ())
+    return Snapshot("node-7", time.time(), (fam,), tuple(events), (), identity=identity)
 
 
 def wait(predicate, timeout: float = 10.0) -> bool:
@@ -83,12 +87,14 @@ def test_both_sinks_share_the_configured_client_and_carry_the_placement(http_rec
         try:
             otel_sink.start()
             az_sink.start()
-            assert wait(lambda: az_sink._builder.vm.get("physical_host"))
-            otel_sink.publish(snapshot())
-            az_sink.publish(snapshot())
+            provider = identity_provider(cfg, (), [otel_sink, az_sink])
+            assert provider is not None
+            identity = provider.look()
+            otel_sink.publish(snapshot(identity=identity))
+            az_sink.publish(snapshot(identity=identity))
             flap = Event("ib_link_flap", Severity.WARNING, {"device": "mlx5_ib0", "port": "1"}, "flap", {})
             skew[0] = 60.0
-            az_sink.publish(snapshot([flap]))
+            az_sink.publish(snapshot([flap], identity))
             http_receiver.wait(lambda r: r.metrics)
             assert ingest.wait_for(lambda s: s.rows("Custom-GpuMonGpu_CL") and s.rows("Custom-GpuMonEvents_CL"))
         finally:
@@ -108,7 +114,7 @@ def test_both_sinks_share_the_configured_client_and_carry_the_placement(http_rec
     assert resource["gpumon.azure.placement_group"] == COMPUTE["placementGroupId"]
     assert resource["gpumon.azure.fault_domain"] == "1"
     assert resource["gpumon.azure.physical_host"] == "PHX0123456789"
-    assert server.count(COMPUTE_PATH) == 1  # one client, one compute request for both sinks
+    assert server.count(COMPUTE_PATH) == 1  # one provider, one compute request for both sinks
 
 
 def test_the_ib_table_declares_the_host_columns_too():
@@ -123,11 +129,14 @@ def test_a_deprecated_alias_is_honoured_with_a_warning(server, tmp_path, caplog)
     try:
         cfg = config(tmp_path, server, GPUMON_OTEL_IMDS_URL=other.url + "/metadata/instance/compute",
                      GPUMON_OTEL_IMDS_TIMEOUT="2.5")
+        sink = otel.OtelSink(context(cfg), cfg.sections["otel"], environ={})
+        assert "deprecated" not in caplog.text  # gpumon check builds the sink too: no warning for it
         with caplog.at_level(logging.WARNING, logger="gpumon.sinks"):
-            client = azure_host.imds_client(context(cfg), "otel", cfg.sections["otel"], otel.OPTIONS,
-                                            otel.IMDS_ALIASES)
-        assert client is imds.client(other.url) and client.timeout == 2.5
-        assert client.instance().vm_id == "from-the-alias"
+            provider = identity_provider(cfg, (), [sink])  # gpumon run: the provider honours the keys
+        assert provider is not None
+        assert provider.client is imds.client(other.url) and provider.client.timeout == 2.5
+        found = provider.look().instance
+        assert found is not None and found.vm_id == "from-the-alias"
         assert "[otel] imds_url: use [azure] imds_url" in caplog.text
         assert "[otel] imds_timeout: use [azure] imds_timeout" in caplog.text
     finally:
@@ -140,8 +149,9 @@ def test_unset_aliases_follow_azure_without_a_warning(server, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="gpumon.sinks"):
         for name, schema, aliases in (("otel", otel.OPTIONS, otel.IMDS_ALIASES),
                                       ("azure_monitor", am.OPTIONS, am.IMDS_ALIASES)):
-            client = azure_host.imds_client(context(cfg), name, cfg.sections[name], schema, aliases)
-            assert client is imds.configured(cfg.sections["azure"])
+            assert azure_host.imds_overrides(context(cfg), name, cfg.sections[name], schema, aliases) == {}
+        provider = identity_provider(cfg, (), [otel.OtelSink(context(cfg), cfg.sections["otel"], environ={})])
+        assert provider is not None and provider.client is imds.configured(cfg.sections["azure"])
     assert "deprecated" not in caplog.text
 
 
@@ -150,27 +160,52 @@ def test_an_empty_alias_switches_the_sinks_imds_off(server, tmp_path, variable):
     cfg = config(tmp_path, server, **{variable: ""})
     name = "otel" if "OTEL" in variable else "azure_monitor"
     module = otel if name == "otel" else am
-    assert azure_host.imds_client(context(cfg), name, cfg.sections[name], module.OPTIONS,
-                                  module.IMDS_ALIASES) is None
+    assert azure_host.imds_overrides(context(cfg), name, cfg.sections[name], module.OPTIONS,
+                                     module.IMDS_ALIASES) is None
+
+
+def test_an_azure_monitor_sink_with_imds_off_writes_no_host_columns(server, tmp_path):
+    cfg = config(tmp_path, server, GPUMON_AZURE_MONITOR_IMDS_URL="")
+    sink = am.AzureMonitorSink(context(cfg), {"endpoint": "https://127.0.0.1:1", "dcr_immutable_id": "dcr-1",
+                                              "imds_url": ""}, credential=FakeCredential())
+    assert sink.identity_overrides() is None and identity_provider(cfg, (), [sink]) is None
+    identity = IdentityProvider.from_config(cfg).look()  # another reader's provider: this sink ignores it
+    assert identity.instance is not None
+    sink.publish(snapshot(identity=identity))
+    assert sink._builder.vm == {}
+
+
+def test_the_rows_follow_the_identity_the_loop_stamps(server, tmp_path):
+    """A live migration: the next identity brings the new physical host to the rows."""
+    cfg = config(tmp_path, server)
+    sink = am.AzureMonitorSink(context(cfg), cfg.sections["azure_monitor"], credential=FakeCredential())
+    identity = IdentityProvider.from_config(cfg).look()
+    sink.publish(snapshot(identity=HostIdentity()))  # not looked yet: nothing known, nothing written
+    assert sink._builder.vm == {}
+    sink.publish(snapshot(identity=identity))
+    assert sink._builder.vm["physical_host"] == "PHX0123456789"
+    sink.publish(snapshot(identity=dataclasses.replace(identity, physical_host="PHX9")))
+    assert sink._builder.vm["physical_host"] == "PHX9" and sink._builder.vm["vm_id"] == COMPUTE["vmId"]
 
 
 def test_a_hand_built_section_counts_a_changed_value_as_set(server):
     """Without a Config (a sink built by hand), a value other than the default is the alias set."""
     ctx = SinkContext("node-7", "/tmp", "9.9.9")
-    assert azure_host.imds_client(ctx, "azure_monitor", {"imds_url": ""}, am.OPTIONS, am.IMDS_ALIASES) is None
-    client = azure_host.imds_client(ctx, "azure_monitor", {"imds_url": server.url}, am.OPTIONS, am.IMDS_ALIASES)
-    assert client is imds.client(server.url)
+    assert azure_host.imds_overrides(ctx, "azure_monitor", {"imds_url": ""}, am.OPTIONS, am.IMDS_ALIASES) is None
+    assert azure_host.imds_overrides(ctx, "azure_monitor", {"imds_url": server.url}, am.OPTIONS,
+                                     am.IMDS_ALIASES) == {"imds_url": server.url}
 
 
-def test_a_simulated_host_hands_the_sinks_its_own_imds_and_pool(tmp_path):
+def test_a_simulated_host_hands_the_provider_its_own_imds_and_pool(tmp_path):
     cfg = load(SCHEMAS, None, {"GPUMON_DAEMON_SIMULATE": "nd-h100-v5",
                                "GPUMON_DAEMON_STATE_DIR": str(tmp_path / "state")}, {})
     ctx = make_context(cfg)
     try:
         sctx = sink_context(ctx.config)
         assert sctx.config.sections["azure"]["imds_url"] == ctx.simulation.azure.imds_url
-        assert azure_host.kvp_pool(sctx) == ctx.simulation.azure.kvp_pool
-        found = azure_host.facts(imds.configured(sctx.config.sections["azure"]), azure_host.kvp_pool(sctx))
+        provider = IdentityProvider.from_config(ctx.config)
+        assert provider.pool == ctx.simulation.azure.kvp_pool
+        found = provider.look()
         assert found.instance is not None and found.instance.vm_size == "Standard_ND96isr_H100_v5"
         assert found.physical_host.startswith("SIM")
     finally:

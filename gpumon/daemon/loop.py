@@ -21,12 +21,24 @@ from gpumon.collectors.base import Collector, CollectorUnavailable, Context
 from gpumon.config import Config
 from gpumon.daemon.plan import Plan, collector_deadline, make_stages
 from gpumon.health.stage import HealthStage
+from gpumon.identity import IdentityProvider
 from gpumon.logs import log_event
-from gpumon.model import Collection, CollectorStatus, Event, MetricFamily, Severity, Snapshot, StateReason
+from gpumon.model import (
+    Collection,
+    CollectorStatus,
+    Event,
+    HostIdentity,
+    MetricFamily,
+    Severity,
+    Snapshot,
+    StateReason,
+)
 from gpumon.sinks.base import Sink, SinkHealth
 from gpumon.stages import Books, CollectorBook, run_stages
 
 log = logging.getLogger("gpumon.daemon")
+UNASKED = HostIdentity()
+"""The identity of a loop with no provider (``gpumon once``): not asked, so nothing is known."""
 
 __all__ = ["CollectorRunner", "Loop", "ReloadCounts", "log_event", "run_collect"]
 
@@ -158,11 +170,17 @@ class Loop:
     second: see gpumon.stages.health)."""
 
     def __init__(self, config: Config, plan: Plan, ctx: Context, sinks: list[Sink],
-                 reloads: ReloadCounts | None = None, health: HealthStage | None = None) -> None:
+                 reloads: ReloadCounts | None = None, health: HealthStage | None = None,
+                 identity: IdentityProvider | None = None) -> None:
         self.config = config
         self.health = health
         self.stages = make_stages(config, health, self.REFRESH)
         """The steps after collection, run on every compose (outside the loop's lock)."""
+        self.identity = identity
+        """The host identity provider whose latest look every snapshot carries (None: ``gpumon
+        once``, whose snapshots carry an identity not asked for)."""
+        if identity is not None and identity.on_change is None:
+            identity.on_change = self.poke
         self._owed = False
         """A stage put work off: the next publish comes within SOFT seconds."""
         self._shown: dict[str, tuple[tuple[MetricFamily, ...], tuple]] = {}
@@ -196,6 +214,8 @@ class Loop:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        if self.identity is not None:
+            self.identity.start()
         self.publish_now()  # sinks have a page (self-metrics) before the first collection ends
         self.thread.start()
         for runner in self.runners:
@@ -206,6 +226,8 @@ class Loop:
 
         Sinks named in ``keep`` stay running (a reload that did not change them)."""
         end = time.monotonic() + timeout
+        if self.identity is not None:
+            self.identity.stop()
         for runner in self.runners:
             runner.stop()
         self._stop.set()
@@ -224,6 +246,8 @@ class Loop:
     def carry_over(self, previous: Loop) -> None:
         """After a reload: keep the running totals and latest series of collectors that still run,
         so counters do not reset and the page does not shrink until their first new run."""
+        if self.identity is not None and previous.identity is not None:
+            self.identity.adopt(previous.identity)
         with previous._lock:
             for name in self._slots:
                 old = previous._slots.get(name)
@@ -409,14 +433,15 @@ class Loop:
                           not_running={p.name: p.cause.value for p in self.plan.collectors
                                        if p.name not in self._slots})
             events, self._events = tuple(self._events), []
+        identity = self.identity.current() if self.identity is not None else UNASKED
         # the stages (the health rules, a save of the verdicts to disk) run outside the lock
         draft = run_stages(self.stages, Snapshot(self.host, time.time(), tuple(families), events,
-                                                 tuple(statuses)), books)
+                                                 tuple(statuses), identity=identity), books)
         self._owed |= books.owed
         with self._lock:
             self._seq += 1
             snapshot = Snapshot(self.host, time.time(), _merged(draft.families), draft.events, draft.collectors,
-                                self._seq)
+                                self._seq, identity)
             self.latest = snapshot
             self.snapshot_ready.notify_all()
         return snapshot

@@ -14,9 +14,11 @@ from gpumon.collectors.base import Context
 from gpumon.config import Config, ConfigError
 from gpumon.daemon.context import make_context, sink_context
 from gpumon.daemon.health import endpoint_verdict, health_stage
+from gpumon.daemon.identity import identity_provider
 from gpumon.daemon.loop import Loop, ReloadCounts
 from gpumon.daemon.plan import Plan, StartupError, close_plan, make_sinks, plan_collectors
 from gpumon.health.stage import HealthStage
+from gpumon.identity import IdentityProvider
 from gpumon.sinks.base import Sink
 
 log = logging.getLogger("gpumon.daemon")
@@ -52,6 +54,7 @@ class _Build:
     holder: LoopHolder
     health: HealthStage | None = None
     health_key: tuple | None = None
+    identity: IdentityProvider | None = None
 
 
 class Daemon:
@@ -121,7 +124,8 @@ class Daemon:
                 ctx.simulation.stop()  # and its temporary directory, if it made one
             raise
         health, health_key = self._health_for(config, ctx, running_health)
-        return _Build(config, ctx, plan, sinks, fresh, holder, health, health_key)
+        identity = identity_provider(config, (p.name for p in plan.running), sinks)
+        return _Build(config, ctx, plan, sinks, fresh, holder, health, health_key, identity)
 
     def _launch(self, build: _Build, previous: Loop | None = None) -> None:
         """Start the new sinks (binding ports), then the loop. On a sink failure nothing is left
@@ -141,7 +145,7 @@ class Daemon:
                 reason = _start_failure(build.config, sink, exc)
                 raise StartupError(f"sink '{sink.name}' failed to start: {reason}") from exc
             started.append(sink)
-        loop = Loop(build.config, build.plan, build.ctx, build.sinks, self.reloads, build.health)
+        loop = Loop(build.config, build.plan, build.ctx, build.sinks, self.reloads, build.health, build.identity)
         if previous is not None:
             loop.carry_over(previous)
         build.holder.loop = loop

@@ -79,12 +79,11 @@ class HealthStage:
     """Thread-safe: the loop calls :meth:`update`; the endpoint and actions read :meth:`verdict`."""
 
     def __init__(self, state_dir: str, settings: HealthSettings,
-                 vm_size: Callable[[], str | None] = lambda: "", clock: Callable[[], float] = time.time,
-                 boot: str | None = None, persist: bool = True) -> None:
-        """``boot``: this boot's id (default: the kernel's; a simulated host's own)."""
+                 clock: Callable[[], float] = time.time, boot: str | None = None, persist: bool = True) -> None:
+        """``boot``: this boot's id (default: the kernel's; a simulated host's own). The VM size comes
+        from the host identity the loop stamps on each snapshot (``[health] vm_size`` over it)."""
         self.settings = settings
         self.persist = persist  # ``gpumon once`` and ``gpumon health`` read the state, never write it
-        self._vm_size = vm_size
         self._clock = clock
         self._store = StateStore(state_dir, read_only=not persist)
         self._lock = threading.Lock()
@@ -137,7 +136,7 @@ class HealthStage:
     def _expected(self, snapshot: Snapshot, findings_unhealthy: bool) -> tuple[Expected | None, str]:
         # The VM size is worth asking IMDS for only while the GPUs are read: the SKU table is about GPU
         # VMs, and without GPUs the baseline (or [health] vm_size) holds the InfiniBand ports.
-        size = self.settings.vm_size or (self._vm_size() if _inventory_judged(snapshot) else "")
+        size = self.settings.vm_size or (vm_size_of(snapshot) if _inventory_judged(snapshot) else "")
         if size is None:  # not known yet (IMDS has not answered): no inventory, and no baseline taken
             return None, ""
         sku = expected_for(size) if size else None
@@ -439,6 +438,12 @@ INVENTORY_COLLECTORS = frozenset({"nvml"})
 ``gpu.model``, PCIe width). With only the InfiniBand collectors, ``ib.port.missing`` and
 ``ib.port.rate`` hold the ports to the baseline, or to the SKU ``[health] vm_size`` names: an
 InfiniBand-only host (off Azure, or an HB-series VM) asks IMDS nothing."""
+
+
+def vm_size_of(snapshot: Snapshot) -> str | None:
+    """The VM size the snapshot's host identity gives: None while the provider has not learnt it (no
+    inventory, no baseline taken), "" off Azure; a snapshot no loop stamped is held to the baseline."""
+    return snapshot.identity.vm_size() if snapshot.identity is not None else ""
 
 
 def _inventory_judged(snapshot: Snapshot) -> bool:

@@ -8,7 +8,7 @@ pre-rendered page). ``stop(timeout)`` flushes what can be flushed within the tim
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -55,7 +55,8 @@ class SinkContext:
     off. The Prometheus sink's /health serves it."""
     config: Config = field(default_factory=lambda: Config({}))
     """The one Config in effect (a simulated host's own ``[azure] imds_url`` and KVP pool in it); a
-    Config with no sections for a sink built by hand. The sinks ask IMDS through ``imds.configured(config.sections["azure"])``."""
+    Config with no sections for a sink built by hand. No sink asks IMDS: the host identity comes on
+    each Snapshot (``Snapshot.identity``, from the one provider the daemon builds from this config)."""
 
 
 class Sink:
@@ -114,6 +115,11 @@ class Sink:
 
     def health(self) -> SinkHealth:
         return SinkHealth(up=True)
+
+    def identity_overrides(self) -> Mapping[str, Any] | None:
+        """Whether this sink reads ``Snapshot.identity`` (None: it does not, so no provider need run for
+        it), and the ``[azure]`` keys its deprecated IMDS options set (honoured by the one provider)."""
+        return None
 
     def check(self) -> list[CheckResult]:
         """Probe the endpoint and credentials for ``gpumon check`` without sending data."""

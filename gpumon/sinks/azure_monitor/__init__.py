@@ -7,7 +7,6 @@ The Azure SDK is imported only when the sink starts or checks, so importing this
 from __future__ import annotations
 
 from gpumon.sinks.azure_monitor.sink import (
-    HOST_REFRESH,
     IMDS_ALIASES,
     MONITORING_METRICS_PUBLISHER,
     OPTIONS,
@@ -15,5 +14,5 @@ from gpumon.sinks.azure_monitor.sink import (
     AzureMonitorSink,
 )
 
-__all__ = ["HOST_REFRESH", "IMDS_ALIASES", "MONITORING_METRICS_PUBLISHER", "OPTIONS", "AzureMonitorSettings",
+__all__ = ["IMDS_ALIASES", "MONITORING_METRICS_PUBLISHER", "OPTIONS", "AzureMonitorSettings",
            "AzureMonitorSink"]

@@ -44,8 +44,7 @@ from gpumon.catalogue.hints import (
     MetricColumns,
 )
 from gpumon.catalogue.lookup import azure_hints
-from gpumon.imds import AzureInstance
-from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Snapshot
+from gpumon.model import AzureInstance, Event, MetricFamily, MetricSpec, MetricType, Snapshot
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")
 
@@ -225,8 +224,8 @@ class RowBuilder:
         """Leave out ``...Increase`` columns that are 0: most error counters never move, and KQL's
         sum() reads a missing value as nothing added (use coalesce(x, 0) to show zeros)."""
         self.vm: dict[str, str] = {}
-        """The host's facts by ``HOST_COLUMNS`` key (:func:`host_values`); the sink's IMDS thread swaps
-        the whole dict."""
+        """The host's facts by ``HOST_COLUMNS`` key (:func:`host_values`), from the identity the
+        loop stamps on each snapshot; the sink swaps the whole dict."""
         self._rows: dict[str, dict[tuple[str, ...], _Row]] = {GPU: {}, IB: {}}
         self._seen: dict[str, MetricFamily] = {}
         self._snapshots = 0

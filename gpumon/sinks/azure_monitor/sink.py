@@ -20,6 +20,7 @@ never pays for it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -34,7 +35,7 @@ from typing import Any
 
 from gpumon.backoff import Backoff
 from gpumon.config import Config, ConfigError, Option, SectionSchema, readable_file_check
-from gpumon.imds import IMDS_URL, ImdsClient
+from gpumon.identity import IMDS_URL
 from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
 from gpumon.sinks import azure_host
@@ -126,9 +127,6 @@ OPTIONS = SectionSchema(
 )
 IMDS_ALIASES = {"imds_url": "imds_url"}
 """This section's deprecated IMDS key -> the ``[azure]`` key it stands for."""
-HOST_REFRESH = 60.0
-"""Seconds between looks at the host's facts: IMDS answers from the shared client's cache (asked
-again every ``[azure] compute_refresh``); the KVP pool is read anew (a live migration changes it)."""
 
 _RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 _CONFIG_STATUS = {401, 403, 404}
@@ -183,7 +181,6 @@ class AzureMonitorSink(Sink):
         self._credential = credential
         self._clock = clock
         self._client: Any = None
-        self._imds: ImdsClient | None = None
         self._spool: Spool | None = None
         self._builder = RowBuilder(ctx.hostname, self.settings.omit_zero_increases,
                                    self.settings.static_every, generic=bool(self.settings.stream_metrics))
@@ -194,7 +191,7 @@ class AzureMonitorSink(Sink):
         self._lock = threading.Lock()
         self._window_start: float | None = None
         self._stopping = threading.Event()
-        """Set at stop: ends the host-facts thread."""
+        """Set at stop."""
         self._uploader: Uploader | None = None
         self._counters = DeliveryCounters()
         """``last_error`` is the reason the sink is down (empty: up); ``dropped`` counts rows rejected
@@ -265,9 +262,6 @@ class AzureMonitorSink(Sink):
         except SpoolError as exc:
             raise ConfigError("[azure_monitor]", "spool_dir", str(exc)) from None
         self._client = self._make_client(self.make_credential())
-        self._imds = azure_host.imds_client(self.ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
-        if self._imds is not None:
-            threading.Thread(target=self._fetch_vm, name="azure-monitor-imds", daemon=True).start()
         backoff = Backoff(self.backoff_min, self.backoff_max, jitter=(0.8, 1.2), retry_after_max=_LONGEST_WAIT,
                           retry_after_exact=True)
         self._uploader = Uploader("azure-monitor-upload", self._spool, self, backoff, size=_BATCH,
@@ -278,14 +272,22 @@ class AzureMonitorSink(Sink):
         log.info("azure_monitor: sending to %s (DCR %s), %d rows spooled from before",
                  self.settings.endpoint, self.settings.dcr_immutable_id, stats.records)
 
-    def _fetch_vm(self) -> None:
-        """The rows' host columns, now and every ``HOST_REFRESH`` seconds until the sink stops."""
-        pool = azure_host.kvp_pool(self.ctx)
-        while True:
-            found = azure_host.facts(self._imds, pool)
-            self._builder.vm = host_values(found.instance, found.physical_host)
-            if self._stopping.wait(HOST_REFRESH):
-                return
+    @functools.cached_property
+    def _overrides(self) -> dict[str, Any] | None:
+        """None: ``imds_url`` set empty, the rows carry no host columns; else the deprecated keys set
+        (worked out, and a set key warned about, when ``gpumon run`` first asks, not by ``gpumon check``)."""
+        return azure_host.imds_overrides(self.ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
+
+    def identity_overrides(self) -> dict[str, Any] | None:
+        """The rows' host columns come from ``Snapshot.identity`` unless ``imds_url`` is set empty."""
+        return self._overrides
+
+    def _take_identity(self, snapshot: Snapshot) -> None:
+        """The rows' host columns from the identity the loop stamped (the provider looks again every
+        ``gpumon.identity.REFRESH`` seconds); kept as they are while it has not looked yet."""
+        identity = snapshot.identity
+        if identity is not None and identity.asked and self._overrides is not None:
+            self._builder.vm = host_values(identity.instance, identity.physical_host)
 
     # -- the loop's side ------------------------------------------------------------------------
 
@@ -296,6 +298,7 @@ class AzureMonitorSink(Sink):
                 now = self._clock()
                 if self._window_start is None:
                     self._window_start = now
+                self._take_identity(snapshot)
                 self._builder.add(snapshot, now)
                 records = [self._record(EVENTS, self._builder.event_row(e)) for e in snapshot.events]
                 elapsed = now - self._window_start

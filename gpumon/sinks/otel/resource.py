@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from gpumon.imds import AzureInstance
+from gpumon.model import AzureInstance
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.otel.settings import parse_kv
 

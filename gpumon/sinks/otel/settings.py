@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpumon.config import Option, SectionSchema
-from gpumon.imds import IMDS_URL
+from gpumon.identity import IMDS_URL
 from gpumon.sinks.common import header_list_check, header_problem
 from gpumon.sinks.options import backoff_options, tls_options
 
@@ -91,10 +91,10 @@ OPTIONS = SectionSchema(
         Option("resource_attributes", list, [], "Extra resource attributes as KEY=VALUE; they win over "
                "OTEL_RESOURCE_ATTRIBUTES and the detected ones.", check=_kv_list_check),
         Option("logs", bool, True, "Export events (flaps, XIDs, lost GPUs, collectors down) as log records."),
-        Option("azure_detect", bool, True, "Ask Azure IMDS (the one `[azure]` configures) for cloud.* / "
-               "host.* / placement, and the KVP pool for the physical host, on a background thread; the "
-               "first export waits at most `[azure] imds_timeout` + 0.5 s for them. Off Azure nothing "
-               "answers and nothing is added."),
+        Option("azure_detect", bool, True, "Put the host identity on the resource: cloud.* / host.* / "
+               "placement from Azure IMDS (the one `[azure]` configures) and the KVP pool's physical host, "
+               "as gpumon's one identity provider learns them; the first export waits at most `[azure] "
+               "imds_timeout` + 0.5 s for them. Off Azure nothing answers and nothing is added."),
         Option("imds_url", str, IMDS_URL, "Deprecated alias of `[azure] imds_url`, honoured when set (with "
                "a warning); empty switches IMDS detection off for this sink."),
         Option("imds_timeout", float, 1.0, "Deprecated alias of `[azure] imds_timeout`, honoured when set "

@@ -5,16 +5,16 @@ record."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpumon.backoff import Backoff
 from gpumon.config import readable_file_check
-from gpumon.imds import ImdsClient
+from gpumon.identity import azure_settings
 from gpumon.log_once import LogOnce
 from gpumon.model import Event, Snapshot
 from gpumon.sinks import azure_host
@@ -66,7 +66,6 @@ class OtelSink(Sink):
         self._metrics = DeliveryCounters()
         self._logs = DeliveryCounters()
         self._exporting = Exporting(ctx.version, {}, 0.0)
-        self._imds: ImdsClient | None = None
         self._uploaders: list[Uploader[Any]] = []
         self._settings: dict[str, SignalSettings] = {}
         self._transports: dict[str, Any] = {}
@@ -93,17 +92,14 @@ class OtelSink(Sink):
         try:
             self._exporting.set_resource(resource_attributes(self.ctx, self.settings.resource_attributes,
                                                              self._environ))
-            if self.settings.azure_detect:
-                self._imds = azure_host.imds_client(self.ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
         except BaseException:
             for transport in self._transports.values():
                 transport.close()
             raise
-        if self._imds is not None:
-            self._exporting.ready_wait = self._imds.timeout + 0.5
-            threading.Thread(target=self._detect_azure, name="otel-imds", daemon=True).start()
-        else:
+        if self._overrides is None:
             self._ready()
+        else:  # the first export waits for the Azure attributes the loop's snapshots bring
+            self._exporting.ready_wait = azure_settings(self.ctx.config, self._overrides).imds_timeout + 0.5
         self._uploaders = [self._uploader(MetricsSender(self._exporting, self._settings["metrics"],
                                                         self._transports.get("metrics"), self._metrics,
                                                         self._log_once), self._slot, 1)]
@@ -150,19 +146,31 @@ class OtelSink(Sink):
             raise
         return built
 
-    def _detect_azure(self) -> None:
-        """Once, at start: the resource identifies the exporter, it does not follow it around."""
-        try:
-            found = azure_host.facts(self._imds, azure_host.kvp_pool(self.ctx))
-            detected = azure_attributes(found.instance, found.physical_host)
-            if detected:
-                self._exporting.set_resource(resource_attributes(
-                    self.ctx, self.settings.resource_attributes, self._environ, detected))
-            if found.instance is not None:
-                log.info("otel: on Azure (%s, %s)", detected.get("host.type", "?"),
-                         detected.get("cloud.region", "?"))
-        finally:
-            self._ready()
+    @functools.cached_property
+    def _overrides(self) -> dict[str, Any] | None:
+        """None: no Azure detection (``azure_detect`` off, or ``imds_url`` set empty); else the deprecated
+        IMDS keys set (the identity provider honours them). Worked out, and a set key warned about, when
+        ``gpumon run`` first asks (not by ``gpumon check``)."""
+        if not self.settings.azure_detect:
+            return None
+        return azure_host.imds_overrides(self.ctx, self.name, self.settings, OPTIONS, IMDS_ALIASES)
+
+    def identity_overrides(self) -> dict[str, Any] | None:
+        return self._overrides
+
+    def _take_identity(self, snapshot: Snapshot) -> None:
+        """Once, from the first snapshot whose identity the provider has looked up: the resource
+        identifies the exporter, it does not follow it around."""
+        identity = snapshot.identity
+        if self._overrides is None or self._exporting.ready.is_set() or identity is None or not identity.asked:
+            return
+        detected = azure_attributes(identity.instance, identity.physical_host)
+        if detected:
+            self._exporting.set_resource(resource_attributes(self.ctx, self.settings.resource_attributes,
+                                                             self._environ, detected))
+        if identity.instance is not None:
+            log.info("otel: on Azure (%s, %s)", detected.get("host.type", "?"), detected.get("cloud.region", "?"))
+        self._ready()
 
     def _ready(self) -> None:
         """The resource is final: exports may begin, the first one an ``interval`` from now."""
@@ -171,6 +179,7 @@ class OtelSink(Sink):
 
     def publish(self, snapshot: Snapshot) -> None:
         """Keep the snapshot and queue its events; the uploaders do the rest."""
+        self._take_identity(snapshot)
         self._slot.put(snapshot)
         if snapshot.events and "logs" in self._settings:
             self._logs.dropped_items(self._events.put(snapshot.events))
