@@ -13,7 +13,7 @@ from gpumon.collectors.attribution import AttributionCollector
 from gpumon.collectors.base import Context
 from gpumon.collectors.gpu_directory import KEY, GpuDirectory, GpuEntry, GpuProcess
 from gpumon.config import Section
-from tests.kubelet_server import KubeletServer
+from tests.fakes.kubelet import KubeletServer
 
 U = [f"GPU-0000000{i}-1111-4222-8333-44445555666{i}" for i in range(4)]
 MIG = "MIG-aaaaaaaa-bbbb-5ccc-8ddd-eeeeeeeeeeee"

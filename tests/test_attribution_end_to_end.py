@@ -7,7 +7,7 @@ import re
 
 from gpumon.simulate import control
 from tests.conftest import wait_for
-from tests.kubelet_server import KubeletServer
+from tests.fakes.kubelet import KubeletServer
 
 
 def allocation_rows(page: str) -> set[tuple[str, ...]]:

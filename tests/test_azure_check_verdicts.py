@@ -6,8 +6,8 @@ import pytest
 
 from gpumon.sinks.azure_monitor import AzureMonitorSink
 from gpumon.sinks.base import SinkContext
-from tests import azure_ingestion_server
-from tests.azure_ingestion_server import FakeCredential, ImdsServer, IngestionServer
+from tests.fakes import logs_ingestion
+from tests.fakes.logs_ingestion import FakeCredential, ImdsServer, IngestionServer
 from tests.test_azure_upload_faults import UndeclaredStreamIs400
 
 
@@ -78,7 +78,7 @@ def test_wrong_stream_is_named(server, tmp_path):
 
 
 def test_wrong_stream_answered_with_400_fails_the_check(monkeypatch, tmp_path):
-    monkeypatch.setattr(azure_ingestion_server, "_IngestHandler", UndeclaredStreamIs400)
+    monkeypatch.setattr(logs_ingestion, "_IngestHandler", UndeclaredStreamIs400)
     with IngestionServer() as server:
         results = check(server, tmp_path, credential=FakeCredential(), stream_events="Custom-GpuMonEvent_CL")
     assert [r.ok for r in results] == [True, True, True, False]

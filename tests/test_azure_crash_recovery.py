@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from tests.azure_ingestion_server import IngestionServer
+from tests.fakes.logs_ingestion import IngestionServer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STREAMS = ("Custom-GpuMonGpu_CL", "Custom-GpuMonEvents_CL")

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from gpumon.simulate import control
-from tests.azure_ingestion_server import ImdsServer, IngestionServer
+from tests.fakes.logs_ingestion import ImdsServer, IngestionServer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU, IB, EVENTS = "Custom-GpuMonGpu_CL", "Custom-GpuMonInfiniBand_CL", "Custom-GpuMonEvents_CL"

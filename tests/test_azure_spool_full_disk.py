@@ -21,8 +21,8 @@ from gpumon.model import Event, Severity, Snapshot
 from gpumon.sinks.azure_monitor import AzureMonitorSink
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.spool import Spool
-from tests.azure_ingestion_server import FakeCredential, IngestionServer
 from tests.conftest import wait_for
+from tests.fakes.logs_ingestion import FakeCredential, IngestionServer
 
 DISK_BYTES = 256 << 10
 RECORD = 1000  # payload bytes; 1,008 on disk

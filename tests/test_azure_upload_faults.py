@@ -21,16 +21,16 @@ from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, 
 from gpumon.sinks.azure_monitor import AzureMonitorSink
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.spool import Spool
-from tests import azure_ingestion_server
-from tests.azure_ingestion_server import FakeCredential, IngestionServer
 from tests.declared_hints import hinted
+from tests.fakes import logs_ingestion
+from tests.fakes.logs_ingestion import FakeCredential, IngestionServer
 
 EVENTS = "Custom-GpuMonEvents_CL"
 GPU_STREAM = "Custom-GpuMonGpu_CL"
 POWER = hinted(MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid")))
 
 
-class UndeclaredStreamIs400(azure_ingestion_server._IngestHandler):
+class UndeclaredStreamIs400(logs_ingestion._IngestHandler):
     """Answers a stream the DCR does not declare with 400 InvalidStream, a request-level 400."""
 
     def _reply(self, status, error="", message="", headers=None):
@@ -40,7 +40,7 @@ class UndeclaredStreamIs400(azure_ingestion_server._IngestHandler):
 @pytest.fixture
 def server(request, monkeypatch):
     if getattr(request, "param", None) == "undeclared-stream-400":
-        monkeypatch.setattr(azure_ingestion_server, "_IngestHandler", UndeclaredStreamIs400)
+        monkeypatch.setattr(logs_ingestion, "_IngestHandler", UndeclaredStreamIs400)
     with IngestionServer() as srv:
         yield srv
 

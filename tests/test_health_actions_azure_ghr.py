@@ -19,9 +19,9 @@ from gpumon.health.actions.azure_ghr import GuestHealthReportAction, report_name
 from gpumon.health.catalogue import Level
 from gpumon.health.stage import Verdict
 from gpumon.health.state import Active
-from tests.arm_impact_server import ArmImpactServer
-from tests.azure_ingestion_server import ImdsServer
 from tests.conftest import clean_env, wait_for
+from tests.fakes.arm import ArmImpactServer
+from tests.fakes.logs_ingestion import ImdsServer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""Kubernetes Events on the node against the loopback API-server stand-in (tests/kube_api_server.py),
+"""Kubernetes Events on the node against the loopback API-server stand-in (tests/fakes/kube_api.py),
 which validates each Event against the strict core/v1 schema and the API server's Event rules: a
 change of the verdict posts one Event, a repeat bumps its count with a PATCH instead of another
 Event (as the kubelet aggregates), many different messages under one reason become one combined
@@ -16,8 +16,8 @@ import pytest
 from gpumon.health.actions import ActionSettings, HealthActions
 from gpumon.health.actions.kube_events import COMBINED, KubeEventsAction
 from tests.conftest import wait_for
+from tests.fakes.kube_api import NODE, KubeApiServer, action_settings, serving
 from tests.health_verdicts import verdict
-from tests.kube_api_server import NODE, KubeApiServer, action_settings, serving
 
 EVENTS = "/api/v1/namespaces/default/events"
 pytestmark = pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""The node taint against the loopback API-server stand-in (tests/kube_api_server.py): read the Node,
+"""The node taint against the loopback API-server stand-in (tests/fakes/kube_api.py): read the Node,
 write ``spec.taints`` back with only gpumon's taint changed (the list has no merge key, so a patch
 replaces it whole) under the resourceVersion read, and retry a 409 Conflict from a fresh read."""
 
@@ -12,8 +12,8 @@ from gpumon.health.actions import ActionSettings, HealthActions
 from gpumon.health.actions.kube_taint import KubeTaintAction
 from gpumon.health.actions.process import ActionError
 from tests.conftest import wait_for
+from tests.fakes.kube_api import NODE, KubeApiServer, action_settings, serving
 from tests.health_verdicts import verdict
-from tests.kube_api_server import NODE, KubeApiServer, action_settings, serving
 
 THEIRS = {"key": "sku", "value": "gpu", "effect": "NoSchedule"}
 pytestmark = pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""The Kubernetes action against a loopback API-server stand-in (tests/kube_api_server.py) that
+"""The Kubernetes action against a loopback API-server stand-in (tests/fakes/kube_api.py) that
 checks every PATCH against the Kubernetes schema and merges conditions by type: AKS's GPU and
 InfiniBand condition types follow the verdict, the kubelet's stay, the rotating token is read
 again each time, and a 403 or a hung server is retried with backoff, counted and logged once."""
@@ -21,9 +21,9 @@ from gpumon.health.actions.kubernetes import CONDITION_TYPES
 from gpumon.health.rules import Thresholds
 from gpumon.health.stage import HealthSettings, HealthStage
 from tests.conftest import clean_env, wait_for
+from tests.fakes.kube_api import NODE, KubeApiServer, action_settings, serving
+from tests.fakes.simulated_host import SimulatedHost
 from tests.health_verdicts import verdict
-from tests.kube_api_server import NODE, KubeApiServer, action_settings, serving
-from tests.simulated_host import SimulatedHost
 
 pytestmark = pytest.mark.timeout(60)
 

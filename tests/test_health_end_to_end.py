@@ -16,7 +16,7 @@ import pytest
 
 from gpumon.simulate import control
 from tests.conftest import clean_env, http_get, wait_for
-from tests.slurm_cluster import SlurmCluster
+from tests.fakes.slurm import SlurmCluster
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,8 +18,8 @@ from gpumon.health.stage import Verdict
 from gpumon.health.state import Active, HealthState, boot_id
 from gpumon.model import Event, Severity
 from gpumon.sinks.azure_monitor.rows import RowBuilder
-from tests.azure_ingestion_server import load_declarations, validate_row
 from tests.conftest import clean_env
+from tests.fakes.logs_ingestion import load_declarations, validate_row
 from tests.test_health_stage import Clock, Host, stage, until
 
 # The table (AzNHC's nhc_fault_dictionary.cfg, see ../shared/reference/wave3.md section 2)

@@ -15,7 +15,7 @@ from gpumon.health.stage import HealthSettings, HealthStage
 from gpumon.health.state import clear
 from gpumon.model import CollectorStatus, Snapshot
 from gpumon.report import health_table
-from tests.simulated_host import SimulatedHost
+from tests.fakes.simulated_host import SimulatedHost
 
 ND_H100 = "Standard_ND96isr_H100_v5"
 

@@ -13,7 +13,7 @@ from gpumon.health.catalogue import Level
 from gpumon.health.rules import Thresholds
 from gpumon.health.stage import HealthSettings, HealthStage
 from gpumon.health.state import clear
-from tests.simulated_host import SimulatedHost
+from tests.fakes.simulated_host import SimulatedHost
 
 ND_H100 = "Standard_ND96isr_H100_v5"
 

@@ -19,7 +19,7 @@ from gpumon.sources.kubelet import (
     parse_nvidia_device_id,
 )
 from gpumon.sources.protowire import WireError, fields
-from tests.kubelet_server import KubeletServer, messages
+from tests.fakes.kubelet import KubeletServer, messages
 
 UUID0 = "GPU-8a3b0c2e-6f1d-4b7a-9c5e-0d1f2a3b4c5d"
 UUID1 = "GPU-1f2e3d4c-5b6a-4789-8abc-def012345678"

@@ -25,7 +25,7 @@ from gpumon.confdoc import declared_specs
 from gpumon.model import MetricFamily
 from gpumon.sinks.otel import mapping
 from tests import test_otel_receiver as receivers
-from tests.simulated_host import SimulatedHost
+from tests.fakes.simulated_host import SimulatedHost
 from tests.test_otel_export_wire import attrs
 from tests.test_otel_receiver import make_sink
 

@@ -16,7 +16,7 @@ from gpumon.simulate import control
 from gpumon.sinks.otel import mapping
 from tests import test_otel_receiver as receivers
 from tests.conftest import clean_env
-from tests.simulated_host import SimulatedHost
+from tests.fakes.simulated_host import SimulatedHost
 from tests.test_otel_export_wire import attrs
 from tests.test_otel_receiver import OtlpHttpReceiver, event_name, make_sink
 

@@ -10,7 +10,7 @@ import pytest
 import trustme
 
 from tests.conftest import wait_for
-from tests.remote_write_helpers import Receiver, delivered, make_sink, small_snapshot
+from tests.fakes.remote_write import Receiver, delivered, make_sink, small_snapshot
 
 T0 = 1_760_000_000.0
 DCR = "dcr-00000000000000000000000000000001"
@@ -100,7 +100,7 @@ def test_an_untrusted_certificate_is_refused(tmp_path, ca):
 
 
 def test_entra_id_managed_identity_token_for_an_azure_monitor_workspace(tmp_path, ca, monkeypatch):
-    from tests.azure_ingestion_server import AUDIENCE, ImdsServer, token_audience
+    from tests.fakes.logs_ingestion import AUDIENCE, ImdsServer, token_audience
 
     def accepts(header):
         claims = token_audience(header[len("Bearer "):]) if header and header.startswith("Bearer ") else None
@@ -126,7 +126,7 @@ def test_entra_id_managed_identity_token_for_an_azure_monitor_workspace(tmp_path
 
 
 def test_entra_id_without_an_identity_is_a_configuration_fault_that_keeps_the_samples(tmp_path, ca, monkeypatch):
-    from tests.azure_ingestion_server import ImdsServer
+    from tests.fakes.logs_ingestion import ImdsServer
 
     imds = ImdsServer()
     imds.identity = False

@@ -14,7 +14,7 @@ import pytest
 
 from gpumon.model import CollectorStatus
 from tests.conftest import closed_port, wait_for
-from tests.remote_write_helpers import Receiver, Reply, delivered, make_sink, small_snapshot
+from tests.fakes.remote_write import Receiver, Reply, delivered, make_sink, small_snapshot
 
 T0 = 1_760_000_000.123
 

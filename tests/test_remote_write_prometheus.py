@@ -10,7 +10,7 @@ from prometheus_client import parser
 
 from gpumon.render import Renderer
 from tests.conftest import http_get, wait_for
-from tests.remote_write_helpers import SimulatedHost, delivered, make_sink
+from tests.fakes.remote_write import SimulatedHost, delivered, make_sink
 
 RECEIVER = ("--web.enable-remote-write-receiver",)
 

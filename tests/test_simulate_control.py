@@ -95,7 +95,7 @@ def test_hardware_faults_survive_a_daemon_restart_until_a_reboot(tmp_path) -> No
 
 
 def test_a_restarted_daemon_finds_the_gpu_lost_and_no_second_xid_79(tmp_path) -> None:
-    from tests.simulated_host import SimulatedHost
+    from tests.fakes.simulated_host import SimulatedHost
 
     before = SimulatedHost(str(tmp_path))
     before.snapshot()

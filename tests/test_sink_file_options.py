@@ -100,7 +100,7 @@ def test_a_web_config_swapped_for_a_fifo_is_refused_without_blocking(tmp_path):
 
 @pytest.mark.parametrize("auth", ["basic", "bearer"])
 def test_a_remote_write_secret_file_swapped_for_a_fifo_fails_the_request_without_blocking(tmp_path, auth):
-    from tests.remote_write_helpers import make_sink
+    from tests.fakes.remote_write import make_sink
 
     fifo = str(tmp_path / "secret")
     os.mkfifo(fifo)

@@ -19,7 +19,7 @@ from gpumon.cli import schemas
 from gpumon.config import ConfigError, load
 from gpumon.sinks.otel.settings import resolve_settings
 from tests.conftest import clean_env, serve_http, stop_http, wait_for
-from tests.remote_write_helpers import Receiver, Reply, make_sink, small_snapshot
+from tests.fakes.remote_write import Receiver, Reply, make_sink, small_snapshot
 from tests.test_otel_export_wire import snapshot
 from tests.test_otel_receiver import make_sink as make_otel_sink
 

@@ -22,8 +22,8 @@ from gpumon.sinks import azure_monitor as am
 from gpumon.sinks.azure_monitor.rows import HOST_COLUMNS
 from gpumon.sinks.base import SinkContext
 from tests import test_otel_receiver as receivers
-from tests.azure_ingestion_server import FakeCredential, IngestionServer
 from tests.declared_hints import hinted
+from tests.fakes.logs_ingestion import FakeCredential, IngestionServer
 from tests.test_otel_export_wire import attrs
 
 http_receiver = receivers.http_receiver

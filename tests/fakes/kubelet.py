@@ -1,6 +1,6 @@
 """A stand-in kubelet: a real grpcio server speaking PodResources v1 on a unix socket.
 
-The messages come from ``tests/kubelet_podresources.proto`` compiled by protoc (grpcio-tools) at
+The messages come from ``tests/fakes/kubelet_podresources.proto`` compiled by protoc (grpcio-tools) at
 test time, so what the server sends is real protobuf, independent of gpumon's hand-written reader.
 """
 
