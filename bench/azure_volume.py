@@ -33,7 +33,8 @@ from gpumon.model import Snapshot  # noqa: E402
 from gpumon.simulate import Simulation  # noqa: E402
 from gpumon.sinks.azure_monitor import AzureMonitorSink  # noqa: E402
 from gpumon.sinks.base import SinkContext  # noqa: E402
-from tests.fakes.logs_ingestion import FakeCredential, IngestionServer  # noqa: E402
+from tests.fakes.logs_ingestion import IngestionServer  # noqa: E402
+from tests.fakes.tokens import FakeCredential  # noqa: E402
 
 PRICE_PER_GB = 2.30
 """Log Analytics analytics-tier pay-as-you-go list price, USD per GB ingested (East US; check your region)."""

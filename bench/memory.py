@@ -113,7 +113,8 @@ def run(opts: Options) -> dict:
         except Exception as exc:  # pragma: no cover - depends on the environment
             skipped["otel"] = str(exc)
         try:
-            from tests.fakes.logs_ingestion import ImdsServer, IngestionServer
+            from tests.fakes.imds import ImdsServer
+            from tests.fakes.logs_ingestion import IngestionServer
 
             ingest = stack.enter_context(IngestionServer())
             imds = ImdsServer()

@@ -19,7 +19,7 @@ from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, 
 from gpumon.sinks.azure_monitor import AzureMonitorSink
 from gpumon.sinks.base import SinkContext
 from tests.declared_hints import hinted
-from tests.fakes.logs_ingestion import FakeCredential
+from tests.fakes.tokens import FakeCredential
 
 POWER = hinted(MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid")))
 ENERGY = hinted(MetricSpec("gpumon_gpu_energy_joules_total", MetricType.COUNTER, "e", "joules",

@@ -7,7 +7,9 @@ import pytest
 from gpumon.sinks.azure_monitor import AzureMonitorSink
 from gpumon.sinks.base import SinkContext
 from tests.fakes import logs_ingestion
-from tests.fakes.logs_ingestion import FakeCredential, ImdsServer, IngestionServer
+from tests.fakes.imds import ImdsServer
+from tests.fakes.logs_ingestion import IngestionServer
+from tests.fakes.tokens import FakeCredential
 from tests.test_azure_upload_faults import UndeclaredStreamIs400
 
 

@@ -13,8 +13,8 @@ from gpumon.collectors.azure_events import OPTIONS, AzureEventsCollector
 from gpumon.collectors.base import Context
 from gpumon.config import DAEMON, load
 from gpumon.model import Collection, Severity
-from gpumon.simulate.imds import EVENTS_PATH, ImdsServer, rfc1123, scheduled_event
 from tests.conftest import closed_port, wait_for
+from tests.fakes.imds import EVENTS_PATH, ImdsServer, rfc1123, scheduled_event
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from gpumon.collectors.base import Context
 from gpumon.config import DAEMON, load
 from gpumon.daemon import Loop, plan_collectors
 from gpumon.model import Snapshot
-from gpumon.simulate.imds import ImdsServer, rfc1123, scheduled_event
 from gpumon.sinks.base import Sink, SinkContext
 from tests.conftest import wait_for
+from tests.fakes.imds import ImdsServer, rfc1123, scheduled_event
 
 INTERVAL = 1.0
 

@@ -22,7 +22,8 @@ from gpumon.sinks.azure_monitor import AzureMonitorSink
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.spool import Spool
 from tests.conftest import wait_for
-from tests.fakes.logs_ingestion import FakeCredential, IngestionServer
+from tests.fakes.logs_ingestion import IngestionServer
+from tests.fakes.tokens import FakeCredential
 
 DISK_BYTES = 256 << 10
 RECORD = 1000  # payload bytes; 1,008 on disk

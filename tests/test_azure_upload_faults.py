@@ -23,7 +23,8 @@ from gpumon.sinks.base import SinkContext
 from gpumon.sinks.spool import Spool
 from tests.declared_hints import hinted
 from tests.fakes import logs_ingestion
-from tests.fakes.logs_ingestion import FakeCredential, IngestionServer
+from tests.fakes.logs_ingestion import IngestionServer
+from tests.fakes.tokens import FakeCredential
 
 EVENTS = "Custom-GpuMonEvents_CL"
 GPU_STREAM = "Custom-GpuMonGpu_CL"

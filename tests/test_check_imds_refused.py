@@ -18,8 +18,8 @@ from gpumon.collectors.base import Context
 from gpumon.collectors.host_info import OPTIONS as HOST_INFO
 from gpumon.collectors.host_info import HostInfoCollector
 from gpumon.config import DAEMON, load
-from gpumon.simulate.imds import COMPUTE_PATH, EVENTS_PATH, ImdsServer
 from tests.conftest import REPO
+from tests.fakes.imds import COMPUTE_PATH, EVENTS_PATH, ImdsServer
 
 
 @pytest.fixture

@@ -35,12 +35,8 @@ import yaml
 from gpumon.simulate import control
 from gpumon.sources import kvp
 from tests.conftest import REPO, GpumonProcess, PrometheusServer, clean_env, http_get, wait_for
+from tests.fakes import imds as imds_server
 from tests.test_aer_collector import build as build_pci_tree
-
-try:  # the IMDS stand-in moves into the simulation package
-    from gpumon.simulate import imds as imds_server
-except ImportError:
-    from tests import imds_server  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server")
 

@@ -21,7 +21,7 @@ from gpumon.health.stage import Verdict
 from gpumon.health.state import Active
 from tests.conftest import clean_env, wait_for
 from tests.fakes.arm import ArmImpactServer
-from tests.fakes.logs_ingestion import ImdsServer
+from tests.fakes.imds import ImdsServer
 
 pytestmark = pytest.mark.timeout(60)
 

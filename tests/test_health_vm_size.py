@@ -9,8 +9,8 @@ from gpumon.cli import schemas
 from gpumon.collectors.base import Context
 from gpumon.config import load
 from gpumon.daemon.health import _VmSize
-from gpumon.simulate.imds import COMPUTE_PATH, ImdsServer
 from tests.conftest import closed_port, wait_for
+from tests.fakes.imds import COMPUTE_PATH, ImdsServer
 
 
 def size_of(url: str) -> _VmSize:

@@ -13,8 +13,8 @@ from gpumon.collectors.host_info import LABELS, OPTIONS, HostInfoCollector
 from gpumon.config import DAEMON, load
 from gpumon.model import Collection, Snapshot
 from gpumon.report.tables import host_info_table
-from gpumon.simulate.imds import COMPUTE, COMPUTE_PATH, ImdsServer
 from tests.conftest import closed_port
+from tests.fakes.imds import COMPUTE, COMPUTE_PATH, ImdsServer
 from tests.test_host_info_kvp import record, writer_holding_the_lock
 
 

@@ -100,7 +100,9 @@ def test_an_untrusted_certificate_is_refused(tmp_path, ca):
 
 
 def test_entra_id_managed_identity_token_for_an_azure_monitor_workspace(tmp_path, ca, monkeypatch):
-    from tests.fakes.logs_ingestion import AUDIENCE, ImdsServer, token_audience
+    from tests.fakes.imds import ImdsServer
+    from tests.fakes.logs_ingestion import AUDIENCE
+    from tests.fakes.tokens import token_audience
 
     def accepts(header):
         claims = token_audience(header[len("Bearer "):]) if header and header.startswith("Bearer ") else None
@@ -126,7 +128,7 @@ def test_entra_id_managed_identity_token_for_an_azure_monitor_workspace(tmp_path
 
 
 def test_entra_id_without_an_identity_is_a_configuration_fault_that_keeps_the_samples(tmp_path, ca, monkeypatch):
-    from tests.fakes.logs_ingestion import ImdsServer
+    from tests.fakes.imds import ImdsServer
 
     imds = ImdsServer()
     imds.identity = False

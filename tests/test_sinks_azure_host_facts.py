@@ -16,14 +16,15 @@ from gpumon.config import DAEMON, load
 from gpumon.daemon import make_context, sink_context
 from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
 from gpumon.simulate.azure import write_kvp_pool
-from gpumon.simulate.imds import COMPUTE, ImdsServer
 from gpumon.sinks import azure_host, otel
 from gpumon.sinks import azure_monitor as am
 from gpumon.sinks.azure_monitor.rows import HOST_COLUMNS
 from gpumon.sinks.base import SinkContext
 from tests import test_otel_receiver as receivers
 from tests.declared_hints import hinted
-from tests.fakes.logs_ingestion import FakeCredential, IngestionServer
+from tests.fakes.imds import COMPUTE, ImdsServer
+from tests.fakes.logs_ingestion import IngestionServer
+from tests.fakes.tokens import FakeCredential
 from tests.test_otel_export_wire import attrs
 
 http_receiver = receivers.http_receiver

@@ -35,7 +35,7 @@ from typing import Any
 
 import trustme
 
-from tests.fakes.logs_ingestion import token_audience
+from tests.fakes.tokens import token_audience
 
 API_VERSION = "2023-12-01-preview"
 NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9-:]*[a-zA-Z0-9]{3,120}$")

@@ -7,9 +7,8 @@ against the ``streamDeclarations`` *read from the shipped template* ``deploy/azu
 204 on success. Faults are queued with :meth:`IngestionServer.fail` (429 with Retry-After, 500/503,
 413, 403, a hung response) or made with :meth:`IngestionServer.refuse` (connection refused).
 
-``ImdsServer`` (plain HTTP, as IMDS is) answers ``/metadata/instance/compute`` and the managed-identity
-token request ``/metadata/identity/oauth2/token``, so the real ``ManagedIdentityCredential`` runs
-when ``AZURE_POD_IDENTITY_AUTHORITY_HOST`` points at it.
+Tokens come from :mod:`tests.fakes.tokens`; the VM's IMDS (compute, events, managed-identity tokens)
+is :class:`tests.fakes.imds.ImdsServer`.
 
 Run as a script it serves until killed and prints one JSON line with its addresses (for tests that
 drive a ``gpumon`` subprocess).
@@ -17,7 +16,6 @@ drive a ``gpumon`` subprocess).
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import gzip
 import json
@@ -34,48 +32,15 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.fakes.imds import ImdsServer
+from tests.fakes.tokens import token_audience
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEMPLATE = os.path.join(ROOT, "deploy", "azure", "azuredeploy.json")
 AUDIENCE = "https://monitor.azure.com"
 MAX_BODY = 1024 * 1024
 DCR_ID = "dcr-00000000000000000000000000000001"
 _PATH_RE = re.compile(r"^/dataCollectionRules/([^/]+)/streams/([^/?]+)$")
-
-
-def mint_token(audience: str, lifetime: float = 3600.0) -> tuple[str, int]:
-    """A self-describing opaque token: the server checks its audience and expiry."""
-    expires = int(time.time() + lifetime)
-    body = base64.urlsafe_b64encode(json.dumps({"aud": audience, "exp": expires}).encode()).decode()
-    return f"gpumontest.{body}", expires
-
-
-def token_audience(token: str) -> tuple[str, int] | None:
-    if not token.startswith("gpumontest."):
-        return None
-    try:
-        doc = json.loads(base64.urlsafe_b64decode(token.split(".", 1)[1]))
-        return str(doc["aud"]), int(doc["exp"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-class FakeCredential:
-    """A TokenCredential (``get_token``) minting tokens for whatever scope it is asked for."""
-
-    def __init__(self, audience_override: str | None = None, fail: Exception | None = None) -> None:
-        self.audience_override = audience_override
-        self.fail = fail
-        self.calls = 0
-
-    def get_token(self, *scopes: str, **kwargs: Any) -> Any:
-        from azure.core.credentials import AccessToken
-
-        self.calls += 1
-        if self.fail is not None:
-            raise self.fail
-        audience = self.audience_override or scopes[0].removesuffix("/.default")
-        token, expires = mint_token(audience)
-        return AccessToken(token, expires)
 
 
 def load_declarations(path: str = TEMPLATE) -> dict[str, dict[str, str]]:
@@ -393,71 +358,6 @@ class _IngestHandler(BaseHTTPRequestHandler):
                 return done(400, "InvalidRecord", f"record {index}: {problem}")
         req.rows = len(rows)
         return done(204, rows=rows)
-
-
-class ImdsServer:
-    """Plain-HTTP IMDS: the VM's compute metadata and managed-identity tokens."""
-
-    def __init__(self, compute: dict[str, Any] | None = None, client_ids: tuple[str, ...] = ()) -> None:
-        self.compute = compute or {"vmId": "6c1f3c4e-0000-4000-8000-000000000001",
-                                   "vmSize": "Standard_ND96isr_H100_v5", "location": "eastus2",
-                                   "name": "gpu-node-0", "resourceId": "/subscriptions/x/resourceGroups/rg/"
-                                   "providers/Microsoft.Compute/virtualMachines/gpu-node-0"}
-        self.client_ids = set(client_ids)
-        self.identity = True
-        self.audience_override: str | None = None
-        self.token_requests = 0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802
-                server._handle(self)
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.port = self._httpd.server_address[1]
-        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                         name="imds-server", daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def compute_url(self) -> str:
-        return f"{self.url}/metadata/instance/compute?api-version=2021-02-01"
-
-    def _handle(self, h: BaseHTTPRequestHandler) -> None:
-        url = urllib.parse.urlsplit(h.path)
-        query = dict(urllib.parse.parse_qsl(url.query))
-        status, doc = 404, {"error": "not_found"}
-        if h.headers.get("Metadata", "").lower() != "true":
-            status, doc = 400, {"error": "bad_request", "error_description": "Required metadata header not specified"}
-        elif url.path == "/metadata/instance/compute":
-            status, doc = 200, self.compute
-        elif url.path == "/metadata/identity/oauth2/token":
-            self.token_requests += 1
-            client_id = query.get("client_id")
-            if not self.identity or (client_id and client_id not in self.client_ids):
-                status, doc = 400, {"error": "invalid_request",
-                                    "error_description": "Identity not found"}
-            else:
-                token, expires = mint_token(self.audience_override or query.get("resource", ""))
-                status, doc = 200, {"access_token": token, "expires_in": "3600", "expires_on": str(expires),
-                                    "resource": query.get("resource", ""), "token_type": "Bearer"}
-        body = json.dumps(doc).encode()
-        h.send_response(status)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
-
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
 
 
 def main() -> None:  # pragma: no cover - used by subprocess-driven tests and by hand
