@@ -5,67 +5,16 @@ well inside the timeout, would otherwise hold the export thread forever while he
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import pytest
 
-from tests import test_otel_receiver as receivers
 from tests.conftest import wait_for
-from tests.test_otel_export_wire import snapshot
-from tests.test_otel_receiver import make_sink
+from tests.fakes import otlp as receivers
+from tests.fakes.otlp import TricklingServer
+from tests.support.otel import make_sink, snapshot
 
 grpc_receiver = receivers.grpc_receiver
-
-TRICKLE = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: a\r\n" * 10_000
-"""A reply whose headers never end within any test: a byte at a time it takes hours."""
-
-
-class TricklingServer:
-    """A loopback TCP server that reads the request, then sends ``TRICKLE`` one byte per ``pace``
-    seconds until the client goes away; records how long each connection was held."""
-
-    def __init__(self, pace: float = 0.1) -> None:
-        self.pace = pace
-        self.stop = threading.Event()
-        self.cond = threading.Condition()
-        self.held: list[float] = []
-        """Seconds each finished connection lasted, from accept to the client's disconnect."""
-        self.accepted = 0
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with self.cond:
-                self.accepted += 1
-            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
-
-    def _trickle(self, conn: socket.socket) -> None:
-        started = time.monotonic()
-        with conn:
-            conn.settimeout(5)
-            try:
-                conn.recv(1 << 20)
-                for i in range(len(TRICKLE)):
-                    if self.stop.wait(self.pace):  # the pace of the trickle, not a wait for anything
-                        return
-                    conn.sendall(TRICKLE[i:i + 1])
-            except OSError:  # the client shut the connection down: what the test waits for
-                pass
-        with self.cond:
-            self.held.append(time.monotonic() - started)
-            self.cond.notify_all()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.sock.close()
 
 
 @pytest.fixture

@@ -12,10 +12,9 @@ import pytest
 from gpumon.model import Event, Severity
 from gpumon.sinks import otel
 from gpumon.sinks.otel.transport import grpc_retry_delay
-from tests import test_otel_receiver as receivers
 from tests.conftest import closed_port, wait_for
-from tests.test_otel_export_wire import POINTS, snapshot
-from tests.test_otel_receiver import make_sink
+from tests.fakes import otlp as receivers
+from tests.support.otel import POINTS, make_sink, snapshot
 
 # The receivers' fixtures, shared with this module.
 grpc_receiver = receivers.grpc_receiver

@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from tests import test_otel_receiver as receivers
 from tests.conftest import serve_http, stop_http, wait_for
-from tests.test_otel_deadline import TricklingServer
-from tests.test_otel_export_wire import POINTS, snapshot
-from tests.test_otel_receiver import make_sink
+from tests.fakes import otlp as receivers
+from tests.fakes.otlp import TricklingServer
+from tests.support.otel import POINTS, make_sink, snapshot
 
 TOKEN = "Bearer s3cret-redirect-token"
 

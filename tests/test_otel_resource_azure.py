@@ -10,10 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.otel import resource_attributes
-from tests import test_otel_receiver as receivers
 from tests.conftest import closed_port
-from tests.test_otel_export_wire import attrs, snapshot
-from tests.test_otel_receiver import make_sink
+from tests.fakes import otlp as receivers
+from tests.support.otel import attrs, make_sink, snapshot
 
 # The receivers' fixtures, shared with this module.
 http_receiver = receivers.http_receiver

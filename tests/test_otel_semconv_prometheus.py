@@ -24,10 +24,9 @@ from gpumon.catalogue import daemon as daemon_metrics
 from gpumon.confdoc import declared_specs
 from gpumon.model import MetricFamily
 from gpumon.sinks.otel import mapping
-from tests import test_otel_receiver as receivers
+from tests.fakes import otlp as receivers
 from tests.fakes.simulated_host import SimulatedHost
-from tests.test_otel_export_wire import attrs
-from tests.test_otel_receiver import make_sink
+from tests.support.otel import attrs, make_sink
 
 http_receiver = receivers.http_receiver
 

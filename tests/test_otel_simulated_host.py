@@ -14,11 +14,11 @@ import pytest
 from gpumon.model import Snapshot
 from gpumon.simulate import control
 from gpumon.sinks.otel import mapping
-from tests import test_otel_receiver as receivers
 from tests.conftest import clean_env
+from tests.fakes import otlp as receivers
+from tests.fakes.otlp import OtlpHttpReceiver, event_name
 from tests.fakes.simulated_host import SimulatedHost
-from tests.test_otel_export_wire import attrs
-from tests.test_otel_receiver import OtlpHttpReceiver, event_name, make_sink
+from tests.support.otel import attrs, make_sink
 
 # The receivers' fixtures, shared with this module.
 grpc_receiver = receivers.grpc_receiver

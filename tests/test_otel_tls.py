@@ -8,7 +8,8 @@ from concurrent import futures
 import pytest
 import trustme
 
-from tests.test_otel_receiver import OtlpGrpcReceiver, OtlpHttpReceiver, make_sink
+from tests.fakes.otlp import OtlpGrpcReceiver, OtlpHttpReceiver
+from tests.support.otel import make_sink
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from gpumon.config import ConfigError, load
 from gpumon.sinks.otel.settings import resolve_settings
 from tests.conftest import clean_env, serve_http, stop_http, wait_for
 from tests.fakes.remote_write import Receiver, Reply, make_sink, small_snapshot
-from tests.test_otel_export_wire import snapshot
-from tests.test_otel_receiver import make_sink as make_otel_sink
+from tests.support.otel import make_sink as make_otel_sink
+from tests.support.otel import snapshot
 
 SECRET = "tok-9f8e7d6c5b4a"
 T0 = 1_760_000_000.0

@@ -20,12 +20,12 @@ from gpumon.sinks import azure_host, otel
 from gpumon.sinks import azure_monitor as am
 from gpumon.sinks.azure_monitor.rows import HOST_COLUMNS
 from gpumon.sinks.base import SinkContext
-from tests import test_otel_receiver as receivers
 from tests.declared_hints import hinted
+from tests.fakes import otlp as receivers
 from tests.fakes.imds import COMPUTE, ImdsServer
 from tests.fakes.logs_ingestion import IngestionServer
 from tests.fakes.tokens import FakeCredential
-from tests.test_otel_export_wire import attrs
+from tests.support.otel import attrs
 
 http_receiver = receivers.http_receiver
 
