@@ -8,15 +8,7 @@ import re
 from gpumon.simulate import control
 from tests.conftest import wait_for
 from tests.fakes.kubelet import KubeletServer
-
-
-def allocation_rows(page: str) -> set[tuple[str, ...]]:
-    rows = set()
-    for line in page.splitlines():
-        if line.startswith("gpumon_gpu_allocation_info{"):
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
-            rows.add((labels["gpu"], labels["namespace"], labels["pod"], labels["container"], labels["job_id"]))
-    return rows
+from tests.support.attribution import allocation_rows
 
 
 def test_simulated_pods_and_jobs_from_the_control_directory(gpumon_run, tmp_path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gpumon.simulate import control
 from tests.conftest import wait_for
-from tests.test_attribution_end_to_end import allocation_rows
+from tests.support.attribution import allocation_rows
 
 PODS = {(str(gpu), "ml", f"train-{gpu}", "main", "") for gpu in range(8)}
 

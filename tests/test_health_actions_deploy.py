@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_deploy_kubernetes import K8S_VERSIONS, KUSTOMIZE, docs, find, kustomize, pod_spec, tool
+from tests.support.kubernetes import K8S_VERSIONS, KUSTOMIZE, docs, find, kustomize, pod_spec, tool
 
 COMPONENT = KUSTOMIZE / "components" / "node-conditions"
 BASES = ["base", "overlays/azure-logs"]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_deploy_vm_install import REPO, SCRIPT, run_install
+from tests.support.vm_install import REPO, SCRIPT, run_install
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 

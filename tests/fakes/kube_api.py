@@ -27,7 +27,7 @@ from typing import Any
 
 import trustme
 
-from tests.test_deploy_kubernetes import tool
+from tests.support.kubernetes import tool
 
 K8S_VERSION = "1.33.0"
 PATCH_TYPE = "application/strategic-merge-patch+json"

@@ -360,6 +360,13 @@ class _IngestHandler(BaseHTTPRequestHandler):
         return done(204, rows=rows)
 
 
+class UndeclaredStreamIs400(_IngestHandler):
+    """Answers a stream the DCR does not declare with 400 InvalidStream, a request-level 400."""
+
+    def _reply(self, status, error="", message="", headers=None):
+        super()._reply(400 if error == "InvalidStream" else status, error, message, headers)
+
+
 def main() -> None:  # pragma: no cover - used by subprocess-driven tests and by hand
     srv = IngestionServer()
     imds = ImdsServer()
