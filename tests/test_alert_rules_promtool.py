@@ -12,44 +12,15 @@ import sys
 import pytest
 import yaml
 
-from gpumon.catalogue import daemon as daemon_metrics
-from gpumon.registry import available_collectors, collector_class
-from gpumon.rulefiles import rule_files
 from tests.conftest import REPO
+from tests.support.rules import RULE_FILES, known_metrics, metric_names, rules
 
 RULES = os.path.join(REPO, "deploy", "prometheus")
-RULE_FILES = rule_files(REPO)
-"""Every rule file in deploy/prometheus/, so a new one is checked as the others are."""
 # The job rules' tests are generated (deploy/prometheus/tests/generate_job_tests.py); one promtool run per file.
 TEST_FILES = sorted(glob.glob(os.path.join(RULES, "tests", "*-test.yaml")))
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian package prometheus)")
 SEVERITIES = {"critical", "warning", "info"}
-
-
-def rules(kind: str) -> list[dict]:
-    out = []
-    for path in RULE_FILES:
-        with open(path, encoding="utf-8") as fh:
-            for group in yaml.safe_load(fh)["groups"]:
-                out += [r for r in group["rules"] if kind in r]
-    return out
-
-
-def known_metrics() -> set[str]:
-    """Every metric name gpumon can export (counters with and without _total), plus the recording rules."""
-    names = {spec.name for spec in daemon_metrics.SELF_SPECS + daemon_metrics.HEALTH_SPECS}
-    for name in available_collectors():
-        names |= {spec.name for spec in collector_class(name).metrics()}
-    names |= {r["record"] for r in rules("record")}
-    return names | {"up"}
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names an expression selects (words that look like gpumon series or recording rules)."""
-    expr = re.sub(r'"[^"]*"', '""', expr)
-    return set(re.findall(r"\b((?:gpumon_|[a-z_]+:gpumon_)[a-z0-9_:]+|up)\b(?=\s*[{\[)]|\s*$|\s*[<>=!/*+-])",
-                          expr))
 
 
 @needs_promtool

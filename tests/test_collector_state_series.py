@@ -16,7 +16,10 @@ from gpumon.model import Snapshot
 from gpumon.selfmetrics import REASONS, STATES, reason_code
 from gpumon.simulate.sysfs import build_tree
 from tests.conftest import wait_for
-from tests.test_daemon_loop import Scripted, latest, loop_of  # noqa: F401 - loop_of is a fixture
+from tests.support import loop as loops
+from tests.support.loop import Scripted, latest
+
+loop_of = loops.loop_of  # the fixture, shared with this module
 
 STATE_LINE = re.compile(r'^gpumon_collector_state\{collector="([^"]+)",state="([^"]+)",reason="([^"]+)"\} 1$', re.M)
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, clean_env
-from tests.test_alert_rules_promtool import known_metrics, metric_names, rules
-from tests.test_dashboards_live_prometheus import dashboards, walk_panels
+from tests.support.dashboards import dashboards, walk_panels
+from tests.support.rules import known_metrics, metric_names, rules
 
 GRAFANA = os.path.join(REPO, "dashboards", "grafana")
 DS = {"type": "prometheus", "uid": "${datasource}"}

@@ -36,11 +36,11 @@ from gpumon.simulate import control
 from gpumon.sources import kvp
 from tests.conftest import REPO, GpumonProcess, PrometheusServer, clean_env, http_get, wait_for
 from tests.fakes import imds as imds_server
-from tests.test_aer_collector import build as build_pci_tree
+from tests.fakes.aer_sysfs import build as build_pci_tree
+from tests.support.dashboards import GRAFANA, dashboards, walk_panels
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server")
 
-GRAFANA = os.path.join(REPO, "dashboards", "grafana")
 RULES = os.path.join(REPO, "deploy", "prometheus")
 BUILTINS = {"$__rate_interval": "10s", "$__range": "1m", "$__range_s": "60", "$__interval": "1s"}
 FLAPPING_PORT = "mlx5_ib1"  # flapped past the flap threshold (5 in the window by default)
@@ -79,21 +79,6 @@ EXPECTED_ALERTS = {
 # when the alerts are read, or no longer: either is right.
 # The linkflap collector also counts the down port's link_downed step as a flap.
 MAY_FIRE = {("GpumonIBPortErrorsHigh", "a", FLAPPING_PORT), ("GpumonIBLinkFlapped", "a", DOWN_PORT)}
-
-
-def dashboards() -> dict[str, dict[str, Any]]:
-    out = {}
-    for name in sorted(os.listdir(GRAFANA)):
-        if name.endswith(".json"):
-            with open(os.path.join(GRAFANA, name), encoding="utf-8") as fh:
-                out[name] = json.load(fh)
-    return out
-
-
-def walk_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    for p in panels:
-        yield p
-        yield from walk_panels(p.get("panels", []))
 
 
 def panel_queries() -> list[tuple[str, str, str, str]]:

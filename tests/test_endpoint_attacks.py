@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import multiprocessing
 import os
-import selectors
 import socket
 import ssl
 import threading
@@ -22,73 +21,12 @@ import bcrypt
 import pytest
 import trustme
 
-from gpumon.sinks.base import SinkContext
 from gpumon.sinks.prometheus import PrometheusSink, source_key
 from tests.conftest import http_get, wait_for
-from tests.test_prometheus_endpoint import raw, section, snapshot
+from tests.support.endpoint import Flood, client, raw, start_sink, write_tls
 
 GOOD = "Basic " + base64.b64encode(b"prometheus:s3cret").decode()
 WRONG = "Basic " + base64.b64encode(b"prometheus:guess").decode()
-
-
-class Flood:
-    """``count`` sockets spread over ``sources`` that connect, send ``payload`` (or nothing) and
-    reconnect as soon as the server closes them, on a thread of their own until ``stop``."""
-
-    def __init__(self, port: int, count: int, sources: list[str], payload: bytes = b"") -> None:
-        self.port, self.count, self.sources, self.payload = port, count, sources, payload
-        self.reconnects = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Flood:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _connect(self, selector: selectors.BaseSelector, i: int) -> None:
-        try:
-            conn = socket.create_connection(("127.0.0.1", self.port), timeout=1,
-                                            source_address=(self.sources[i % len(self.sources)], 0))
-            if self.payload:
-                conn.sendall(self.payload)
-        except OSError:
-            return
-        conn.setblocking(False)
-        selector.register(conn, selectors.EVENT_READ, i)
-
-    def _run(self) -> None:
-        selector = selectors.DefaultSelector()
-        for i in range(self.count):
-            self._connect(selector, i)
-        deadline = time.monotonic() + 15
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            live = {key.data for key in selector.get_map().values()}
-            for i in set(range(self.count)) - live:  # refused or failed: try again
-                self._connect(selector, i)
-            for key, _ in selector.select(0.05):
-                try:
-                    data = key.fileobj.recv(65536)
-                except OSError:
-                    data = b""
-                if not data:
-                    selector.unregister(key.fileobj)
-                    key.fileobj.close()
-                    self.reconnects += 1
-                    self._connect(selector, key.data)
-        for key in list(selector.get_map().values()):
-            key.fileobj.close()
-        selector.close()
-
-
-def start_sink(**values) -> PrometheusSink:
-    s = PrometheusSink(SinkContext("host", "/tmp", "9.9"), section(**values))
-    s.start()
-    s.publish(snapshot())
-    return s
 
 
 @pytest.fixture
@@ -180,26 +118,6 @@ def test_source_key_groups_ipv6_by_64_and_unmaps_ipv4():
 @pytest.fixture(scope="module")
 def ca():
     return trustme.CA()
-
-
-def write_tls(directory, ca, client_auth: bool = False, users: str = "") -> str:
-    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(directory / "server.pem"))
-    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
-    text = "tls_server_config:\n  cert_file: server.pem\n  key_file: server.pem\n"
-    if client_auth:
-        text += "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n"
-    if users:
-        text += f"basic_auth_users:\n  prometheus: '{users}'\n"
-    (directory / "web.yml").write_text(text)
-    return str(directory / "web.yml")
-
-
-def client(ca, with_cert: bool = False) -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    ca.configure_trust(ctx)
-    if with_cert:
-        ca.issue_cert("scraper").configure_cert(ctx)
-    return ctx
 
 
 def test_idle_flood_behind_mutual_tls_leaves_scrapes_answered(sinks, tmp_path, ca):

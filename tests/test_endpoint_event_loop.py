@@ -20,8 +20,7 @@ import trustme
 from gpumon.sinks.http_front import WAIT_TLS, raise_nofile_limit
 from gpumon.sinks.prometheus import PrometheusSink
 from tests.conftest import REPO, http_get, wait_for
-from tests.test_endpoint_attacks import Flood, client, start_sink, write_tls
-from tests.test_prometheus_endpoint import raw
+from tests.support.endpoint import Flood, client, raw, start_sink, write_tls
 
 REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -328,7 +327,7 @@ import os, sys, logging
 logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(message)s")
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.prometheus import PrometheusSink
-from tests.test_prometheus_endpoint import section, snapshot
+from tests.support.endpoint import section, snapshot
 s = PrometheusSink(SinkContext("h", "/tmp", "1"), section(first_byte_timeout=30.0, request_timeout=30.0))
 s.start()
 s.publish(snapshot())

@@ -15,7 +15,7 @@ from gpumon.sinks.base import SinkContext
 from gpumon.sinks.prometheus import PrometheusSink
 from gpumon.sinks.webconfig import Auth, FailureLimiter, VerifiedStore, load_web_config
 from tests.conftest import REPO, http_get
-from tests.test_prometheus_endpoint import section, snapshot
+from tests.support.endpoint import section, snapshot
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -9,24 +9,10 @@ import time
 
 import pytest
 
-from gpumon.config import Section
-from gpumon.model import MetricFamily, MetricSpec, MetricType, Snapshot
 from gpumon.sinks.base import SinkContext
-from gpumon.sinks.prometheus import OPTIONS, PrometheusSink
+from gpumon.sinks.prometheus import PrometheusSink
 from tests.conftest import http_get, wait_for
-
-SPEC = MetricSpec("gpumon_test_value", MetricType.GAUGE, "A value.", labels=("i",))
-
-
-def snapshot(n: int = 50) -> Snapshot:
-    fam = MetricFamily(SPEC, tuple(SPEC.sample(i, str(i)) for i in range(n)))
-    return Snapshot("host", time.time(), (fam,), (), ())
-
-
-def section(**values) -> Section:
-    defaults = {o.key: o.default for o in OPTIONS.options}
-    defaults.update({"listen": "127.0.0.1:0", **values})
-    return Section("prometheus", defaults)
+from tests.support.endpoint import raw, section, snapshot
 
 
 @pytest.fixture
@@ -87,23 +73,6 @@ def test_healthz_follows_the_loop_and_landing_page(sink):
     status, _, body = http_get(url(s, "/"))
     assert status == 200 and b'href="/metrics"' in body and b"9.9" in body
     assert http_get(url(s, "/nope"))[0] == 404
-
-
-def raw(s: PrometheusSink, data: bytes, read: bool = True, timeout: float = 5.0) -> bytes:
-    with socket.create_connection(("127.0.0.1", s.port), timeout=timeout) as conn:
-        conn.sendall(data)
-        if not read:
-            return b""
-        chunks = []
-        try:
-            while True:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        except TimeoutError:
-            pass
-        return b"".join(chunks)
 
 
 def test_garbage_and_oversize_requests_are_answered_without_harm(sink):

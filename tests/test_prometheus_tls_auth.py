@@ -17,7 +17,7 @@ from gpumon.sinks.base import SinkContext
 from gpumon.sinks.prometheus import OPTIONS, PrometheusSink
 from gpumon.sinks.webconfig import load_web_config
 from tests.conftest import clean_env, http_get
-from tests.test_prometheus_endpoint import snapshot
+from tests.support.endpoint import snapshot
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
 
