@@ -290,7 +290,7 @@ def test_the_daemon_builds_the_action_with_the_managed_identity_and_azure_imds(t
 
 
 def test_an_xid_79_on_a_simulated_host_is_reported_with_its_gpu_serial_and_counted(tmp_path, arm, imds) -> None:
-    from tests.test_health_stage import Clock, Host, stage, until
+    from tests.support.health_stage import Clock, Host, stage, until
 
     host = Host(tmp_path)
     s = stage(tmp_path, Clock())

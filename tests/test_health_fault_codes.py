@@ -20,7 +20,7 @@ from gpumon.model import Event, Severity
 from gpumon.sinks.azure_monitor.rows import RowBuilder
 from tests.conftest import clean_env
 from tests.fakes.logs_ingestion import load_declarations, validate_row
-from tests.test_health_stage import Clock, Host, stage, until
+from tests.support.health_stage import Clock, Host, stage, until
 
 # The table (AzNHC's nhc_fault_dictionary.cfg, see ../shared/reference/wave3.md section 2)
 EXPECTED = {

@@ -204,7 +204,7 @@ def test_clearing_the_budget_after_the_repair_starts_the_count_again_in_the_runn
 def test_the_kmsg_collectors_xid_31_lines_reach_the_gpc_rule(tmp_path) -> None:
     """End to end from dev-kmsg records: the collector's gpu_xid events carry the GPC, and the stage
     judges the GPU the PCI address names."""
-    from tests.test_kmsg_collector import rig, usec_ago
+    from tests.support.kmsg import rig, usec_ago
 
     log, collector = rig(tmp_path)
     log.record(1, XID31_GPC1, prio=4, usec=usec_ago(20))

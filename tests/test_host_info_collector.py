@@ -15,7 +15,7 @@ from gpumon.model import Collection, Snapshot
 from gpumon.report.tables import host_info_table
 from tests.conftest import closed_port
 from tests.fakes.imds import COMPUTE, COMPUTE_PATH, ImdsServer
-from tests.test_host_info_kvp import record, writer_holding_the_lock
+from tests.fakes.kvp import record, writer_holding_the_lock
 
 
 @pytest.fixture

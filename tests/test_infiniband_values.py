@@ -6,24 +6,16 @@ import os
 
 import pytest
 
-from gpumon.collectors.base import Context
 from gpumon.collectors.infiniband import HW_COUNTER_SECONDS, PMA_COUNTERS, InfinibandCollector
-from gpumon.config import Section
 from gpumon.model import MetricType
-from gpumon.simulate.sysfs import PROFILES, build_tree
+from gpumon.simulate.sysfs import PROFILES
 from tests.conftest import values
+from tests.support.infiniband import collector
 
 
 def read(path: str) -> str:
     with open(path, encoding="ascii") as fh:
         return fh.read().strip()
-
-
-def collector(tmp_path, profile: str, **options) -> tuple[InfinibandCollector, object]:
-    fabric = build_tree(profile, str(tmp_path / "sys"))
-    ctx = Context("host", sysfs_root=str(tmp_path / "sys"), state_dir=str(tmp_path / "state"))
-    cfg = Section("infiniband", options) if options else None
-    return InfinibandCollector(ctx, cfg), fabric
 
 
 @pytest.mark.parametrize("profile", ["nd-h100-v5", "nd-a100-v4", "hbv4", "plain-mlx5", "no-hw-counters"])

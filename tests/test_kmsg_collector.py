@@ -19,22 +19,8 @@ from gpumon.collectors.xid import XidCollector
 from gpumon.simulate.nvml import FakeNVML
 from gpumon.simulate.sysfs import build_tree
 from tests.conftest import clean_env, values, wait_for
-from tests.test_kmsg_reader import OVERRUN, KernelLog
-
-
-def usec_ago(seconds: float) -> int:
-    """A log timestamp ``seconds`` ago (the kernel's log clock runs like CLOCK_MONOTONIC)."""
-    return int((time.monotonic() - seconds) * 1e6)
-
-
-def rig(tmp_path, ctx: Context | None = None) -> tuple[KernelLog, KmsgCollector]:
-    ctx = ctx or Context(hostname="test", state_dir=str(tmp_path), sysfs_root=str(tmp_path / "sys"))
-    log = KernelLog(tmp_path)
-    c = KmsgCollector(ctx)
-    c.reader = log.reader(c.reader.state_file)
-    return log, c
-
-
+from tests.fakes.kmsg import OVERRUN
+from tests.support.kmsg import rig, usec_ago
 
 
 def test_xid_line_without_nvml_is_an_event_and_a_counter(tmp_path):

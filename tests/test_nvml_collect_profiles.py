@@ -10,33 +10,11 @@ import pytest
 
 from gpumon.catalogue import gpu as CG
 from gpumon.collectors import nvml_metrics as M
-from gpumon.collectors.base import Context
 from gpumon.collectors.nvml import NvmlCollector
-from gpumon.collectors.nvml_session import NvmlSession
-from gpumon.config import Section
 from gpumon.model import Collection
 from gpumon.simulate.nvml import FakeNVML
 from tests.conftest import gpu_values
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def rig(profile: str = "h100-sxm5-80gb", count: int = 8, driver: str = "550.90.07",
-        **opts: Any) -> tuple[FakeNVML, NvmlCollector, Clock]:
-    fake = FakeNVML(profile, count, driver_version=driver)
-    clock = Clock()
-    ctx = Context(hostname="test", nvml=fake)
-    ctx.get_shared("nvml", lambda: NvmlSession(fake, clock=clock))
-    values = {o.key: o.default for o in NvmlCollector.options.options}
-    values.update(opts)
-    collector = NvmlCollector(ctx, Section("nvml", values))
-    return fake, collector, clock
+from tests.support.nvml import names, rig
 
 
 def field_ids_asked(fake: FakeNVML) -> list[set[int]]:
@@ -63,12 +41,6 @@ def gpm_ids_asked(fake: FakeNVML) -> list[set[int]]:
 
     fake.nvmlGpmMetricsGet = spy  # type: ignore[method-assign]
     return asked
-
-
-
-
-def names(out: Collection) -> set[str]:
-    return {f.name for f in out.families}
 
 
 def series(out: Collection, gpu_only: bool = False) -> int:

@@ -17,7 +17,7 @@ from gpumon.collectors.xid import XidCollector
 from gpumon.model import Collection
 from gpumon.simulate.nvml import FakeNVML
 from tests.conftest import wait_for
-from tests.test_xid_event_thread import assert_watched_again
+from tests.support.nvml import assert_watched_again
 
 
 class Clock:

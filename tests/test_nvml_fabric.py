@@ -11,7 +11,7 @@ import pytest
 from gpumon.collectors.nvml_tables import FABRIC_CONDITIONS, FABRIC_STATES, FABRIC_SUMMARIES
 from gpumon.simulate.nvml import FakeNVML
 from tests.conftest import gpu_values
-from tests.test_nvml_collect_profiles import names, rig
+from tests.support.nvml import names, rig
 
 TRUE = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE
 FALSE = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_FALSE

@@ -9,7 +9,7 @@ import pynvml
 from gpumon.collectors.nvml_tables import NOT_FOUND, TOTAL_POWER_SAMPLES, VALUE_MEMBERS
 from gpumon.simulate.nvml import FakeNVML
 from tests.conftest import gpu_values
-from tests.test_nvml_collect_profiles import names, rig
+from tests.support.nvml import names, rig
 
 SWING = {"gpumon_gpu_power_min_watts", "gpumon_gpu_power_max_watts", "gpumon_gpu_power_mean_watts"}
 

@@ -18,7 +18,7 @@ from gpumon.config import Section
 from gpumon.model import Collection
 from gpumon.simulate import Simulation
 from gpumon.simulate.nvml import FakeNVML
-from tests.test_nvml_collect_profiles import Clock, rig
+from tests.support.nvml import Clock, rig
 
 FAMILY = "gpumon_gpu_process_utilization_ratio"
 

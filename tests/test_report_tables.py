@@ -12,8 +12,8 @@ from gpumon.report import as_table
 from gpumon.report.tables import BUILTIN, infiniband_table, nvml_table, table_for
 from gpumon.table import Table
 from tests.conftest import write_distribution
-from tests.test_infiniband_values import collector
-from tests.test_nvml_collect_profiles import rig
+from tests.support.infiniband import collector
+from tests.support.nvml import rig
 
 RACK = """
     from gpumon.plugin import Collector, Table

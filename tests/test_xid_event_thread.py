@@ -18,14 +18,7 @@ from gpumon.collectors.xid import XidCollector
 from gpumon.model import Collection, Severity
 from gpumon.simulate.nvml import FakeNVML
 from tests.conftest import wait_for
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support.nvml import Clock, assert_watched_again, xid_counts
 
 
 def rig(count: int = 4, driver: str = "550.90.07") -> tuple[FakeNVML, Context, XidCollector]:
@@ -43,11 +36,6 @@ def collect_until(x: XidCollector, kind: str) -> Collection:
         return out if any(e.kind == kind for e in out.events) else None
 
     return wait_for(attempt, 5)  # type: ignore[return-value]
-
-
-def xid_counts(out: Collection) -> dict[tuple[str, str], float]:
-    return {(s.label("gpu") or "", s.label("xid") or ""): s.value for f in out.families
-            if f.name == "gpumon_gpu_xid_errors_total" for s in f.samples}
 
 
 def test_xid_becomes_an_event_with_meaning_and_a_counter() -> None:
@@ -73,13 +61,6 @@ def test_unknown_xid_is_reported_with_a_generic_meaning() -> None:
     event = next(e for e in collect_until(x, "gpu_xid").events if e.kind == "gpu_xid")
     assert event.severity is Severity.ERROR and "4242" in event.message
     x.close()
-
-
-def assert_watched_again(fake: FakeNVML, x: XidCollector, gpu: int) -> None:
-    """The GPU is back in a live event set, and an XID it reports is counted."""
-    wait_for(lambda: any(gpu in s.registered for s in fake._sets.values() if not s.freed), 5)
-    fake.inject_xid(gpu, 31)
-    wait_for(lambda: xid_counts(x.collect()).get((str(gpu), "31")) == 1.0, 5)
 
 
 def both_watching(fake: FakeNVML, clock: Clock) -> tuple[NvmlSession, NvmlCollector, XidCollector]:
