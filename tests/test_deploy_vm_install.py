@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,16 @@ def installed(offline_args, tmp_path_factory) -> Path:
     out = run_install("--prefix", str(prefix), *offline_args)
     assert out.returncode == 0, out.stdout + out.stderr
     return prefix
+
+
+def test_the_wheel_ships_the_package_and_nothing_of_the_checkout(wheel):
+    """The wheel holds gpumon/ and its dist-info only: the tests, their stand-ins and the tools for
+    real GPU hosts (tools/nvml_record.py) stay in the checkout."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    assert "gpumon/cli.py" in names
+    assert {name.split("/")[0] for name in names} == {"gpumon", wheel.name.split("-py")[0] + ".dist-info"}
+    assert not [name for name in names if name.endswith("nvml_record.py")]
 
 
 def test_prefix_install_lays_out_venv_config_and_unit(installed):

@@ -1,6 +1,6 @@
 """The NVML double against a real driver's record (tests/fixtures/nvml/h100_r580.json, README beside it).
 
-The record is what ``python -m gpumon.simulate.nvml_record`` wrote on one NVIDIA H100 80GB HBM3 with
+The record is what ``python tools/nvml_record.py`` wrote on one NVIDIA H100 80GB HBM3 with
 driver 580.159.04; the same recorder runs here over :class:`FakeNVML` with the H100 profile and that
 driver version. Every call gpumon makes must end the same way (a value of the same shape, or the same
 NVML error code), every field must answer with the same ``nvmlReturn`` and ``valueType``, and the facts
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from gpumon.simulate.nvml import FakeNVML
-from gpumon.simulate.nvml_record import record
 from tests.conftest import REPO
+from tools.nvml_record import record
 
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "nvml", "h100_r580.json")
 

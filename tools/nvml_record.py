@@ -1,10 +1,11 @@
 """Record what an NVML library answers to every call gpumon makes, as JSON.
 
-Run on a real GPU host (``python -m gpumon.simulate.nvml_record --out host.json``), it writes down the
-driver's own answers: each call's outcome (a value's shape and value, or the NVML error code), every
-field id's ``nvmlReturn`` / ``valueType`` / value, the power-sample buffer, GPM metrics, the event
-types the GPU supports, and how long each call takes. Run against :class:`FakeNVML`, it writes the
-double's answers in the same form, so a test can hold the double to a real driver's record
+Run on a real GPU host from a gpumon checkout (``python tools/nvml_record.py --out host.json``, or
+``python -m tools.nvml_record``; the wheel does not ship it), it writes down the driver's own
+answers: each call's outcome (a value's shape and value, or the NVML error code), every field id's
+``nvmlReturn`` / ``valueType`` / value, the power-sample buffer, GPM metrics, the event types the
+GPU supports, and how long each call takes. Run against :class:`FakeNVML`, it writes the double's
+answers in the same form, so a test can hold the double to a real driver's record
 (``tests/fixtures/nvml/``). The per-run calls and fields are the collector's own tables
 (``nvml_metrics`` and ``nvml_fabric``): one the collector adds is recorded without touching this
 file. The static facts the collector reads at discovery are listed here (``STATIC_CALLS``).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import platform
 import statistics
 import sys
@@ -29,6 +31,9 @@ import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
+
+if __package__ in (None, ""):  # run as ``python tools/nvml_record.py``: gpumon from this checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gpumon.collectors import nvml_metrics as M
 from gpumon.collectors.nvml_fabric import FABRIC_ITEM, FABRIC_LEGACY_ITEM
@@ -411,7 +416,7 @@ def _dist_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpumon.simulate.nvml_record", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python tools/nvml_record.py", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="-", help="file to write (default: standard output)")
     p.add_argument("--repeats", type=int, default=TIMING_REPEATS, help="calls timed per item")
     p.add_argument("--events", type=float, default=0.0, help="seconds to wait for NVML events")
