@@ -2,8 +2,8 @@
 from; the OTel routes and the Azure columns come from them.
 
 Nothing lost in the move from the old name-keyed registry is proven by the committed outputs the hints
-generate: docs/metrics.md's OTel table (tests/test_otel_mapping_names.py: every generated row is in
-it) and the DCR template (tests/test_azure_template_matches_code.py: generated == committed, and
+generate: docs/metrics.md's OTel table (tests/sinks/otel/test_otel_mapping_names.py: every generated row is in
+it) and the DCR template (tests/sinks/azure_monitor/test_azure_template_matches_code.py: generated == committed, and
 every per-GPU and per-port metric of nvml, infiniband and linkflap has an Azure hint on its spec),
 plus the tests below that each hint fits the declaration it sits on."""
 

@@ -2,7 +2,7 @@
 the raw line and counters by kind; an XID that NVML's event API also reported (the real xid collector on
 the simulated NVML) counts once; mlx5 lines name the IB device of the simulated ND H100 v5 tree; lost
 and garbled records are counted; the position survives a restart; a missing log is unavailable (a
-simulated host's log: tests/test_simulate_kernel_sources.py)."""
+simulated host's log: tests/simulate/test_simulate_kernel_sources.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The NVML collector on the simulated profiles: every family with sane values, the call budget, the
-series count, the opt-ins and MIG (its terminal table: tests/test_report_tables.py)."""
+series count, the opt-ins and MIG (its terminal table: tests/report/test_report_tables.py)."""
 
 from __future__ import annotations
 

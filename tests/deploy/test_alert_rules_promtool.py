@@ -88,7 +88,7 @@ def test_scrape_configs_are_valid_prometheus_config(tmp_path) -> None:
                           text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # The ama-metrics scrape job has one home, the Kustomize overlay (its kustomization turns it into
-    # the kube-system ConfigMap; tests/test_deploy_kubernetes.py checks that side).
+    # the kube-system ConfigMap; tests/deploy/test_deploy_kubernetes.py checks that side).
     overlay = os.path.join(os.path.dirname(RULES), "kubernetes", "overlays", "azure-managed-prometheus")
     with open(os.path.join(overlay, "ama-metrics-scrape.yaml"), encoding="utf-8") as fh:
         scrape = yaml.safe_load(fh)
@@ -107,7 +107,7 @@ def test_scrape_configs_are_valid_prometheus_config(tmp_path) -> None:
 
 def test_shipped_scrape_jobs_match_the_exporter_alerts() -> None:
     """GpumonExporterDown and GpumonExporterAbsent find gpumon by its job name: every shipped scrape
-    configuration must name its job so that they match (the PodMonitor: tests/test_deploy_kubernetes.py)."""
+    configuration must name its job so that they match (the PodMonitor: tests/deploy/test_deploy_kubernetes.py)."""
     exporter = [r for r in rules("alert") if r["alert"] in ("GpumonExporterDown", "GpumonExporterAbsent")]
     assert len(exporter) == 2
     regexes = {m for r in exporter for m in re.findall(r'\bup\{job=~"([^"]+)"\}', r["expr"])}

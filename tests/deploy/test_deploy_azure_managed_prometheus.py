@@ -14,8 +14,8 @@ import yaml
 
 from gpumon.cli import schemas
 from gpumon.config import load
+from tests.conftest import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(REPO, "deploy", "azure", "managed-prometheus.json")
 CLOUD_INIT = os.path.join(REPO, "deploy", "vm", "cloud-init-managed-prometheus.yaml")
 PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"

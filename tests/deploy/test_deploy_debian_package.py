@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Two builds and apt in a chroot, then lintian: about two minutes on a loaded machine.
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]

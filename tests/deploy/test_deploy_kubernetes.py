@@ -21,7 +21,7 @@ import yaml
 
 from tests.support.kubernetes import K8S_VERSIONS, KUSTOMIZE, docs, find, kustomize, pod_spec, tool
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OVERLAYS = ["base", "overlays/prometheus-operator", "overlays/prometheus-operator-servicemonitor",
             "overlays/azure-managed-prometheus", "overlays/azure-managed-prometheus-podmonitor", "overlays/azure-logs"]
 COMPONENTS = {"kubelet-attribution+base": ("base", "components/kubelet-attribution"),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "gpumon.service"
 NODE_EXPORTER_UNIT = Path("/lib/systemd/system/prometheus-node-exporter.service")
 MAX_EXPOSURE = 2.0

@@ -7,7 +7,7 @@ import subprocess
 
 from gpumon.sources.jobmap import read_job_map
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "deploy", "slurm", "gpumon-job-mapping.sh")
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "slurm", "gpumon-job-mapping.sh")
 
 
 def run(directory: str, context: str, job: str, **env: str) -> subprocess.CompletedProcess:

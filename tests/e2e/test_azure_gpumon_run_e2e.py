@@ -12,10 +12,10 @@ import subprocess
 import sys
 
 from gpumon.simulate import control
+from tests.conftest import REPO
 from tests.fakes.imds import ImdsServer
 from tests.fakes.logs_ingestion import IngestionServer
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU, IB, EVENTS = "Custom-GpuMonGpu_CL", "Custom-GpuMonInfiniBand_CL", "Custom-GpuMonEvents_CL"
 
 

@@ -8,7 +8,7 @@ returns data and every alert the faults provoke fires (and no other).
 - host b: a simulated ND GB200 v6 in the same placement group on another physical host, whose GPU 1
   reports an unhealthy NVLink route;
 - host c: gpumon's kmsg and aer collectors, not simulated, on this machine's kernel log (where readable)
-  and a synthetic PCI tree with bridges and a root port (tests/test_aer_collector.py); off Azure, so
+  and a synthetic PCI tree with bridges and a root port (tests/collectors/test_aer_collector.py); off Azure, so
   without host identity.
 
 Time is compressed for the test only: Prometheus scrapes and evaluates every second, and a copy of the

@@ -18,7 +18,7 @@ from gpumon.health.stage import Verdict
 from gpumon.health.state import Active, HealthState, boot_id
 from gpumon.model import Event, Severity
 from gpumon.sinks.azure_monitor.rows import RowBuilder
-from tests.conftest import clean_env
+from tests.conftest import REPO, clean_env
 from tests.fakes.logs_ingestion import load_declarations, validate_row
 from tests.support.health_stage import Clock, Host, stage, until
 
@@ -133,6 +133,6 @@ def test_format_nhc_prints_healthy_then_nhc_error_lines_with_the_fault_code(tmp_
 
 
 def test_the_fault_code_table_in_the_docs_is_the_generated_one() -> None:
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "health-actions.md")
+    path = os.path.join(REPO, "docs", "health-actions.md")
     with open(path, encoding="utf-8") as fh:
         assert faultcodes.markdown() in fh.read(), "regenerate with python -m gpumon.health.faultcodes"

@@ -93,7 +93,7 @@ def test_a_section_handed_to_a_sink_with_an_old_name_is_read(caplog):
 def test_the_reference_lists_each_alias():
     from pathlib import Path
 
-    reference = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    reference = (Path(__file__).resolve().parent.parent.parent / "docs" / "configuration.md").read_text()
     for section, old, new in ALIASES:
         row = next(line for line in reference.splitlines()
                    if line.startswith(f"| `{new}` |") and f"GPUMON_{section.upper()}_" in line)

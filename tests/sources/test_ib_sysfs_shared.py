@@ -16,8 +16,7 @@ from gpumon.config import DAEMON, load
 from gpumon.model import Collection
 from gpumon.simulate.sysfs import build_tree
 from gpumon.sources import ib_sysfs
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import REPO
 
 
 def watched_devices(tmp_path, toml: str, environ: dict[str, str] | None = None) -> set[str]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 
+from tests.conftest import REPO
 from tests.fakes.logs_ingestion import IngestionServer
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STREAMS = ("Custom-GpuMonGpu_CL", "Custom-GpuMonEvents_CL")
 
 

@@ -12,8 +12,7 @@ import time
 import pytest
 
 from gpumon.sinks.spool import Spool, SpoolError
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import REPO
 
 
 def drain(spool: Spool) -> list[bytes]:

@@ -17,8 +17,8 @@ from gpumon.catalogue.lookup import azure_hints
 from gpumon.confdoc import declared_specs
 from gpumon.model import MetricType
 from gpumon.sinks.azure_monitor.rows import IDENTITY, TABLES, stream_columns
+from tests.conftest import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(REPO, "deploy", "azure", "azuredeploy.json")
 RESERVED = {"id", "type", "tenantid", "_resourceid", "uniqueid", "title"}
 

@@ -15,8 +15,8 @@ from gpumon.catalogue.lookup import otel_hints
 from gpumon.confdoc import declared_specs
 from gpumon.model import MetricSpec, MetricType
 from gpumon.sinks.otel import mapping as m
+from tests.conftest import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OTEL_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_.\-/]{0,254}$")
 TABLE = {s.name: otel_hints(s) for s in declared_specs() if otel_hints(s)}
 """The OpenTelemetry hints on the declared metrics, by Prometheus name."""

@@ -24,15 +24,14 @@ from gpumon.catalogue import daemon as daemon_metrics
 from gpumon.confdoc import declared_specs
 from gpumon.model import MetricFamily
 from gpumon.sinks.otel import mapping
+from tests.conftest import REPO
 from tests.fakes import otlp as receivers
 from tests.fakes.simulated_host import SimulatedHost
 from tests.support.otel import attrs, make_sink
 
 http_receiver = receivers.http_receiver
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-with open(os.path.join(HERE, "fixtures", "semconv_v1.44.0.json"), encoding="utf-8") as _fh:
+with open(os.path.join(REPO, "tests", "fixtures", "semconv_v1.44.0.json"), encoding="utf-8") as _fh:
     SEMCONV = json.load(_fh)
 
 # prometheus/otlptranslator's unit tables (the entries gpumon's units can reach)
