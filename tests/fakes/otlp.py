@@ -1,7 +1,8 @@
 """Real OTLP receivers on loopback (HTTP/protobuf and gRPC) that decode what the otel sink sends with
 the opentelemetry-proto classes, their fixtures (``http_receiver``, ``grpc_receiver``: a test module
-takes them with ``http_receiver = otlp.http_receiver``), and :class:`TricklingServer`, an HTTP peer
-that answers one byte at a time."""
+takes them with ``http_receiver = otlp.http_receiver``), and hostile peers: :class:`TricklingServer`
+(answers one byte at a time), :class:`RedirectingReceiver` (redirects exports elsewhere, e.g. to a
+:class:`RecordingServer`) and :class:`EchoingOtlpReceiver` (echoes the credentials in its answer)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import pytest
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
+
+from tests.conftest import serve_http, stop_http
 
 
 class Received:
@@ -276,3 +279,102 @@ class TricklingServer:
     def close(self) -> None:
         self.stop.set()
         self.sock.close()
+
+
+class RecordingServer:
+    """Answers every request, whatever its method or path, with 200 and an empty body, and records the
+    method, path and headers: the host a hostile redirect points at. A 200 to urllib's GET is what
+    made a redirected export count as delivered."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _any(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with server.lock:
+                    server.requests.append((self.command, self.path, dict(self.headers)))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = do_PUT = _any  # noqa: N815 - http.server's naming
+
+        self.httpd, self.origin = serve_http(Handler)
+
+    def close(self) -> None:
+        stop_http(self.httpd)
+
+
+class RedirectingReceiver:
+    """A hostile OTLP receiver: every POST to a path in ``routes`` gets that status and Location;
+    other paths are proxied to a real OTLP receiver (``real``), so a followed redirect can succeed."""
+
+    def __init__(self, routes: dict[str, tuple[int, str]]) -> None:
+        self.routes = routes
+        self.real = OtlpHttpReceiver()
+        self.hits: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with outer.lock:
+                    outer.hits.append((self.path, self.headers.get("Authorization", "")))
+                route = outer.routes.get(self.path)
+                if route is None:  # the real receiver's answer, through a plain client
+                    import urllib.request
+
+                    request = urllib.request.Request(
+                        outer.real.endpoint + self.path, data=body, method="POST",
+                        headers={"Content-Type": self.headers.get("Content-Type", "")})
+                    with urllib.request.urlopen(request, timeout=5) as answer:
+                        data = answer.read()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                status, location = route
+                self.send_response(status)
+                self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.httpd, self.endpoint = serve_http(Handler)
+
+    def close(self) -> None:
+        stop_http(self.httpd)
+        self.real.close()
+
+
+class EchoingOtlpReceiver:
+    """Answers every export 400 with the Authorization header in the reason phrase, and a control
+    character that would start a new log line."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                self.send_response(400, f"bad credentials {self.headers.get('Authorization')}\x1b[31m")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.httpd, self.endpoint = serve_http(Handler)
+
+    def close(self) -> None:
+        stop_http(self.httpd)

@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import time
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -18,7 +17,8 @@ import pytest
 from gpumon.cli import schemas
 from gpumon.config import ConfigError, load
 from gpumon.sinks.otel.settings import resolve_settings
-from tests.conftest import clean_env, serve_http, stop_http, wait_for
+from tests.conftest import clean_env, wait_for
+from tests.fakes.otlp import EchoingOtlpReceiver
 from tests.fakes.remote_write import Receiver, Reply, make_sink, small_snapshot
 from tests.support.otel import make_sink as make_otel_sink
 from tests.support.otel import snapshot
@@ -151,27 +151,6 @@ def test_a_token_file_that_cannot_be_a_header_is_a_configuration_fault_without_t
         receiver.close()
     assert says in health.detail and SECRET not in health.detail and "xff" not in health.detail
     assert receiver.times == [] and health.dropped == 0 and health.extra["requests_queued"] == 1
-
-
-class EchoingOtlpReceiver:
-    """Answers every export 400 with the Authorization header in the reason phrase, and a control
-    character that would start a new log line."""
-
-    def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                self.send_response(400, f"bad credentials {self.headers.get('Authorization')}\x1b[31m")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.httpd, self.endpoint = serve_http(Handler)
-
-    def close(self) -> None:
-        stop_http(self.httpd)
 
 
 def test_an_otlp_receiver_echoing_the_authorization_header_has_it_redacted(tmp_path, caplog):

@@ -5,97 +5,16 @@ sink down, and nothing (credentials least of all) is sent to the place it names.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
-from tests.conftest import serve_http, stop_http, wait_for
-from tests.fakes import otlp as receivers
-from tests.fakes.otlp import TricklingServer
+from tests.conftest import wait_for
+from tests.fakes.otlp import RecordingServer, RedirectingReceiver, TricklingServer
 from tests.support.otel import POINTS, make_sink, snapshot
 
 TOKEN = "Bearer s3cret-redirect-token"
-
-
-class RecordingServer:
-    """Answers every request, whatever its method or path, with 200 and an empty body, and records the
-    method, path and headers: the host a hostile redirect points at. A 200 to urllib's GET is what
-    made a redirected export count as delivered."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, str, dict[str, str]]] = []
-        self.lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _any(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with server.lock:
-                    server.requests.append((self.command, self.path, dict(self.headers)))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            do_GET = do_POST = do_PUT = _any  # noqa: N815 - http.server's naming
-
-        self.httpd, self.origin = serve_http(Handler)
-
-    def close(self) -> None:
-        stop_http(self.httpd)
-
-
-class RedirectingReceiver:
-    """A hostile OTLP receiver: every POST to a path in ``routes`` gets that status and Location;
-    other paths are proxied to a real OTLP receiver (``real``), so a followed redirect can succeed."""
-
-    def __init__(self, routes: dict[str, tuple[int, str]]) -> None:
-        self.routes = routes
-        self.real = receivers.OtlpHttpReceiver()
-        self.hits: list[tuple[str, str]] = []
-        self.lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with outer.lock:
-                    outer.hits.append((self.path, self.headers.get("Authorization", "")))
-                route = outer.routes.get(self.path)
-                if route is None:  # the real receiver's answer, through a plain client
-                    import urllib.request
-
-                    request = urllib.request.Request(
-                        outer.real.endpoint + self.path, data=body, method="POST",
-                        headers={"Content-Type": self.headers.get("Content-Type", "")})
-                    with urllib.request.urlopen(request, timeout=5) as answer:
-                        data = answer.read()
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                    return
-                status, location = route
-                self.send_response(status)
-                self.send_header("Location", location)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.httpd, self.endpoint = serve_http(Handler)
-
-    def close(self) -> None:
-        stop_http(self.httpd)
-        self.real.close()
 
 
 @pytest.fixture
