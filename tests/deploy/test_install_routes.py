@@ -12,21 +12,18 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
-import html
 import io
 import re
 import shutil
 import subprocess
 import sys
-import threading
 import zipfile
 from collections.abc import Iterator
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from tests.fakes.package_index import Index, serve, sha256, write_index
 from tests.support.vm_install import REPO, SCRIPT, run_install
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
@@ -58,53 +55,6 @@ def make_wheel(out: Path, name: str, version: str) -> Path:
     return target
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def project_of(filename: str) -> str:
-    return re.sub(r"[-_.]+", "-", filename.split("-", 1)[0]).lower()
-
-
-def write_index(root: Path, files: list[Path]) -> Path:
-    """A PEP 503 simple/ tree over ``files``, with sha256 fragments, under ``root``."""
-    (root / "files").mkdir(parents=True)
-    projects: dict[str, list[str]] = {}
-    for file in files:
-        shutil.copy(file, root / "files" / file.name)
-        projects.setdefault(project_of(file.name), []).append(file.name)
-    links = []
-    for project, names in sorted(projects.items()):
-        (root / "simple" / project).mkdir(parents=True)
-        anchors = "".join(
-            f'<a href="../../files/{html.escape(n)}#sha256={sha256(root / "files" / n)}">{html.escape(n)}</a>\n'
-            for n in names)
-        (root / "simple" / project / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{anchors}</body></html>\n")
-        links.append(f'<a href="{project}/">{project}</a>\n')
-    (root / "simple" / "index.html").write_text("<!DOCTYPE html><html><body>\n" + "".join(links) + "</body></html>\n")
-    return root
-
-
-class Index:
-    """A loopback HTTP server over an index tree that records every path asked for."""
-
-    def __init__(self, root: Path) -> None:
-        self.requests: list[str] = []
-        requests = self.requests
-
-        class Handler(SimpleHTTPRequestHandler):
-            def log_message(self, format: str, *args: object) -> None:
-                requests.append(self.path)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(root)))
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple/"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def asked_for(self, project: str) -> bool:
-        return any(path.rstrip("/") in (f"/simple/{project}", f"/simple/{project}/index.html")
-                   for path in self.requests)
-
-
 @pytest.fixture(scope="module")
 def wheel(gpumon_wheel) -> Path:
     return gpumon_wheel  # built once per run (tests/artefacts.py)
@@ -123,16 +73,6 @@ def decoys(tmp_path_factory, wheel) -> dict[str, Path]:
     same = make_wheel(tmp_path_factory.mktemp("decoy-new"), "gpumon-exporter", version)
     assert sha256(same) != sha256(wheel)
     return {"old_name": old, "new_name": same}
-
-
-def serve(root: Path) -> Iterator[Index]:
-    index = Index(root)
-    index.thread.start()
-    try:
-        yield index
-    finally:
-        index.server.shutdown()
-        index.server.server_close()
 
 
 @pytest.fixture(scope="module")
