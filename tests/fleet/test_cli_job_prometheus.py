@@ -1,6 +1,6 @@
 """``gpumon job`` against a real Prometheus scraping two simulated hosts of one job, one GPU throttled.
 
-The straggler recording rules are tests/job_rules_minimal.py's stand-in, written to the test's
+The straggler recording rules are tests/fakes/job_rules.py's stand-in, written to the test's
 directory: it produces the contract's names (``gpumon_job:straggler_score{job_id, instance, gpu,
 signal}``, the per-host ``gpumon_job_host:straggler_score``) from one signal, activity. The command
 reads only those names; the shipped rules replace the stand-in by loading deploy/prometheus's file.
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import pytest
 
 from gpumon.simulate import control
-from tests import job_rules_minimal
 from tests.conftest import REPO, GpumonProcess, PrometheusServer, clean_env, closed_port, wait_for
+from tests.fakes import job_rules
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server")
 
@@ -75,7 +75,7 @@ def live(tmp_path_factory) -> Iterator[Live]:
             if name == SLOW_HOST:
                 control(workdir, {"action": "throttle", "gpu": int(SLOW_GPU), "reason": "hw_thermal_slowdown",
                                   "factor": 0.7})
-        rules, _ = job_rules_minimal.rule_files(str(tmp))
+        rules, _ = job_rules.rule_files(str(tmp))
         for with_rules in (True, False):
             directory = tmp / f"prometheus-{with_rules}"
             directory.mkdir()
@@ -282,7 +282,7 @@ def test_url_from_the_environment(live: Live) -> None:
 def test_rule_file_under_test_is_valid_for_promtool(tmp_path) -> None:
     if shutil.which("promtool") is None:
         pytest.skip("needs promtool")
-    path = job_rules_minimal.write(str(tmp_path))
+    path = job_rules.write(str(tmp_path))
     done = subprocess.run(["promtool", "check", "rules", path], capture_output=True, text=True, timeout=20)
     assert done.returncode == 0, done.stdout + done.stderr
 
