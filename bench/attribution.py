@@ -2,7 +2,7 @@
 """What workload attribution costs per run on an ND H100 v5 with a pod on each of its 8 GPUs.
 
 - CPU of one attribution run (time.process_time, median and p90 of ``--runs``; target <= 2 ms): the
-  kubelet's PodResources List over a real unix socket (the stand-in kubelet of tests/kubelet_server.py,
+  kubelet's PodResources List over a real unix socket (the stand-in kubelet of tests/fakes/kubelet.py,
   a grpcio server in this process, whose own CPU is counted too, so the figure is an upper bound),
   decoding, mapping device ids to GPUs, building the samples. The GPU directory is filled by the
   simulated host's NVML collector, as in the daemon.
@@ -27,7 +27,7 @@ from bench.common import Options, write_result  # noqa: E402
 from bench.remote_write import cpu_ms  # noqa: E402
 from gpumon import attribution_labels, cli, config, daemon  # noqa: E402
 from gpumon.collectors.gpu_directory import KEY, GpuDirectory  # noqa: E402
-from tests.kubelet_server import KubeletServer  # noqa: E402
+from tests.fakes.kubelet import KubeletServer  # noqa: E402
 
 GPUS = 8
 

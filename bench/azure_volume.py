@@ -4,7 +4,7 @@
 Standalone: builds the simulated host (8 x H100, 8 x NDR IB + the Ethernet VF), runs the real NVML,
 InfiniBand and link-flap collectors against it every ``--collect`` seconds of simulated time, feeds
 the snapshots to the real ``AzureMonitorSink`` (simulated clock, so a day's intervals take seconds),
-and lets it upload to the loopback ingestion server from ``tests/azure_ingestion_server.py``, which
+and lets it upload to the loopback ingestion server from ``tests/fakes/logs_ingestion.py``, which
 validates every row against the template and counts what arrives. Prints JSON:
 
     python bench/azure_volume.py [--intervals 30] [--upload-interval 60] [--collect 10]
@@ -33,7 +33,8 @@ from gpumon.model import Snapshot  # noqa: E402
 from gpumon.simulate import Simulation  # noqa: E402
 from gpumon.sinks.azure_monitor import AzureMonitorSink  # noqa: E402
 from gpumon.sinks.base import SinkContext  # noqa: E402
-from tests.azure_ingestion_server import FakeCredential, IngestionServer  # noqa: E402
+from tests.fakes.logs_ingestion import IngestionServer  # noqa: E402
+from tests.fakes.tokens import FakeCredential  # noqa: E402
 
 PRICE_PER_GB = 2.30
 """Log Analytics analytics-tier pay-as-you-go list price, USD per GB ingested (East US; check your region)."""

@@ -36,7 +36,7 @@ TARGET_XID_TO_HEALTH_S = 2.0
 
 
 def _snapshots(directory: str, n: int) -> list:
-    from tests.simulated_host import SimulatedHost
+    from tests.fakes.simulated_host import SimulatedHost
 
     host = SimulatedHost(directory)
     try:

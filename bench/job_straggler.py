@@ -3,7 +3,7 @@
 Eight ``gpumon run --simulate nd-h100-v5 --interval 1`` processes hold all their GPUs for job 4242, so
 they move in the job's step rhythm (gpumon/simulate/job.py); Prometheus scrapes them every second and
 evaluates the rules every second: deploy/prometheus's rule files (with 1 s groups) where job-rules.yaml
-exists, else the stand-in of tests/job_rules_minimal.py (the result says which).
+exists, else the stand-in of tests/fakes/job_rules.py (the result says which).
 
 1. **Healthy window**: after the rules' windows have filled, ``max(gpumon_job:straggler_score)`` is read
    every second for ``--healthy-seconds`` (600 by default, the issue's 10 minutes); a false positive is
@@ -58,12 +58,12 @@ FAULTS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
 
 def rules(tmp: str) -> tuple[list[str], str, float]:
     """(rule files, which, alert threshold): deploy/prometheus's at 1 s evaluation, else the stand-in."""
-    from tests import job_rules_minimal
+    from tests.fakes import job_rules
 
-    paths, threshold = job_rules_minimal.rule_files(tmp)
-    if not os.path.exists(job_rules_minimal.SHIPPED):
-        return paths, "tests/job_rules_minimal.py (stand-in)", threshold
-    with open(job_rules_minimal.SHIPPED, "rb") as fh:
+    paths, threshold = job_rules.rule_files(tmp)
+    if not os.path.exists(job_rules.SHIPPED):
+        return paths, "tests/fakes/job_rules.py (stand-in)", threshold
+    with open(job_rules.SHIPPED, "rb") as fh:
         digest = hashlib.sha256(fh.read()).hexdigest()[:12]
     return paths, f"deploy/prometheus (job-rules.yaml sha256 {digest})", threshold
 

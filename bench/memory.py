@@ -5,7 +5,7 @@ All processes run side by side for the same period (so the figures share one clo
 - ``gpumon run`` on this machine (no GPU, no IB; the Prometheus sink) -- the foundation's figure;
 - ``gpumon run --simulate nd-h100-v5`` with the Prometheus sink, with the OTel sink (to a loopback
   OTLP/HTTP receiver in this process) and with the Azure Monitor sink (to the loopback ingestion
-  service and managed-identity endpoint from ``tests/azure_ingestion_server.py``, uploading every
+  service and managed-identity endpoint from ``tests/fakes/logs_ingestion.py``, uploading every
   10 s instead of 60 s so the watch period sees several uploads);
 - node_exporter with its infiniband collector on an ND H100 v5 tree.
 
@@ -113,7 +113,8 @@ def run(opts: Options) -> dict:
         except Exception as exc:  # pragma: no cover - depends on the environment
             skipped["otel"] = str(exc)
         try:
-            from tests.azure_ingestion_server import ImdsServer, IngestionServer
+            from tests.fakes.imds import ImdsServer
+            from tests.fakes.logs_ingestion import IngestionServer
 
             ingest = stack.enter_context(IngestionServer())
             imds = ImdsServer()

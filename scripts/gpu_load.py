@@ -5,7 +5,7 @@ sleep), holding ``--mib`` MiB of GPU memory, for ``--seconds``; then the process
 sees it end. Two of them on one GPU time-share its SMs as two jobs would. Needs CuPy
 (``cupy-cuda12x`` / ``cupy-cuda13x``) or, where CuPy is missing, PyTorch; only here.
 
-Used by ``python -m gpumon.simulate.nvml_record --processes`` recordings (tests/fixtures/nvml/README.md).
+Used by ``python tools/nvml_record.py --processes`` recordings (tests/fixtures/nvml/README.md).
 """
 
 from __future__ import annotations

@@ -18,10 +18,14 @@ import contextlib
 import fcntl
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -71,7 +75,7 @@ def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callabl
 
 def gpumon_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """gpumon's own wheel, built from this checkout once per run."""
-    from tests.test_deploy_vm_install import build_wheel
+    from tests.artefacts import build_wheel
 
     def make(out: Path) -> None:
         with checkout_build_lock(tmp_path_factory):
@@ -84,7 +88,7 @@ def gpumon_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def local_wheelhouse(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
     """Binary wheels of everything gpumon needs with every extra (``[all]``), for this interpreter,
     without gpumon's own wheel: what ``--no-index --find-links`` installs from, whatever the extras."""
-    from tests.test_deploy_vm_install import download_dependencies
+    from tests.artefacts import download_dependencies
 
     def make(out: Path) -> None:
         download_dependencies(wheel, out, extras="all")
@@ -102,3 +106,24 @@ def bookworm_wheelhouse(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -
         shutil.copy(wheel, out / wheel.name)
 
     return made_once(tmp_path_factory, "wheelhouse-bookworm", make)
+
+
+def build_wheel(out: Path) -> Path:
+    """gpumon's own wheel, built from this checkout."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(REPO)],
+        check=True, timeout=240, capture_output=True,
+    )
+    (found,) = out.glob("gpumon_exporter-*.whl")
+    return found
+
+
+def download_dependencies(wheel: Path, out: Path, extras: str = "") -> Path:
+    """Binary wheels of everything ``wheel[extras]`` needs, for this interpreter, without the wheel."""
+    requirement = f"{wheel}[{extras}]" if extras else str(wheel)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(out), requirement],
+        check=True, timeout=280, capture_output=True,
+    )
+    (out / wheel.name).unlink(missing_ok=True)
+    return out

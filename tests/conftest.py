@@ -398,7 +398,7 @@ def bookworm_wheelhouse(tmp_path_factory, gpumon_wheel) -> Path:
 def _never_the_real_imds(monkeypatch):
     """No test asks the link-local IMDS (169.254.169.254): in-process clients built from a default
     [azure] section get "unreachable" at once, as off Azure; subprocesses get a closed loopback port
-    through clean_env. Tests that want IMDS run the loopback stand-in (gpumon.simulate.imds)."""
+    through clean_env. Tests that want IMDS run the loopback stand-in (tests.fakes.imds)."""
     from gpumon import imds
 
     real = imds.ImdsClient._exchange

@@ -6,12 +6,13 @@ the catalogue's rule, enforced on the source: no metric name is written as a str
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 from gpumon.catalogue import every
 from gpumon.registry import BUILTIN_COLLECTORS
 from tests.conftest import REPO
-from tests.test_import_structure import graph
+from tests.support.imports import graph
 
 FACE = ("gpumon.cli", "gpumon.__main__", "gpumon.report", "gpumon.confdoc")
 LOOP = ("gpumon.daemon", "gpumon.registry")
@@ -73,6 +74,9 @@ def breaches() -> dict[str, set[tuple[str, str]]]:
             if inside(target, "gpumon.simulate") and not (
                     inside(source, "gpumon.simulate") or source in ("gpumon.daemon.context", "gpumon.cli")):
                 breach("simulate is imported only by simulate, daemon.context and cli", source, target)
+            if inside(source, "gpumon.simulate") and not (
+                    inside(target, "gpumon.simulate", "gpumon.sources") or target in (*SELF_CONTAINED, "gpumon")):
+                breach("simulate imports only sources, the core types and itself", source, target)
             if source in SELF_CONTAINED and target != "gpumon" and not (
                     source == "gpumon.model" and target in MODEL_MAY_IMPORT):
                 breach("model, config, table, backoff and the hint and unit types import nothing of gpumon "
@@ -113,7 +117,7 @@ def test_the_rules_see_the_modules_they_are_about():
 
 
 def test_the_rules_catch_a_planted_breach(monkeypatch):
-    import tests.test_architecture_layers as me
+    me = sys.modules[__name__]  # breaches() looks graph up in this module
 
     real = graph()
     planted = {**real, "gpumon.sources.kvp": real["gpumon.sources.kvp"] | {"gpumon.collectors.nvml"},
@@ -282,3 +286,73 @@ def test_no_collector_stage_or_loop_module_passes_600_lines():
             for path in sorted((Path(REPO) / "gpumon" / package).rglob("*.py"))
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES}
     assert not long, f"modules over {MODULE_LINES} lines: {long}"
+
+
+# ------------------------------------------------------------------ tests as a library
+TESTS = Path(REPO) / "tests"
+
+
+def imported_modules(source: str, package: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import in ``source``, a module of ``package``: relative imports
+    resolved, and each imported name too (``from tests import test_x`` gives ``tests.test_x``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            found.append((node.lineno, module))
+            found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def imports_of_test_modules(root: Path, paths: list[Path]) -> list[str]:
+    """``path:line: module`` for every import of a ``test_*`` module in ``paths`` (under ``root``)."""
+    found = []
+    for path in paths:
+        package = path.relative_to(root).parent.parts
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), package):
+            if module.rpartition(".")[2].startswith("test_"):
+                found.append(f"{path.relative_to(root)}:{line}: {module}")
+    return found
+
+
+def test_modules_import_no_test_module():
+    """A helper two test files share lives in tests/support/ (a stand-in in tests/fakes/), so a test
+    module is only ever collected, never imported: tests and benchmarks import no ``test_*`` module."""
+    paths = [p for p in sorted(TESTS.rglob("*.py")) + sorted((Path(REPO) / "bench").rglob("*.py"))
+             if "node_modules" not in p.parts]
+    found = imports_of_test_modules(Path(REPO), paths)
+    assert not found, "imports of test modules:\n" + "\n".join(found)
+
+
+def test_the_test_import_rule_finds_planted_imports(tmp_path):
+    """Guards the rule: absolute, ``from tests import``, relative and in-function imports are found."""
+    planted = tmp_path / "tests" / "health" / "test_planted.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("import tests.test_a\nfrom tests import test_b\nfrom .test_c import x\n"
+                       "from ..support import test_d\n\ndef f():\n    from tests.test_e import y\n"
+                       "from tests.support.nvml import rig\n")
+    assert [line.rpartition(" ")[2] for line in imports_of_test_modules(tmp_path, [planted])] == [
+        "tests.test_a", "tests.test_b", "tests.health.test_c", "tests.support.test_d", "tests.test_e"]
+
+
+def test_the_package_imports_nothing_of_the_checkout():
+    """gpumon/ is what the wheel ships: it imports nothing from tests/ (the stand-ins) or tools/."""
+    found = []
+    for path in sorted((Path(REPO) / "gpumon").rglob("*.py")):
+        package = path.relative_to(REPO).parent.parts
+        found += [f"{path.relative_to(REPO)}:{line}: {module}"
+                  for line, module in imported_modules(path.read_text(encoding="utf-8"), package)
+                  if module.partition(".")[0] in ("tests", "tools")]
+    assert not found, "gpumon/ imports from the checkout:\n" + "\n".join(found)
+
+
+def test_the_simulation_rule_catches_a_planted_breach(monkeypatch):
+    """simulate/ sits beside the collectors: it imports sources and itself, never a collector."""
+    real = graph()
+    planted = {**real, "gpumon.simulate.nvml": real["gpumon.simulate.nvml"] | {"gpumon.collectors.nvml_metrics"}}
+    monkeypatch.setattr(sys.modules[__name__], "graph", lambda: planted)
+    found = {edge for edges in breaches().values() for edge in edges}
+    assert ("gpumon.simulate.nvml", "gpumon.collectors.nvml_metrics") in found

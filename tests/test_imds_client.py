@@ -10,8 +10,8 @@ import pytest
 
 from gpumon import imds
 from gpumon.config import ConfigError, load
-from gpumon.simulate.imds import COMPUTE, COMPUTE_PATH, EVENTS_PATH, ImdsServer, scheduled_event
 from tests.conftest import closed_port
+from tests.fakes.imds import COMPUTE, COMPUTE_PATH, EVENTS_PATH, ImdsServer, scheduled_event
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ import pytest
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
 from gpumon.sinks.azure_monitor.rows import METRICS, RowBuilder
 from tests.conftest import REPO, GpumonProcess, clean_env, http_get, wait_for, write_distribution
-from tests.remote_write_helpers import Receiver
-from tests.test_otel_receiver import OtlpHttpReceiver
+from tests.fakes.otlp import OtlpHttpReceiver
+from tests.fakes.remote_write import Receiver
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -149,7 +149,7 @@ def test_a_spool_made_unwritable_mid_run_is_logged_once_and_the_sink_stays_up(gp
 
     import pytest
 
-    from tests.remote_write_helpers import Receiver
+    from tests.fakes.remote_write import Receiver
 
     if shutil.which("chattr") is None:
         pytest.skip("no chattr")

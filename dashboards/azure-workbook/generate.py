@@ -7,7 +7,7 @@
 gpumon-workbook.json is the Workbook itself (Notebook/1.0: paste it into a Workbook's Advanced Editor);
 azuredeploy.json deploys the same content as a Microsoft.Insights/workbooks resource bound to a Log
 Analytics workspace. The queries read GpuMonGpu_CL, GpuMonInfiniBand_CL and GpuMonEvents_CL, whose
-columns are declared in deploy/azure/azuredeploy.json; tests/test_workbook_kql_schema.py parses every
+columns are declared in deploy/azure/azuredeploy.json; tests/deploy/test_workbook_kql_schema.py parses every
 query against those columns.
 """
 

@@ -3,7 +3,7 @@
 A person, a test or ``gpumon simulate`` drops ``{"action": NAME, ...}`` as a JSON file into the
 simulated host's control directory (``<state_dir>/simulate/<profile>/control/``); the running
 simulation applies it within one tick. Each :class:`Action` names its handler, the keys it needs, the
-hardware it needs and an example (docs/simulate.md shows every one; tests/test_simulate_control.py
+hardware it needs and an example (docs/simulate.md shows every one; tests/simulate/test_simulate_control.py
 checks that it does). An action that changes the hardware for good (a lost GPU, a port held down, an
 NVLink fabric fault) returns True from its handler: the simulation keeps it in ``hardware.json`` and
 applies it again when the daemon restarts, until a ``reboot``.

@@ -3,7 +3,7 @@
 Served by the kubelet on a unix socket (``/var/lib/kubelet/pod-resources/kubelet.sock``), gRPC
 service ``v1.PodResourcesLister`` (``List``, ``GetAllocatableResources``; GA since Kubernetes 1.28).
 Field numbers are those of ``k8s.io/kubelet/pkg/apis/podresources/v1/api.proto``; a restatement of it
-(``tests/kubelet_podresources.proto``) the tests compile with protoc to serve real messages. The
+(``tests/fakes/kubelet_podresources.proto``) the tests compile with protoc to serve real messages. The
 messages are read with :mod:`gpumon.sources.protowire`, so no generated code ties gpumon to one
 protobuf runtime. ``grpcio`` is imported only when a client is made.
 """

@@ -1,0 +1,1 @@
+"""Tools for a checkout, not shipped in the wheel: ``python -m tools.<name>`` from the checkout's root."""
