@@ -18,8 +18,8 @@ from gpumon.model import HostIdentity
 from gpumon.simulate.azure import write_kvp_pool
 from gpumon.simulate.imds import COMPUTE, COMPUTE_PATH, ImdsServer
 from gpumon.sinks.base import Sink
-from tests.fakes import otlp as receivers
 from tests.conftest import closed_port, wait_for
+from tests.fakes import otlp as receivers
 
 http_receiver = receivers.http_receiver  # the OTLP receiver fixture
 
