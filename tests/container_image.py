@@ -63,7 +63,7 @@ BUILD_TIMEOUT = {"amd64": 540, "arm64": 540}
 def base_image(arch: str) -> str:
     if arch == "amd64":
         return "localhost/gpumon-test-python:bookworm"  # the tag earlier runs cached
-    key = hashlib.sha256(repr((SUITE, ARM64_INCLUDE, "extract")).encode()).hexdigest()[:12]
+    key = hashlib.sha256(repr((SUITE, ARM64_INCLUDE, "extract", "byte-compiled")).encode()).hexdigest()[:12]
     return f"localhost/gpumon-test-python:{SUITE}-{arch}-{key}"
 
 
@@ -109,6 +109,13 @@ def make_root(arch: str, rootfs: Path) -> None:
     (rootfs / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n"
                                       "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
     (rootfs / "etc/group").write_text("root:x:0:\nnogroup:x:65534:\n")
+    # python3.11's postinst byte-compiles the standard library (py3compile); unpacked, it has no .pyc,
+    # so every emulated interpreter start would compile what it imports again (the image sets
+    # PYTHONDONTWRITEBYTECODE). Byte-code does not depend on the architecture: a 3.11 here writes it.
+    python311 = sys.executable if sys.version_info[:2] == (3, 11) else shutil.which("python3.11")
+    if python311:
+        subprocess.run([python311, "-m", "compileall", "-q", "-j", "0", str(rootfs / "usr/lib/python3.11")],
+                       check=False, capture_output=True, timeout=300)
 
 
 def ensure_base_image(arch: str, workdir: Path) -> str:
