@@ -21,6 +21,7 @@ import difflib
 import importlib.util
 import json
 import os
+import platform
 import re
 import shutil
 import sys
@@ -36,6 +37,7 @@ HOST = "guard-host"
 """The host name every dump is made under (the simulated host's name would otherwise be this machine's)."""
 
 V = "<v>"
+PYTHON = "<python>"
 _SAMPLE = re.compile(r"^([^#\s][^ ]*(?:\{.*\})?) (\S+)( \S+)?$")
 _VOLATILE_LABEL = re.compile(r'((?:pid|boot_id|start_time|version|path|state_dir)="[^"]*")')
 
@@ -153,7 +155,9 @@ def _join(sections: list[tuple[str, Callable[[], list[str]]]]) -> str:
     out = []
     for title, make in sections:
         out += [f"==== {title}", *(line for line in make() if not _RACING.search(line)), ""]
-    return _VOLATILE_LABEL.sub(lambda m: m.group(1).split("=")[0] + f'="{V}"', "\n".join(out))
+    text = _VOLATILE_LABEL.sub(lambda m: m.group(1).split("=")[0] + f'="{V}"', "\n".join(out))
+    # gpumon_build_info names the interpreter running the dump: any supported Python gives the same
+    return text.replace(f'"{platform.python_version()}"', f'"{PYTHON}"')
 
 
 def _describe(spec: Any) -> list[str]:
