@@ -10,6 +10,8 @@ import ssl
 import threading
 import time
 
+import pytest
+
 from gpumon.config import Section
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Snapshot
 from gpumon.sinks.base import SinkContext
@@ -104,6 +106,20 @@ def start_sink(**values) -> PrometheusSink:
     s.start()
     s.publish(snapshot())
     return s
+
+
+@pytest.fixture
+def sinks():
+    """Start endpoint sinks (``sinks(**options)``); each is stopped when the test ends."""
+    made: list[PrometheusSink] = []
+
+    def make(**values) -> PrometheusSink:
+        made.append(start_sink(**values))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.stop()
 
 
 def write_tls(directory, ca, client_auth: bool = False, users: str = "") -> str:

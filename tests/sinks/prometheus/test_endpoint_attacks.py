@@ -21,26 +21,16 @@ import bcrypt
 import pytest
 import trustme
 
-from gpumon.sinks.prometheus import PrometheusSink
 from gpumon.sinks.prometheus.server import source_key
 from tests.conftest import http_get, wait_for
-from tests.support.endpoint import Flood, client, raw, start_sink, write_tls
+from tests.support import endpoint
+from tests.support.endpoint import Flood, client, raw, write_tls
 
 GOOD = "Basic " + base64.b64encode(b"prometheus:s3cret").decode()
 WRONG = "Basic " + base64.b64encode(b"prometheus:guess").decode()
 
 
-@pytest.fixture
-def sinks():
-    made: list[PrometheusSink] = []
-
-    def make(**values) -> PrometheusSink:
-        made.append(start_sink(**values))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.stop()
+sinks = endpoint.sinks  # the fixture, shared with the other endpoint tests
 
 
 def answered(url: str, checks: int = 12, **kwargs) -> int:

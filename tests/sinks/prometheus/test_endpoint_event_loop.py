@@ -17,10 +17,10 @@ import time
 import pytest
 import trustme
 
-from gpumon.sinks.prometheus import PrometheusSink
 from gpumon.sinks.prometheus.connections import WAIT_TLS, raise_nofile_limit
 from tests.conftest import REPO, http_get, wait_for
-from tests.support.endpoint import Flood, client, raw, start_sink, write_tls
+from tests.support import endpoint
+from tests.support.endpoint import Flood, client, raw, write_tls
 
 REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -30,17 +30,7 @@ def ca():
     return trustme.CA()
 
 
-@pytest.fixture
-def sinks():
-    made: list[PrometheusSink] = []
-
-    def make(**values) -> PrometheusSink:
-        made.append(start_sink(**values))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.stop()
+sinks = endpoint.sinks  # the fixture, shared with the other endpoint tests
 
 
 def timed_scrapes(url: str, n: int = 10, **kwargs) -> list[float]:
