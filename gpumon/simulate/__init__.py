@@ -29,6 +29,7 @@ from typing import Any
 
 from gpumon.simulate import job
 from gpumon.simulate.actions import ACTIONS
+from gpumon.simulate.files import replace_file
 
 log = logging.getLogger("gpumon.simulate")
 _sequence = itertools.count()
@@ -214,10 +215,7 @@ class Simulation:
             return
         os.makedirs(self.home, exist_ok=True)
         path = os.path.join(self.home, name)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        replace_file(path, text)
 
     def _pci_tree(self) -> Any:
         """The GPUs' and HCAs' PCI functions with their AER counters (:mod:`gpumon.simulate.pci`)."""

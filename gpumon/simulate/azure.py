@@ -16,6 +16,7 @@ import time
 import uuid
 from typing import Any
 
+from gpumon.simulate.files import replace_file
 from gpumon.simulate.imds import ImdsServer, rfc1123, scheduled_event
 from gpumon.sources.kvp import KEY_SIZE, VALUE_SIZE
 
@@ -46,10 +47,7 @@ def write_kvp_pool(path: str, values: dict[str, str]) -> None:
     """A host-to-guest KVP pool file: 2,560-byte records, key and value NUL-padded (hv_kvp_daemon.c)."""
     data = b"".join(k.encode().ljust(KEY_SIZE, b"\0") + v.encode().ljust(VALUE_SIZE, b"\0")
                     for k, v in values.items())
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    replace_file(path, data)
 
 
 class SimulatedAzure:

@@ -20,6 +20,7 @@ import re
 import threading
 import time
 
+from gpumon.simulate.files import replace_file
 from gpumon.sources.pci import parts, sysfs_name
 
 FACILITY_KERN = 0
@@ -52,10 +53,7 @@ class KernelLog:
         if self.read_only:
             return
         with self._lock:
-            tmp = f"{self.path}.tmp.{os.getpid()}"
-            with open(tmp, "wb"):
-                pass
-            os.replace(tmp, self.path)
+            replace_file(self.path, b"")
             self._seq = 0
 
     def write(self, message: str, level: int = INFO, device: str = "") -> None:

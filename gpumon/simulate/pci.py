@@ -20,6 +20,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from gpumon.simulate.files import replace_file
 from gpumon.simulate.kmsg import AER_TYPES
 
 log = logging.getLogger("gpumon.simulate")
@@ -136,7 +137,4 @@ class PciTree:
 
 
 def _write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    replace_file(path, text)

@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpumon.simulate.files import replace_file
 from gpumon.sources.ib_sysfs import MLX5_QUEUE_COUNTERS, MLX5_ROCE_COUNTERS
 
 # Bit widths of the PMA counters (IBA PortCounters/PortCountersExtended as mlx5 exposes them).
@@ -480,10 +481,7 @@ def _pci_bus(pci: str) -> str:
 
 def _write(path: str, text: str) -> None:
     """Replace the file so a reader sees the old or the new value, never a torn one."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
-    with open(tmp, "w", encoding="ascii") as fh:
-        fh.write(text + "\n")
-    os.replace(tmp, path)
+    replace_file(path, text + "\n", "ascii")
 
 
 def _symlink(target: str, link: str) -> None:
