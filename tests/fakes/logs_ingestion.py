@@ -302,8 +302,9 @@ class _IngestHandler(BaseHTTPRequestHandler):
         def done(status: int, error: str = "", message: str = "", headers: dict[str, str] | None = None,
                  rows: list[dict[str, Any]] | None = None) -> None:
             req.status = status
-            self._reply(status, error, message, headers)
+            # recorded before the answer goes out: a client that has its answer finds the request logged
             srv._record(req, rows, message if status == 400 else None)
+            self._reply(status, error, message, headers)
 
         if not match:
             return done(404, "NotFound", f"no route {url.path}")
