@@ -109,7 +109,12 @@ def bookworm_wheelhouse(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -
 
 
 def build_wheel(out: Path) -> Path:
-    """gpumon's own wheel, built from this checkout."""
+    """gpumon's own wheel, built from this checkout.
+
+    setuptools builds in the checkout's ``build/`` and packs whatever its ``build/lib`` holds, a module
+    since moved or deleted included: that scratch directory (ignored by git) goes first, so the wheel
+    holds the checkout as it is now."""
+    shutil.rmtree(REPO / "build", ignore_errors=True)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(REPO)],
         check=True, timeout=240, capture_output=True,
