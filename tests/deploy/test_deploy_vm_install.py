@@ -47,6 +47,8 @@ def offline_args(wheel, wheelhouse) -> list[str]:
 
 @pytest.fixture(scope="module")
 def installed(offline_args, tmp_path_factory) -> Path:
+    """One prefix installed for the file (a venv costs seconds of pip). The tests only read it, but for the
+    re-run, which by its nature leaves it as it found it (the operator's config edit aside)."""
     prefix = tmp_path_factory.mktemp("root")
     out = run_install("--prefix", str(prefix), *offline_args)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -105,24 +107,30 @@ def test_default_config_is_valid_for_the_daemon(installed):
     assert cfg["prometheus"].listen == "0.0.0.0:9470"
 
 
-def test_rerun_is_idempotent_and_keeps_the_operators_config(offline_args, tmp_path):
-    first = run_install("--prefix", str(tmp_path), *offline_args)
-    assert first.returncode == 0, first.stderr
-    config = tmp_path / "etc/gpumon/gpumon.toml"
+def test_rerun_is_idempotent_and_keeps_the_operators_config(installed, offline_args):
+    config = installed / "etc/gpumon/gpumon.toml"
     config.write_text(config.read_text().replace("interval = 10.0", "interval = 5.0"))
-    unit = tmp_path / "etc/systemd/system/gpumon.service"
-    before = unit.read_text()
+    unit = installed / "etc/systemd/system/gpumon.service"
+    drop_in = installed / "etc/systemd/system/gpumon.service.d/kmsg.conf"
+    before = unit.read_text(), drop_in.read_text()
 
-    again = run_install("--prefix", str(tmp_path), *offline_args)
+    again = run_install("--prefix", str(installed), *offline_args)
     assert again.returncode == 0, again.stderr
     assert "interval = 5.0" in config.read_text()
     assert "kept the config" in again.stdout
     assert "wrote " + str(unit) not in again.stdout, "an unchanged unit is not rewritten"
-    assert unit.read_text() == before
+    assert (unit.read_text(), drop_in.read_text()) == before
+    assert (installed / "opt/gpumon/bin/gpumon").exists()
 
 
-def test_uninstall_removes_venv_and_unit_keeps_config_then_purge(offline_args, tmp_path):
+def test_no_kmsg_removes_the_drop_in_and_uninstall_keeps_config_then_purge(offline_args, tmp_path):
+    drop_in = tmp_path / "etc/systemd/system/gpumon.service.d/kmsg.conf"
     assert run_install("--prefix", str(tmp_path), *offline_args).returncode == 0
+    out = run_install("--prefix", str(tmp_path), "--no-kmsg", *offline_args)
+    assert out.returncode == 0, out.stderr
+    assert not drop_in.parent.exists()
+    assert "removed " + str(drop_in) in out.stdout
+
     out = run_install("--prefix", str(tmp_path), "--uninstall")
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "opt/gpumon").exists()
@@ -223,14 +231,9 @@ def test_embedded_kmsg_drop_in_is_the_shipped_one():
         "deploy/vm/install.sh's kmsg_drop_in_text() differs from systemd/gpumon.service.d/kmsg.conf: paste it in again")
 
 
-def test_kmsg_drop_in_installed_by_default_and_removed_with_no_kmsg(offline_args, tmp_path):
-    drop_in = tmp_path / "etc/systemd/system/gpumon.service.d/kmsg.conf"
-    assert run_install("--prefix", str(tmp_path), *offline_args).returncode == 0
+def test_kmsg_drop_in_installed_by_default(installed):
+    drop_in = installed / "etc/systemd/system/gpumon.service.d/kmsg.conf"
     assert drop_in.read_text() == KMSG_DROP_IN.read_text()
-    out = run_install("--prefix", str(tmp_path), "--no-kmsg", *offline_args)
-    assert out.returncode == 0, out.stderr
-    assert not drop_in.parent.exists()
-    assert "removed " + str(drop_in) in out.stdout
 
 
 # ---- a minimal Debian where systemd is not PID 1 (a container, or a chroot building an image) -------
@@ -305,25 +308,37 @@ def test_container_without_systemd_installs_enables_for_next_boot_then_uninstall
     assert not (tmp_path / "upper/opt/gpumon").exists()
 
 
-def test_no_start_in_a_container_leaves_the_unit_alone(debian, bookworm_wheels, wheel, tmp_path):
-    script = "; ".join([installer(wheel, "--no-start", "--no-kmsg", "--no-os-deps") + " 2>&1; echo rc=$?",
-                        "echo === state", STATE, "echo ==="])
-    out = in_container(debian, bookworm_wheels, tmp_path, script)
-    state = facts(out.stdout, "state")
-    assert "rc=0" in out.stdout, out.stdout + out.stderr
-    assert "not touching the service (--no-start): this run neither enabled, started nor restarted it" in out.stdout
-    assert state == {"enabled": "n", "venv": "y", "unit": "y", "kmsg": "n", "kill": "n", "config": "y"}, out.stdout
+@pytest.fixture(scope="module")
+def no_start_then_no_systemctl(debian, bookworm_wheels, wheel, tmp_path_factory) -> str:
+    """One container, two runs (one venv): ``--no-start`` where systemctl is there, then, with systemctl
+    removed, the installer run again as an image build that has no systemctl would run it."""
+    script = "; ".join([
+        "echo === no-start", installer(wheel, "--no-start", "--no-kmsg", "--no-os-deps") + " 2>&1; echo rc=$?",
+        "echo === state", STATE,
+        "rm /usr/bin/systemctl",
+        "echo === no-systemctl", installer(wheel, "--no-os-deps") + " 2>&1; echo rc=$?",
+        "echo === state-without", STATE, "echo ===",
+    ])
+    out = in_container(debian, bookworm_wheels, tmp_path_factory.mktemp("no-start"), script)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_no_start_in_a_container_leaves_the_unit_alone(no_start_then_no_systemctl):
+    log = no_start_then_no_systemctl.split("=== state\n", 1)[0]
+    state = facts(no_start_then_no_systemctl, "state")
+    assert "rc=0" in log, log
+    assert "not touching the service (--no-start): this run neither enabled, started nor restarted it" in log
+    assert state == {"enabled": "n", "venv": "y", "unit": "y", "kmsg": "n", "kill": "n", "config": "y"}, log
     # --no-os-deps: procps is not installed, and the installer says what that breaks.
     assert ("warning: /bin/kill is missing (install procps): `systemctl reload gpumon` will fail until it is "
-            "there; the service itself runs") in out.stdout
+            "there; the service itself runs") in log
 
 
-def test_container_without_systemctl_says_how_to_run_gpumon(debian, bookworm_wheels, wheel, tmp_path):
-    script = "; ".join(["rm /usr/bin/systemctl", installer(wheel, "--no-os-deps") + " 2>&1; echo rc=$?",
-                        "echo === state", STATE, "echo ==="])
-    out = in_container(debian, bookworm_wheels, tmp_path, script)
-    assert "rc=0" in out.stdout, out.stdout + out.stderr
+def test_container_without_systemctl_says_how_to_run_gpumon(no_start_then_no_systemctl):
+    log = no_start_then_no_systemctl.split("=== no-systemctl\n", 1)[1].split("=== state-without", 1)[0]
+    assert "rc=0" in log, log
     assert "and systemctl is not installed: /etc/systemd/system/gpumon.service is written but neither enabled nor " \
-           "started" in out.stdout
-    assert "to run gpumon here without systemd: /opt/gpumon/bin/gpumon run --config /etc/gpumon/gpumon.toml" in out.stdout
-    assert facts(out.stdout, "state")["enabled"] == "n"
+           "started" in log
+    assert "to run gpumon here without systemd: /opt/gpumon/bin/gpumon run --config /etc/gpumon/gpumon.toml" in log
+    assert facts(no_start_then_no_systemctl, "state-without")["enabled"] == "n"
