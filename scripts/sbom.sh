@@ -10,8 +10,9 @@
 #
 # The root component is gpumon-exporter (name, version, licence and links from pyproject.toml); pip
 # itself is left out of the venv so only what gpumon runs with is listed. cyclonedx-py is taken from
-# $CYCLONEDX_PY, PATH or the Python running this, and otherwise installed into a throwaway venv with
-# pip (which honours PIP_NO_INDEX and PIP_FIND_LINKS, the Dockerfile's offline route).
+# $CYCLONEDX_PY, PATH or the Python running this, and otherwise installed with that Python's pip into a
+# throwaway directory (a throwaway venv where it has no pip); pip honours PIP_NO_INDEX and
+# PIP_FIND_LINKS, the Dockerfile's offline route.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON="${PYTHON:-python3}"
@@ -25,6 +26,15 @@ cyclonedx() {
     if [ -n "${CYCLONEDX_PY:-}" ]; then "$CYCLONEDX_PY" "$@"
     elif command -v cyclonedx-py >/dev/null; then cyclonedx-py "$@"
     elif "$PYTHON" -c 'import cyclonedx_py' 2>/dev/null; then "$PYTHON" -m cyclonedx_py "$@"
+    elif "$PYTHON" -m pip --version >/dev/null 2>&1; then
+        # No venv to make (ensurepip costs seconds): the tool goes into a throwaway directory, which
+        # only the tool's own interpreter sees (-I: never in the environment its probe of VENV runs in).
+        say "cyclonedx-py not found: installing cyclonedx-bom into a throwaway directory"
+        "$PYTHON" -m pip install --quiet --target "$work/tool" cyclonedx-bom
+        "$PYTHON" -I -c 'import runpy, sys
+sys.path.insert(0, sys.argv.pop(1))
+sys.argv[0] = "cyclonedx-py"
+runpy.run_module("cyclonedx_py", run_name="__main__")' "$work/tool" "$@"
     else
         say "cyclonedx-py not found: installing cyclonedx-bom into a throwaway venv"
         "$PYTHON" -m venv "$work/tool"

@@ -39,12 +39,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-INCLUDE = ("python3", "python3-venv", "ca-certificates")
+# python3-pip: python:*-slim has a pip of its own, which scripts/sbom.sh uses for its tool in the build
+# stage (no throwaway venv).
+INCLUDE = ("python3", "python3-venv", "ca-certificates", "python3-pip")
 # The arm64 root is unpacked, not configured: the tools the Dockerfile's RUN lines and scripts/sbom.sh
 # call come from their packages' files (dash's /bin/sh, passwd's groupadd/useradd, coreutils' install
-# and mktemp, bash, grep, sed), all of them in the amd64 minbase root and in python:*-slim too.
-ARM64_INCLUDE = (*INCLUDE, "dash", "bash", "coreutils", "grep", "sed", "findutils", "passwd", "base-passwd",
-                 "libc-bin")
+# and mktemp, bash, grep, sed), all of them in the amd64 minbase root and in python:*-slim too. It is the
+# final stage's base only (the build stage runs on this machine's platform): no pip.
+ARM64_INCLUDE = ("python3", "python3-venv", "ca-certificates", "dash", "bash", "coreutils", "grep", "sed",
+                 "findutils", "passwd", "base-passwd", "libc-bin")
 # bookworm's python3: CPython 3.11 with glibc 2.36, whatever interpreter runs the tests.
 PYTHON_VERSION = "3.11"
 GLIBC = "2.36"
@@ -62,7 +65,8 @@ BUILD_TIMEOUT = {"amd64": 540, "arm64": 540}
 
 def base_image(arch: str) -> str:
     if arch == "amd64":
-        return "localhost/gpumon-test-python:bookworm"  # the tag earlier runs cached
+        key = hashlib.sha256(repr((SUITE, INCLUDE, "minbase")).encode()).hexdigest()[:12]
+        return f"localhost/gpumon-test-python:{SUITE}-{key}"  # a new list of packages, a new base
     key = hashlib.sha256(repr((SUITE, ARM64_INCLUDE, "extract", "byte-compiled")).encode()).hexdigest()[:12]
     return f"localhost/gpumon-test-python:{SUITE}-{arch}-{key}"
 
