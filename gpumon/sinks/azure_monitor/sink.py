@@ -5,7 +5,7 @@
 once, appends rows to the on-disk spool (:mod:`gpumon.sinks.spool`) and wakes the shared uploader
 (:class:`gpumon.sinks.delivery.Uploader`), whose thread hands what the spool holds to
 :meth:`AzureMonitorSink.send`; that sends it with ``LogsIngestionClient`` and classifies the answer
-(:mod:`.verdicts`), and the uploader acknowledges it only after the service said 204, so an outage or a
+(:mod:`.classify`), and the uploader acknowledges it only after the service said 204, so an outage or a
 kill -9 re-sends rather than loses (each row carries a ``RowId`` to de-duplicate in KQL). Backoff
 honours ``Retry-After``, and the first failure that is not about the rows (429, 5xx, timeout,
 401/403/404) ends the batch: its later chunks wait for the retry. A 400/413 chunk is bisected until the
@@ -38,6 +38,16 @@ from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
 from gpumon.sinks import azure_host
 from gpumon.sinks.azure_identity import make_credential
+from gpumon.sinks.azure_monitor.classify import (
+    ROW_STATUS,
+    Classifier,
+    UploadResult,
+    error_code,
+    error_text,
+    http_status,
+    names_target,
+    status_verdict,
+)
 from gpumon.sinks.azure_monitor.deadletter import write_dead_letter
 from gpumon.sinks.azure_monitor.options import (
     IMDS_ALIASES,
@@ -47,16 +57,6 @@ from gpumon.sinks.azure_monitor.options import (
     target_problem,
 )
 from gpumon.sinks.azure_monitor.rows import EVENTS, GPU, IB, METRICS, TABLES, RowBuilder, host_values
-from gpumon.sinks.azure_monitor.verdicts import (
-    ROW_STATUS,
-    Classifier,
-    Verdict,
-    error_code,
-    error_text,
-    http_status,
-    names_target,
-    status_verdict,
-)
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
 from gpumon.sinks.common import DeliveryCounters
 from gpumon.sinks.delivery import BatchSize, Outcome, Uploader
@@ -113,7 +113,7 @@ class AzureMonitorSink(Sink):
         """``last_error`` is the reason the sink is down (empty: up); ``dropped`` counts rows rejected
         for good and rows the spool could not take (the spool's own drops are added in health())."""
         self._log_once = LogOnce(log, limit=_REASONS_REMEMBERED)
-        self._verdicts = Classifier(self.settings, self._counters, self._log_once)
+        self._classifier = Classifier(self.settings, self._counters, self._log_once)
         self._delivered: set[str] = set()
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ class AzureMonitorSink(Sink):
         reason = f"{_UPLOADER_FAULT} {where}: {exc}; retrying"
         if not isinstance(exc, OSError):
             self._log_once.error(reason, "azure_monitor: %s", reason, exc_info=exc)
-        self._verdicts.note(reason, logging.ERROR)  # (not logged again when logged with its traceback above)
+        self._classifier.note(reason, logging.ERROR)  # (not logged again when logged with its traceback above)
         return Outcome(ack=False, retry=True)
 
     def _spool_works(self) -> None:
@@ -277,7 +277,7 @@ class AzureMonitorSink(Sink):
         if self._counters.last_error.startswith(_UPLOADER_FAULT):
             self._counters.last_error = ""
 
-    def _deliver(self, records: tuple[bytes, ...]) -> Verdict:
+    def _deliver(self, records: tuple[bytes, ...]) -> UploadResult:
         by_stream: dict[str, list[dict[str, Any]]] = {}
         for record in records:
             try:
@@ -307,7 +307,7 @@ class AzureMonitorSink(Sink):
                     self._generic_rows_off(stream, todo)
                     continue  # the other tables' rows still go: a DCR older than this gpumon blocks nothing
                 return outcome
-        return Verdict(True)
+        return UploadResult(True)
 
     def _generic_rows_off(self, stream: str, rows: list[dict[str, Any]]) -> None:
         """The DCR has no stream for the generic metric rows (deployed before it existed): stop making
@@ -323,27 +323,27 @@ class AzureMonitorSink(Sink):
                   "deploy/azure/azuredeploy.json to get them, or set [azure_monitor] stream_metrics = \"\" "
                   "to silence this", self.settings.dcr_immutable_id, stream)
 
-    def _upload(self, stream: str, rows: list[dict[str, Any]], probe: bool = True) -> Verdict:
+    def _upload(self, stream: str, rows: list[dict[str, Any]], probe: bool = True) -> UploadResult:
         """Send rows; isolate rejected rows by bisection. Not ok = retry the whole batch later."""
         from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
         failures = self._send(stream, rows)
         refused = []
-        worst: Verdict | None = None
+        worst: UploadResult | None = None
         for error, chunk in failures:
             self._counters.failed_attempt(1)
             status = http_status(error)
             if isinstance(error, HttpResponseError) and status in ROW_STATUS:
                 refused.append((error, status, chunk))
             elif worst is None:
-                worst = self._verdicts.classify(error, status, stream, ClientAuthenticationError)
+                worst = self._classifier.classify(error, status, stream, ClientAuthenticationError)
         if worst is not None:  # the batch is retried anyway: isolating rows now would only add requests
             return worst
         for error, status, chunk in refused:
             outcome = self._refused(stream, chunk, error, status, probe)
             if not outcome.ok:
                 return outcome
-        return Verdict(True)
+        return UploadResult(True)
 
     def _send(self, stream: str, rows: list[dict[str, Any]]) -> list[tuple[BaseException, list[dict[str, Any]]]]:
         """One ``upload``: mark what went through delivered; return (error, rows) per failed chunk.
@@ -376,13 +376,13 @@ class AzureMonitorSink(Sink):
         return failures
 
     def _refused(self, stream: str, chunk: list[dict[str, Any]], error: BaseException, status: int | None,
-                 probe: bool) -> Verdict:
+                 probe: bool) -> UploadResult:
         """A 400/413 chunk: a request-level 400 keeps every row; otherwise bisect down to the bad rows."""
         if status == 400 and names_target(error):
-            return self._verdicts.request_fault(stream, error)
+            return self._classifier.request_fault(stream, error)
         if len(chunk) == 1:
             self._dead_letter(stream, chunk[0], f"HTTP {status}: {error_text(error)}")
-            return Verdict(True)
+            return UploadResult(True)
         if status == 400 and probe:
             verdict = self._probe(stream, chunk, error)
             if verdict is not None:
@@ -394,9 +394,9 @@ class AzureMonitorSink(Sink):
                 outcome = self._upload(stream, part, probe=False)
                 if not outcome.ok:
                     return outcome
-        return Verdict(True)
+        return UploadResult(True)
 
-    def _probe(self, stream: str, chunk: list[dict[str, Any]], error: BaseException) -> Verdict | None:
+    def _probe(self, stream: str, chunk: list[dict[str, Any]], error: BaseException) -> UploadResult | None:
         """Send the first, a middle and the last row alone. All three refused with the code the whole
         request got means the request is at fault (stream, DCR, schema), not its rows; None means:
         isolate the bad rows. Fewer than three rows are always isolated: two bad rows around good ones
@@ -414,12 +414,12 @@ class AzureMonitorSink(Sink):
             self._counters.failed_attempt(1)
             status = http_status(err)
             if not isinstance(err, HttpResponseError) or status not in ROW_STATUS:
-                return self._verdicts.classify(err, status, stream, ClientAuthenticationError)
+                return self._classifier.classify(err, status, stream, ClientAuthenticationError)
             if status == 400 and names_target(err):
-                return self._verdicts.request_fault(stream, err)
+                return self._classifier.request_fault(stream, err)
             if status != 400 or error_code(err) != code:
                 return None
-        return self._verdicts.request_fault(stream, error, every_row=True)
+        return self._classifier.request_fault(stream, error, every_row=True)
 
     def _dead_letter(self, stream: str, row: dict[str, Any], reason: str) -> None:
         """Write a rejected row aside; its RowId counts as delivered so a retried batch skips it."""
@@ -486,11 +486,11 @@ class AzureMonitorSink(Sink):
             credential.get_token(audience + "/.default")
         except ClientAuthenticationError as exc:
             return [CheckResult(f"{item} token", False,
-                                f"no token from {self._verdicts.identity_hint()}: {error_text(exc)}. "
+                                f"no token from {self._classifier.identity_hint()}: {error_text(exc)}. "
                                 "Is an identity assigned to this VM / is the pod's service account federated?")]
         except Exception as exc:
             return [CheckResult(f"{item} token", False, f"token request failed: {type(exc).__name__}: {exc}")]
-        results = [CheckResult(f"{item} token", True, f"token for {audience} from {self._verdicts.identity_hint()}")]
+        results = [CheckResult(f"{item} token", True, f"token for {audience} from {self._classifier.identity_hint()}")]
         client = self._make_client(credential)
         dcr = self.settings.dcr_immutable_id
         for key in (GPU, IB, EVENTS):
@@ -507,7 +507,7 @@ class AzureMonitorSink(Sink):
                                                f"authorised (the empty probe was refused: {error_text(exc)})"))
                     continue
                 results.append(CheckResult(label, False, status_verdict(
-                    exc.status_code, dcr, stream, self._verdicts.identity_hint(), error_text(exc), audience)))
+                    exc.status_code, dcr, stream, self._classifier.identity_hint(), error_text(exc), audience)))
             except Exception as exc:
                 results.append(CheckResult(label, False, f"{self.settings.endpoint} unreachable: "
                                            f"{type(exc).__name__}: {error_text(exc)}"))

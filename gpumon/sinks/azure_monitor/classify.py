@@ -27,7 +27,7 @@ request (InvalidStream, InvalidApiVersion, ...): no row of it can go through, so
 
 
 @dataclass
-class Verdict:
+class UploadResult:
     """What became of an upload: ok (sent or dead-lettered), or why not and how long to wait."""
 
     ok: bool
@@ -39,7 +39,7 @@ class Verdict:
 
 
 class Classifier:
-    """Turns a failed upload into a :class:`Verdict` and keeps its reason in the sink's counters
+    """Turns a failed upload into a :class:`UploadResult` and keeps its reason in the sink's counters
     (``last_error``: why the sink is down), logging each distinct reason once."""
 
     def __init__(self, settings: AzureMonitorSettings, counters: DeliveryCounters, log_once: LogOnce) -> None:
@@ -47,7 +47,7 @@ class Classifier:
         self._counters = counters
         self._log_once = log_once
 
-    def request_fault(self, stream: str, error: BaseException, every_row: bool = False) -> Verdict:
+    def request_fault(self, stream: str, error: BaseException, every_row: bool = False) -> UploadResult:
         """A 400 for the request itself: keep the rows, say what to fix, retry slowly until it is fixed."""
         why = "rows sent alone are refused the same way: " if every_row else ""
         reason = (f"400 from stream {stream} on DCR {self.settings.dcr_immutable_id}: the request itself is "
@@ -56,29 +56,30 @@ class Classifier:
                   "this gpumon sends columns it lacks; rows stay in the spool and are retried")
         self.note(reason, logging.ERROR)
         headers = getattr(getattr(error, "response", None), "headers", None)
-        return Verdict(False, retry_after_from_headers(headers) or 0.0, True, reason, stream_missing=True)
+        return UploadResult(False, retry_after_from_headers(headers) or 0.0, True, reason, stream_missing=True)
 
-    def classify(self, error: BaseException, status: int | None, stream: str, auth_error: type) -> Verdict:
+    def classify(self, error: BaseException, status: int | None, stream: str, auth_error: type) -> UploadResult:
         dcr = self.settings.dcr_immutable_id
         headers = getattr(getattr(error, "response", None), "headers", None)
         if status in _CONFIG_STATUS:
             reason = status_verdict(status, dcr, stream, self.identity_hint(), error_text(error))
             self.note(reason, logging.ERROR)
-            return Verdict(False, retry_after_from_headers(headers) or 0.0, True, reason, stream_missing=status == 404)
+            return UploadResult(False, retry_after_from_headers(headers) or 0.0, True, reason,
+                                stream_missing=status == 404)
         if isinstance(error, auth_error):
             reason = f"cannot get a token ({self.settings.credential}): {error_text(error)}"
             self.note(reason, logging.ERROR)
-            return Verdict(False, 0.0, True, reason)
+            return UploadResult(False, 0.0, True, reason)
         if status is not None and status not in _RETRYABLE_STATUS:
             reason = f"HTTP {status} from stream {stream}: {error_text(error)}"
             self.note(reason, logging.WARNING)
-            return Verdict(False, retry_after_from_headers(headers) or 0.0, False, reason)
+            return UploadResult(False, retry_after_from_headers(headers) or 0.0, False, reason)
         if status is not None:
             reason = f"HTTP {status} from stream {stream}; retrying"
         else:
             reason = f"endpoint unreachable ({type(error).__name__}: {error_text(error)}); retrying"
         self.note(reason, logging.WARNING)
-        return Verdict(False, retry_after_from_headers(headers) or 0.0, False, reason)
+        return UploadResult(False, retry_after_from_headers(headers) or 0.0, False, reason)
 
     def identity_hint(self) -> str:
         kind = self.settings.credential
