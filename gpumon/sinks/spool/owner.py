@@ -1,6 +1,5 @@
-"""One process owns a spool directory: an exclusive ``flock`` on ``<dir>/spool.lock``.
-
-Two daemons given one ``spool_dir`` would send every record twice and retire each other's segments."""
+"""One process owns a spool directory: an exclusive ``flock`` on ``<dir>/spool.lock``, which holds the
+owner's PID for the message a second process prints. The kernel drops the lock with its holder."""
 
 from __future__ import annotations
 

@@ -22,6 +22,8 @@ SEGMENT_RE = re.compile(r"^seg-(\d{16})\.log$")
 
 @dataclass
 class Segment:
+    """One segment file as the spool tracks it: its bytes and what of it is not yet acknowledged."""
+
     number: int
     path: str
     size: int = 0
@@ -32,6 +34,7 @@ class Segment:
 
 
 def segment_path(directory: str, number: int) -> str:
+    """``<directory>/seg-<number, 16 digits>.log``: names sort in the order segments were made."""
     return os.path.join(directory, f"seg-{number:016d}.log")
 
 
