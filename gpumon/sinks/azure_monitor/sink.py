@@ -4,11 +4,12 @@
 (:mod:`gpumon.sinks.azure_monitor.rows`) and, at each ``upload_interval`` boundary and for every event at
 once, appends rows to the on-disk spool (:mod:`gpumon.sinks.spool`) and wakes the shared uploader
 (:class:`gpumon.sinks.delivery.Uploader`), whose thread hands what the spool holds to
-:meth:`AzureMonitorSink.send`; that sends it with ``LogsIngestionClient`` and classifies the answer,
-and the uploader acknowledges it only after the service said 204, so an outage or a kill -9 re-sends rather than loses (each row carries a
-``RowId`` to de-duplicate in KQL). Backoff honours ``Retry-After``, and the first failure that is not
-about the rows (429, 5xx, timeout, 401/403/404) ends the batch: its later chunks wait for the retry.
-A 400/413 chunk is bisected until the rejected rows are isolated and written to ``deadletter.jsonl``,
+:meth:`AzureMonitorSink.send`; that sends it with ``LogsIngestionClient`` and classifies the answer
+(:mod:`.classify`), and the uploader acknowledges it only after the service said 204, so an outage or a
+kill -9 re-sends rather than loses (each row carries a ``RowId`` to de-duplicate in KQL). Backoff
+honours ``Retry-After``, and the first failure that is not about the rows (429, 5xx, timeout,
+401/403/404) ends the batch: its later chunks wait for the retry. A 400/413 chunk is bisected until the
+rejected rows are isolated and written to ``deadletter.jsonl`` (:mod:`.deadletter`),
 unless the 400 is about the request itself (the stream, DCR or api-version named in the service's
 error, or the first, a middle and the last rows refused alone with the code the whole request got):
 that, like 401/403/404, is a configuration fault, retried slowly with the rows kept and a message
@@ -26,135 +27,50 @@ import io
 import json
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.backoff import Backoff
-from gpumon.config import Config, ConfigError, Option, SectionSchema, readable_file_check
-from gpumon.identity import IMDS_URL
+from gpumon.config import Config, ConfigError
 from gpumon.log_once import LogOnce
 from gpumon.model import Snapshot
 from gpumon.sinks import azure_host
 from gpumon.sinks.azure_identity import make_credential
-from gpumon.sinks.azure_monitor.rows import (
-    DEFAULT_STREAMS,
-    EVENTS,
-    GPU,
-    IB,
-    METRICS,
-    TABLES,
-    RowBuilder,
-    host_values,
+from gpumon.sinks.azure_monitor.classify import (
+    ROW_STATUS,
+    Classifier,
+    UploadResult,
+    error_code,
+    error_text,
+    http_status,
+    names_target,
+    status_verdict,
 )
+from gpumon.sinks.azure_monitor.deadletter import write_dead_letter
+from gpumon.sinks.azure_monitor.options import (
+    IMDS_ALIASES,
+    OPTIONS,
+    AzureMonitorSettings,
+    directory_problem,
+    target_problem,
+)
+from gpumon.sinks.azure_monitor.rows import EVENTS, GPU, IB, METRICS, TABLES, RowBuilder, host_values
 from gpumon.sinks.base import CheckResult, Sink, SinkContext, SinkHealth
-from gpumon.sinks.common import DeliveryCounters, retry_after_from_headers
+from gpumon.sinks.common import DeliveryCounters
 from gpumon.sinks.delivery import BatchSize, Outcome, Uploader
-from gpumon.sinks.options import azure_credential_options, spool_options, tls_options
 from gpumon.sinks.spool import Batch, Spool, SpoolError
 
 log = logging.getLogger("gpumon.sinks.azure_monitor")
 
-MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
-
-def _ca_file_check(value: str) -> str | None:
-    """``readable_file_check``, saying "no such file" in this sink's words for a path not there."""
-    if value and not os.path.lexists(value):
-        return f"no such file: {value}"
-    return readable_file_check(value)
-
-
-@dataclass(frozen=True)
-class AzureMonitorSettings:
-    endpoint: str
-    dcr_immutable_id: str
-    stream_gpu: str
-    stream_infiniband: str
-    stream_events: str
-    stream_metrics: str
-    credential: str
-    client_id: str
-    tenant_id: str
-    client_secret: str = field(repr=False)  # a secret: never in a repr
-    audience: str
-    upload_interval: float
-    spool_dir: str
-    spool_max_bytes: int
-    omit_zero_increases: bool
-    static_every: float
-    ca_file: str
-    timeout: float
-    imds_url: str
-
-
-OPTIONS = SectionSchema(
-    "azure_monitor",
-    "Azure Monitor Logs Ingestion: rows into GpuMonGpu_CL, GpuMonInfiniBand_CL, GpuMonEvents_CL and "
-    "GpuMonMetrics_CL through a data collection rule (deploy/azure/ creates it).",
-    (
-        Option("endpoint", str, "",
-               "Logs ingestion endpoint: the Direct DCR's `logsIngestion` endpoint or a DCE's, "
-               "https://<name>.<region>-1.ingest.monitor.azure.com (template output `endpoint`)."),
-        Option("dcr_immutable_id", str, "", "The DCR's immutable id, dcr-<32 hex> (template output)."),
-        Option("stream_gpu", str, DEFAULT_STREAMS[GPU], "Stream declared for GPU rows."),
-        Option("stream_infiniband", str, DEFAULT_STREAMS[IB], "Stream declared for InfiniBand port rows."),
-        Option("stream_events", str, DEFAULT_STREAMS[EVENTS], "Stream declared for event rows."),
-        Option("stream_metrics", str, DEFAULT_STREAMS[METRICS],
-               "Stream declared for generic rows (Name, Labels, Value) of metrics without columns of their "
-               "own, such as a plugin's; empty: such metrics are logged and counted but not sent (a DCR "
-               "deployed before the stream existed)."),
-        *azure_credential_options("azure_monitor"),
-        Option("upload_interval", float, 60.0,
-               "Seconds aggregated into one GPU/port row; events are sent within seconds regardless.",
-               min=0.05, max=3600.0),
-        *spool_options("azure_monitor", "rows"),
-        Option("omit_zero_increases", bool, True,
-               "Leave out counter `...Increase` columns that are 0 (most error counters, most of the "
-               "time): about a third less data; in KQL sum() is unchanged, coalesce(x, 0) shows zeros."),
-        Option("static_every", float, 3600.0,
-               "Seconds between rows that repeat unchanged static columns (model, serial, firmware, limits, "
-               "sizes); a change is sent at once; 0 = on every row.", min=0.0, max=86400.0),
-        *tls_options("endpoint", client=False, ca_aliases=("ca_bundle",), check=_ca_file_check),
-        Option("timeout", float, 30.0, "Seconds to connect or to wait for a response.", min=0.1, max=600.0),
-        Option("imds_url", str, IMDS_URL,
-               "Deprecated alias of `[azure] imds_url` (where the rows' VM and placement columns come "
-               "from), honoured when set (with a warning); empty leaves those columns out."),
-    ),
-    AzureMonitorSettings,
-)
-IMDS_ALIASES = {"imds_url": "imds_url"}
-"""This section's deprecated IMDS key -> the ``[azure]`` key it stands for."""
-
-_RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
-_CONFIG_STATUS = {401, 403, 404}
-_ROW_STATUS = {400, 413}
-"""Statuses that may be about some rows only: isolated by bisection, the rest of the batch goes on."""
 _BATCH = BatchSize(records=2000)
 """Rows read from the spool for one round (one ``upload`` per stream)."""
-_DEADLETTER_MAX = 16 << 20
 _UPLOADER_FAULT = "uploader error:"
 _LONGEST_WAIT = 3600.0
 """The longest Retry-After honoured (the backoff itself stops at ``backoff_max``)."""
 _REASONS_REMEMBERED = 256
 """Distinct reasons logged once before they are all forgotten (a server's error text is open-ended)."""
-_TARGET_CODE = re.compile(r"stream|api-?version|datacollectionrule|dcr", re.IGNORECASE)
-_TARGET_MESSAGE = re.compile(r"api-version|\bstream\b[^.]{0,120}\bnot (?:declared|defined|found|present)",
-                             re.IGNORECASE)
-"""A 400 whose error code or message names the stream, the DCR or the api-version is about the
-request (InvalidStream, InvalidApiVersion, ...): no row of it can go through, so none is dead-lettered."""
-
-
-@dataclass
-class _Outcome:
-    ok: bool
-    delay: float = 0.0
-    config_fault: bool = False
-    reason: str = ""
-    stream_missing: bool = False
-    """The DCR does not have the stream (404, or a 400 about the request itself)."""
 
 
 class _StopBatch(Exception):
@@ -197,6 +113,7 @@ class AzureMonitorSink(Sink):
         """``last_error`` is the reason the sink is down (empty: up); ``dropped`` counts rows rejected
         for good and rows the spool could not take (the spool's own drops are added in health())."""
         self._log_once = LogOnce(log, limit=_REASONS_REMEMBERED)
+        self._classifier = Classifier(self.settings, self._counters, self._log_once)
         self._delivered: set[str] = set()
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -214,11 +131,11 @@ class AzureMonitorSink(Sink):
         def where(key: str) -> str:
             return config.origins.get(f"{cls.name}.{key}", config.source)
 
-        problem = _target_problem(opt)
+        problem = target_problem(opt)
         if problem is not None:
             raise ConfigError(where(problem[0]), f"[{cls.name}] {problem[0]}", problem[1])
         spool_dir = opt.spool_dir or os.path.join(config.daemon.state_dir, "spool", cls.name)
-        reason = _directory_problem(spool_dir)
+        reason = directory_problem(spool_dir)
         if reason is not None:
             source = where("spool_dir") if opt.spool_dir else config.origins.get("daemon.state_dir",
                                                                                      config.source)
@@ -226,7 +143,7 @@ class AzureMonitorSink(Sink):
             raise ConfigError(source, f"[{cls.name}] spool_dir", f"{spool_dir}: {reason}{suffix}")
 
     def _require_target(self) -> None:
-        problem = _target_problem(self.settings)
+        problem = target_problem(self.settings)
         if problem is not None:
             raise ConfigError("[azure_monitor]", problem[0], problem[1])
 
@@ -352,7 +269,7 @@ class AzureMonitorSink(Sink):
         reason = f"{_UPLOADER_FAULT} {where}: {exc}; retrying"
         if not isinstance(exc, OSError):
             self._log_once.error(reason, "azure_monitor: %s", reason, exc_info=exc)
-        self._note(reason, logging.ERROR)  # (not logged again when logged with its traceback above)
+        self._classifier.note(reason, logging.ERROR)  # (not logged again when logged with its traceback above)
         return Outcome(ack=False, retry=True)
 
     def _spool_works(self) -> None:
@@ -360,7 +277,7 @@ class AzureMonitorSink(Sink):
         if self._counters.last_error.startswith(_UPLOADER_FAULT):
             self._counters.last_error = ""
 
-    def _deliver(self, records: tuple[bytes, ...]) -> _Outcome:
+    def _deliver(self, records: tuple[bytes, ...]) -> UploadResult:
         by_stream: dict[str, list[dict[str, Any]]] = {}
         for record in records:
             try:
@@ -390,7 +307,7 @@ class AzureMonitorSink(Sink):
                     self._generic_rows_off(stream, todo)
                     continue  # the other tables' rows still go: a DCR older than this gpumon blocks nothing
                 return outcome
-        return _Outcome(True)
+        return UploadResult(True)
 
     def _generic_rows_off(self, stream: str, rows: list[dict[str, Any]]) -> None:
         """The DCR has no stream for the generic metric rows (deployed before it existed): stop making
@@ -406,27 +323,27 @@ class AzureMonitorSink(Sink):
                   "deploy/azure/azuredeploy.json to get them, or set [azure_monitor] stream_metrics = \"\" "
                   "to silence this", self.settings.dcr_immutable_id, stream)
 
-    def _upload(self, stream: str, rows: list[dict[str, Any]], probe: bool = True) -> _Outcome:
+    def _upload(self, stream: str, rows: list[dict[str, Any]], probe: bool = True) -> UploadResult:
         """Send rows; isolate rejected rows by bisection. Not ok = retry the whole batch later."""
         from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
         failures = self._send(stream, rows)
         refused = []
-        worst: _Outcome | None = None
+        worst: UploadResult | None = None
         for error, chunk in failures:
             self._counters.failed_attempt(1)
-            status = _status(error)
-            if isinstance(error, HttpResponseError) and status in _ROW_STATUS:
+            status = http_status(error)
+            if isinstance(error, HttpResponseError) and status in ROW_STATUS:
                 refused.append((error, status, chunk))
             elif worst is None:
-                worst = self._classify(error, status, stream, ClientAuthenticationError)
+                worst = self._classifier.classify(error, status, stream, ClientAuthenticationError)
         if worst is not None:  # the batch is retried anyway: isolating rows now would only add requests
             return worst
         for error, status, chunk in refused:
             outcome = self._refused(stream, chunk, error, status, probe)
             if not outcome.ok:
                 return outcome
-        return _Outcome(True)
+        return UploadResult(True)
 
     def _send(self, stream: str, rows: list[dict[str, Any]]) -> list[tuple[BaseException, list[dict[str, Any]]]]:
         """One ``upload``: mark what went through delivered; return (error, rows) per failed chunk.
@@ -438,7 +355,7 @@ class AzureMonitorSink(Sink):
 
         def on_error(err: Any) -> None:
             failures.append((err.error, list(err.failed_logs)))
-            if _status(err.error) not in _ROW_STATUS:
+            if http_status(err.error) not in ROW_STATUS:
                 raise _StopBatch
 
         try:
@@ -459,13 +376,13 @@ class AzureMonitorSink(Sink):
         return failures
 
     def _refused(self, stream: str, chunk: list[dict[str, Any]], error: BaseException, status: int | None,
-                 probe: bool) -> _Outcome:
+                 probe: bool) -> UploadResult:
         """A 400/413 chunk: a request-level 400 keeps every row; otherwise bisect down to the bad rows."""
-        if status == 400 and _names_target(error):
-            return self._request_fault(stream, error)
+        if status == 400 and names_target(error):
+            return self._classifier.request_fault(stream, error)
         if len(chunk) == 1:
-            self._dead_letter(stream, chunk[0], f"HTTP {status}: {_error_text(error)}")
-            return _Outcome(True)
+            self._dead_letter(stream, chunk[0], f"HTTP {status}: {error_text(error)}")
+            return UploadResult(True)
         if status == 400 and probe:
             verdict = self._probe(stream, chunk, error)
             if verdict is not None:
@@ -477,94 +394,39 @@ class AzureMonitorSink(Sink):
                 outcome = self._upload(stream, part, probe=False)
                 if not outcome.ok:
                     return outcome
-        return _Outcome(True)
+        return UploadResult(True)
 
-    def _probe(self, stream: str, chunk: list[dict[str, Any]], error: BaseException) -> _Outcome | None:
+    def _probe(self, stream: str, chunk: list[dict[str, Any]], error: BaseException) -> UploadResult | None:
         """Send the first, a middle and the last row alone. All three refused with the code the whole
         request got means the request is at fault (stream, DCR, schema), not its rows; None means:
         isolate the bad rows. Fewer than three rows are always isolated: two bad rows around good ones
         must not hold the good ones back."""
         from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
-        if len(chunk) < 3 and not _names_target(error):
+        if len(chunk) < 3 and not names_target(error):
             return None
-        code = _error_code(error)
+        code = error_code(error)
         for row in (chunk[0], chunk[len(chunk) // 2], chunk[-1]):
             failures = self._send(stream, [row])
             if not failures:
                 return None
             err = failures[0][0]
             self._counters.failed_attempt(1)
-            status = _status(err)
-            if not isinstance(err, HttpResponseError) or status not in _ROW_STATUS:
-                return self._classify(err, status, stream, ClientAuthenticationError)
-            if status == 400 and _names_target(err):
-                return self._request_fault(stream, err)
-            if status != 400 or _error_code(err) != code:
+            status = http_status(err)
+            if not isinstance(err, HttpResponseError) or status not in ROW_STATUS:
+                return self._classifier.classify(err, status, stream, ClientAuthenticationError)
+            if status == 400 and names_target(err):
+                return self._classifier.request_fault(stream, err)
+            if status != 400 or error_code(err) != code:
                 return None
-        return self._request_fault(stream, error, every_row=True)
-
-    def _request_fault(self, stream: str, error: BaseException, every_row: bool = False) -> _Outcome:
-        """A 400 for the request itself: keep the rows, say what to fix, retry slowly until it is fixed."""
-        why = "rows sent alone are refused the same way: " if every_row else ""
-        reason = (f"400 from stream {stream} on DCR {self.settings.dcr_immutable_id}: the request itself is "
-                  f"refused, not a row ({why}{_error_text(error)}); check the stream_* options and "
-                  "dcr_immutable_id against the DCR (deploy/azure/ outputs) and redeploy the template if "
-                  "this gpumon sends columns it lacks; rows stay in the spool and are retried")
-        self._note(reason, logging.ERROR)
-        headers = getattr(getattr(error, "response", None), "headers", None)
-        return _Outcome(False, retry_after_from_headers(headers) or 0.0, True, reason, stream_missing=True)
-
-    def _classify(self, error: BaseException, status: int | None, stream: str, auth_error: type) -> _Outcome:
-        dcr = self.settings.dcr_immutable_id
-        headers = getattr(getattr(error, "response", None), "headers", None)
-        if status in _CONFIG_STATUS:
-            reason = _status_verdict(status, dcr, stream, self._identity_hint(), _error_text(error))
-            self._note(reason, logging.ERROR)
-            return _Outcome(False, retry_after_from_headers(headers) or 0.0, True, reason, stream_missing=status == 404)
-        if isinstance(error, auth_error):
-            reason = f"cannot get a token ({self.settings.credential}): {_error_text(error)}"
-            self._note(reason, logging.ERROR)
-            return _Outcome(False, 0.0, True, reason)
-        if status is not None and status not in _RETRYABLE_STATUS:
-            reason = f"HTTP {status} from stream {stream}: {_error_text(error)}"
-            self._note(reason, logging.WARNING)
-            return _Outcome(False, retry_after_from_headers(headers) or 0.0, False, reason)
-        if status is not None:
-            reason = f"HTTP {status} from stream {stream}; retrying"
-        else:
-            reason = f"endpoint unreachable ({type(error).__name__}: {_error_text(error)}); retrying"
-        self._note(reason, logging.WARNING)
-        return _Outcome(False, retry_after_from_headers(headers) or 0.0, False, reason)
-
-    def _identity_hint(self) -> str:
-        kind = self.settings.credential
-        if self.settings.client_id:
-            return f"{kind} client id {self.settings.client_id}"
-        return f"{kind} (system-assigned)" if kind == "managed_identity" else kind
-
-    def _note(self, reason: str, level: int) -> None:
-        """Keep the latest reason for health(); log each distinct reason once, not every retry."""
-        self._counters.last_error = reason
-        self._log_once.log(level, reason, "azure_monitor: %s", reason)
+        return self._classifier.request_fault(stream, error, every_row=True)
 
     def _dead_letter(self, stream: str, row: dict[str, Any], reason: str) -> None:
         """Write a rejected row aside; its RowId counts as delivered so a retried batch skips it."""
         self._counters.dropped_items(1)
         if row.get("RowId") is not None:
             self._delivered.add(row["RowId"])
-        log.error("azure_monitor: row %s rejected by stream %s, kept in deadletter.jsonl: %s",
-                  row.get("RowId", "?"), stream, reason)
-        path = os.path.join(self.spool_dir, "deadletter.jsonl")
-        line = json.dumps({"time": time.time(), "stream": stream, "reason": reason, "row": row},
-                          separators=(",", ":")) + "\n"
-        try:
-            if os.path.exists(path) and os.path.getsize(path) + len(line) > _DEADLETTER_MAX:
-                os.replace(path, path + ".1")
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(line)
-        except OSError as exc:
-            log.error("azure_monitor: cannot write %s: %s", path, exc)
+        write_dead_letter(self.spool_dir, stream, row, reason)
 
     # -- shutdown and health --------------------------------------------------------------------
 
@@ -624,11 +486,11 @@ class AzureMonitorSink(Sink):
             credential.get_token(audience + "/.default")
         except ClientAuthenticationError as exc:
             return [CheckResult(f"{item} token", False,
-                                f"no token from {self._identity_hint()}: {_error_text(exc)}. "
+                                f"no token from {self._classifier.identity_hint()}: {error_text(exc)}. "
                                 "Is an identity assigned to this VM / is the pod's service account federated?")]
         except Exception as exc:
             return [CheckResult(f"{item} token", False, f"token request failed: {type(exc).__name__}: {exc}")]
-        results = [CheckResult(f"{item} token", True, f"token for {audience} from {self._identity_hint()}")]
+        results = [CheckResult(f"{item} token", True, f"token for {audience} from {self._classifier.identity_hint()}")]
         client = self._make_client(credential)
         dcr = self.settings.dcr_immutable_id
         for key in (GPU, IB, EVENTS):
@@ -638,91 +500,20 @@ class AzureMonitorSink(Sink):
                 client.upload(dcr, stream, io.BytesIO(b"[]"))
                 results.append(CheckResult(label, True, f"stream {stream} on DCR {dcr} accepts uploads"))
             except HttpResponseError as exc:
-                if exc.status_code == 400 and not _names_target(exc):
+                if exc.status_code == 400 and not names_target(exc):
                     # Authorised and routed; what the service makes of an empty body is not documented,
                     # so only a 400 that names the stream, DCR or api-version fails the check.
                     results.append(CheckResult(label, True, f"stream {stream} on DCR {dcr} reachable and "
-                                               f"authorised (the empty probe was refused: {_error_text(exc)})"))
+                                               f"authorised (the empty probe was refused: {error_text(exc)})"))
                     continue
-                results.append(CheckResult(label, False, _status_verdict(
-                    exc.status_code, dcr, stream, self._identity_hint(), _error_text(exc), audience)))
+                results.append(CheckResult(label, False, status_verdict(
+                    exc.status_code, dcr, stream, self._classifier.identity_hint(), error_text(exc), audience)))
             except Exception as exc:
                 results.append(CheckResult(label, False, f"{self.settings.endpoint} unreachable: "
-                                           f"{type(exc).__name__}: {_error_text(exc)}"))
+                                           f"{type(exc).__name__}: {error_text(exc)}"))
         try:
             client.close()
         except Exception:
             pass
         return results
 
-
-def _target_problem(opt: AzureMonitorSettings) -> tuple[str, str] | None:
-    """(key, what is wrong) for the first target setting that cannot work, or None."""
-    for key in ("endpoint", "dcr_immutable_id"):
-        if not getattr(opt, key):
-            return key, "is required (see the outputs of deploy/azure/)"
-    if not opt.endpoint.startswith("https://"):
-        return "endpoint", f"must be an https:// URL (got {opt.endpoint!r})"
-    if opt.ca_file and not os.path.isfile(opt.ca_file):
-        return "ca_file", f"no such file: {opt.ca_file}"
-    if opt.credential == "service_principal":
-        for key in ("tenant_id", "client_id", "client_secret"):
-            if not getattr(opt, key):
-                return key, "is required with credential = service_principal"
-    return None
-
-
-def _directory_problem(path: str) -> str | None:
-    """Why the spool cannot live at ``path`` (checked on its nearest existing ancestor, creating
-    nothing: a rejected reload must leave no trace), or None."""
-    probe = os.path.abspath(path)
-    while not os.path.lexists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if not os.path.isdir(probe):
-        return f"{probe} is not a directory"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{probe} is not writable"
-    return None
-
-
-def _status_verdict(status: int | None, dcr: str, stream: str, identity: str, text: str,
-                    audience: str = "https://monitor.azure.com") -> str:
-    if status == 401:
-        return (f"401 token refused by the ingestion endpoint: wrong audience or tenant? The token must be "
-                f"for {audience} ({text})")
-    if status == 403:
-        return (f"403 forbidden: {identity} lacks the role Monitoring Metrics Publisher "
-                f"({MONITORING_METRICS_PUBLISHER}) on DCR {dcr}; assign it (deploy/azure/ does, given "
-                f"principalId) and allow up to 30 minutes to propagate ({text})")
-    if status == 404:
-        return (f"404 not found: no DCR with immutable id {dcr} at this endpoint, or it declares no stream "
-                f"{stream} (check dcr_immutable_id and the stream_* options against the template outputs) "
-                f"({text})")
-    if status == 400:
-        return (f"400 bad request: stream {stream} on DCR {dcr} refused an empty upload; is the stream "
-                f"declared in that DCR (check the stream_* options against the template outputs)? ({text})")
-    return f"HTTP {status}: {text}"
-
-
-def _status(error: BaseException) -> int | None:
-    return getattr(getattr(error, "response", None), "status_code", None)
-
-
-def _error_code(error: BaseException) -> str:
-    """The service's ``error.code`` (azure-core parses the JSON error body), or ""."""
-    return str(getattr(getattr(error, "error", None), "code", None) or "")
-
-
-def _names_target(error: BaseException) -> bool:
-    """Whether a 400 says the stream, the DCR or the api-version is wrong rather than a row."""
-    message = getattr(getattr(error, "error", None), "message", None) or _error_text(error)
-    return bool(_TARGET_CODE.search(_error_code(error)) or _TARGET_MESSAGE.search(str(message)))
-
-
-def _error_text(error: BaseException) -> str:
-    """A short reason: the service's error message when it sent one, never headers or tokens."""
-    message = getattr(error, "message", None) or str(error)
-    return " ".join(str(message).split())[:300]

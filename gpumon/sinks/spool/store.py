@@ -1,85 +1,23 @@
-"""A bounded, crash-safe, on-disk FIFO of opaque records: what a sink writes before it uploads.
-
-Layout: ``<dir>/seg-<16 digits>.log`` segment files, appended to and never rewritten, and
-``<dir>/cursor`` (JSON ``{"segment": N, "offset": B}``, replaced atomically) marking what the
-consumer has acknowledged. A record on disk is ``>II`` (payload length, CRC-32 of the payload)
-followed by the payload, so a torn tail (power loss mid-write) is recognised and cut off on reopen
-instead of being mistaken for data.
-
-Durability policy, and why:
-- ``append()`` hands the bytes to the kernel with one ``os.write`` on an ``O_APPEND`` descriptor.
-  Once it returns, the records survive the *process* dying (kill -9, OOM): the page cache belongs
-  to the kernel. This is the failure that happens daily, and it costs the caller no disk wait,
-  which matters because the caller is the collector loop.
-- ``sync()`` (called by the uploader thread, not the loop) fsyncs the active segment, so a power
-  loss or kernel panic loses at most what was appended since the uploader last woke (the sink
-  wakes it on every append, so normally nothing). Segment creation and deletion fsync the
-  directory; the cursor is written to a temporary file, fsynced and renamed.
-- Delivery is at-least-once: a crash between an upload and its ``ack()`` re-sends that batch.
-
-Bounded: when the unacknowledged bytes pass ``max_bytes`` the *oldest* whole segment is deleted
-and its unacknowledged records are counted in ``dropped``; segments are ``max_bytes / 8`` so one
-drop gives back at most an eighth of the spool.
-
-A full disk (ENOSPC, EDQUOT) is the spool's own problem, solved in place: the torn bytes are cut off,
-a fully acknowledged active segment is replaced by a fresh one so it can be deleted, otherwise the
-*oldest* segment holding unsent records is dropped (counted in ``dropped``), and the write is tried
-again; from then on segments are an eighth of what the disk held, so the next drop gives back less.
-Only when the spool holds nothing more to give are the new records dropped (counted) and ``stats()``
-carries the error until a write succeeds. The cursor is replaced atomically when the disk has room and
-rewritten in place (one sector, never a new block) when it has none.
-
-A segment read and acknowledged to its end is retired (cursor moved to the next segment, file
-deleted) as soon as a newer segment exists: on acknowledgement, when the producer starts a segment,
-on ``read()`` and on reopen. Otherwise the cursor would stay at the end of a finished segment and
-the consumer would never look at the next one.
-"""
+"""The spool itself: append on the loop's thread, read and acknowledge on the uploader's, give back
+the oldest records when over the cap or on a full disk (the policy: :mod:`gpumon.sinks.spool`)."""
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import json
 import logging
 import os
-import re
-import struct
 import threading
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpumon.log_once import LogOnce
+from gpumon.sinks.spool.cursor import DISK_FULL, CursorFile
+from gpumon.sinks.spool.owner import SpoolError, lock
+from gpumon.sinks.spool.records import decode, encode, read_span
+from gpumon.sinks.spool.segments import Segment, fsync_dir, load, segment_numbers, segment_path, unlink
 
 log = logging.getLogger("gpumon.sinks.spool")
 
-_HEADER = struct.Struct(">II")
-_SEGMENT_RE = re.compile(r"^seg-(\d{16})\.log$")
-LOCK_FILE = "spool.lock"
-"""Held (``flock``) by the one process that owns the spool: two daemons given one ``spool_dir`` would
-send every record twice and retire each other's segments. The state directory's own lock covers the
-default spool directories; this one covers a ``spool_dir`` named explicitly."""
-MAX_RECORD_BYTES = 16 << 20
-"""A record larger than this is refused: a length field beyond it means corruption on read."""
 MIN_SEGMENT_BYTES = 4096
-_CURSOR_BYTES = 64
-"""The cursor JSON is padded to this size, so rewriting it in place on a full disk needs no new block."""
-_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-class SpoolError(Exception):
-    """The spool directory cannot be used (permissions, not a directory)."""
-
-
-@dataclass
-class _Segment:
-    number: int
-    path: str
-    size: int = 0
-    pending: int = 0
-    """Records in this segment not yet acknowledged."""
-    weight: int = 0
-    """What the pending records hold, as the spool's ``weigh`` counts it (samples, rows)."""
 
 
 @dataclass(frozen=True)
@@ -108,48 +46,6 @@ class SpoolStats:
     re-send what was delivered since."""
 
 
-def _scan(data: bytes, offset: int = 0) -> tuple[list[tuple[int, int]], int, bool]:
-    """Walk records from ``offset``: ([(start, end)], last good end, whether the rest was bad)."""
-    spans: list[tuple[int, int]] = []
-    pos = offset
-    while pos + _HEADER.size <= len(data):
-        length, crc = _HEADER.unpack_from(data, pos)
-        end = pos + _HEADER.size + length
-        if length > MAX_RECORD_BYTES or end > len(data):
-            return spans, pos, True
-        if zlib.crc32(data[pos + _HEADER.size:end]) != crc:
-            return spans, pos, True
-        spans.append((pos, end))
-        pos = end
-    return spans, pos, pos != len(data)
-
-
-def _encode(payloads: Iterable[bytes]) -> tuple[bytes, int]:
-    """Records framed for disk (length, CRC-32, payload) and how many there are."""
-    parts = []
-    count = 0
-    for payload in payloads:
-        if len(payload) > MAX_RECORD_BYTES:
-            raise ValueError(f"spool record of {len(payload)} bytes is over the limit")
-        parts.append(_HEADER.pack(len(payload), zlib.crc32(payload)))
-        parts.append(payload)
-        count += 1
-    return b"".join(parts), count
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class Spool:
     """Append on one thread, read and acknowledge on another; all state changes under one lock.
 
@@ -170,7 +66,7 @@ class Spool:
         """Roll-over size; lowered after a full disk so that one drop gives back an eighth of it."""
         self._lock = threading.Lock()
         self._cursor_lock = threading.Lock()  # orders cursor-file writes; taken before _lock
-        self._segments: list[_Segment] = []
+        self._segments: list[Segment] = []
         self._cursor = (0, 0)
         self._fd: int | None = None
         self._dirty = False
@@ -182,15 +78,15 @@ class Spool:
         self._reading_dropped = False
         self._corrupt = 0
         self._error = ""
-        self._cursor_error = ""
         self._full_log = LogOnce(log)
+        self._cursor_file = CursorFile(directory)
         try:
             os.makedirs(directory, mode=0o750, exist_ok=True)
         except OSError as exc:
             raise SpoolError(f"cannot create spool directory {directory}: {exc.strerror}") from None
         if not os.access(directory, os.W_OK | os.X_OK):
             raise SpoolError(f"spool directory {directory} is not writable")
-        self._owner = _lock(directory)
+        self._owner = lock(directory)
         try:
             self._recover()
         except BaseException:
@@ -200,34 +96,9 @@ class Spool:
     # -- opening --------------------------------------------------------------------------------
 
     def _recover(self) -> None:
-        numbers = sorted(int(m.group(1)) for name in os.listdir(self.directory)
-                         if (m := _SEGMENT_RE.match(name)))
-        cursor = self._read_cursor()
-        if numbers and (cursor[0] not in numbers):
-            cursor = (numbers[0], 0) if cursor[0] < numbers[0] else (numbers[-1], 0)
-        for number in numbers:
-            if number < cursor[0]:  # acknowledged already; a crash came before its deletion
-                self._unlink(self._path(number))
-                continue
-            path = self._path(number)
-            with open(path, "rb") as fh:
-                data = fh.read()
-            start = cursor[1] if number == cursor[0] else 0
-            if start > len(data):
-                start = len(data)
-            spans, good_end, bad = _scan(data, start)
-            if bad:
-                if number == numbers[-1]:
-                    log.warning("spool: cutting a torn record off the end of %s (%d bytes)",
-                                path, len(data) - good_end)
-                else:
-                    log.error("spool: %s is corrupt after byte %d; the rest of it is lost", path, good_end)
-                    self._corrupt += 1
-                with open(path, "r+b") as fh:
-                    fh.truncate(good_end)
-                    os.fsync(fh.fileno())
-            weight = sum(self._weigh(data[a + _HEADER.size:b]) for a, b in spans)
-            self._segments.append(_Segment(number, path, good_end, len(spans), weight))
+        numbers = segment_numbers(self.directory)
+        cursor = self._cursor_file.read()
+        self._segments, cursor, self._corrupt = load(self.directory, numbers, cursor, self._weigh)
         self._cursor = cursor if self._segments else (0, 0)
         if not self._segments:
             self._new_segment(1)
@@ -242,20 +113,6 @@ class Spool:
         except OSError as exc:  # e.g. a full disk: the next reopen finds the same segments to retire
             log.warning("spool: cannot retire acknowledged segments in %s: %s", self.directory, exc)
 
-    def _read_cursor(self) -> tuple[int, int]:
-        try:
-            with open(os.path.join(self.directory, "cursor"), encoding="utf-8") as fh:
-                doc = json.load(fh)
-            return int(doc["segment"]), int(doc["offset"])
-        except FileNotFoundError:
-            return (0, 0)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("spool: unreadable cursor (%s); re-sending from the oldest segment", exc)
-            return (0, 0)
-
-    def _path(self, number: int) -> str:
-        return os.path.join(self.directory, f"seg-{number:016d}.log")
-
     def _open_active(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -265,28 +122,22 @@ class Spool:
         if self._fd is not None and self._dirty:
             os.fsync(self._fd)
             self._dirty = False
-        seg = _Segment(number, self._path(number))
+        seg = Segment(number, segment_path(self.directory, number))
         fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
         if self._fd is not None:
             os.close(self._fd)
         self._fd = fd
         self._segments.append(seg)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         if len(self._segments) == 1 and self._cursor[0] < number:
             self._cursor = (number, 0)
-
-    def _unlink(self, path: str) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
 
     # -- producer -------------------------------------------------------------------------------
 
     def append(self, payloads: Iterable[bytes]) -> int:
         """Write records; return how many. Survives the process dying once this returns."""
         payloads = list(payloads)
-        blob, count = _encode(payloads)
+        blob, count = encode(payloads)
         if not count:
             return 0
         weight = sum(self._weigh(payload) for payload in payloads)
@@ -298,7 +149,7 @@ class Spool:
             gone = self._pop_consumed() + self._enforce_cap()
             written = count if not self._error else 0
         for path in gone:
-            self._unlink(path)
+            unlink(path)
         if gone or made_room:
             try:
                 self._persist_cursor()
@@ -337,7 +188,7 @@ class Spool:
             try:
                 self._write_active(blob, count, weight)
             except OSError as exc:
-                if exc.errno not in _DISK_FULL:
+                if exc.errno not in DISK_FULL:
                     raise
                 if self._make_room(exc):
                     made_room = True
@@ -372,7 +223,7 @@ class Spool:
             self._full_log.warning("full", "spool: disk full in %s (%s): dropping the oldest records "
                                    "first, counted in dropped", self.directory, exc.strerror)
         for path in paths:
-            self._unlink(path)
+            unlink(path)
         return True
 
     def _drop_oldest(self) -> str:
@@ -422,16 +273,16 @@ class Spool:
         try:
             self._persist_cursor()  # before the unlink: a crash in between re-reads nothing twice
         except OSError as exc:
-            if exc.errno not in _DISK_FULL:
+            if exc.errno not in DISK_FULL:
                 raise
             # Deleting first is safe too: on reopen a cursor naming a deleted segment means "the start
             # of the next one", which is where this one points. And it gives the disk room back.
             for path in paths:
-                self._unlink(path)
+                unlink(path)
             self._persist_cursor()
         for path in paths:
-            self._unlink(path)
-        _fsync_dir(self.directory)
+            unlink(path)
+        fsync_dir(self.directory)
 
     def _pending_bytes(self) -> int:
         total = sum(s.size for s in self._segments)
@@ -471,27 +322,10 @@ class Spool:
             if offset >= end:
                 return None
         try:
-            with open(path, "rb") as fh:
-                fh.seek(offset)
-                data = fh.read(min(end - offset, max_bytes))
-                if len(data) >= _HEADER.size:  # a first record bigger than max_bytes still goes
-                    first = _HEADER.size + _HEADER.unpack_from(data, 0)[0]
-                    if first > len(data) and first <= min(end - offset, MAX_RECORD_BYTES + _HEADER.size):
-                        data += fh.read(first - len(data))
+            data = read_span(path, offset, end, max_bytes)
         except FileNotFoundError:  # dropped by the producer meanwhile; the caller reads again
             return None
-        records: list[bytes] = []
-        pos = 0
-        while pos + _HEADER.size <= len(data) and len(records) < max_records:
-            length, crc = _HEADER.unpack_from(data, pos)
-            stop = pos + _HEADER.size + length
-            if stop > len(data):
-                break
-            payload = data[pos + _HEADER.size:stop]
-            if zlib.crc32(payload) != crc:  # written by us and checked on open: disk corruption
-                break
-            records.append(payload)
-            pos = stop
+        records, pos = decode(data, max_records)
         if not records:
             return None
         batch = Batch(number, offset, offset + pos, tuple(records))
@@ -546,48 +380,7 @@ class Spool:
         with self._cursor_lock:
             with self._lock:
                 segment, offset = self._cursor
-            text = json.dumps({"segment": segment, "offset": offset}).ljust(_CURSOR_BYTES).encode()
-            final = os.path.join(self.directory, "cursor")
-            try:
-                self._replace_cursor(final, text)
-            except OSError as exc:
-                if exc.errno not in _DISK_FULL:
-                    self._cursor_error = f"cannot write the cursor in {self.directory}: {exc.strerror}"
-                    raise
-                self._overwrite_cursor(final, text, exc)
-            self._cursor_error = ""
-
-    @staticmethod
-    def _replace_cursor(final: str, text: bytes) -> None:
-        tmp = final + ".tmp"
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError:
-            try:
-                os.unlink(tmp)  # a half-written temporary file would only hold disk space
-            except OSError:
-                pass
-            raise
-        os.replace(tmp, final)
-
-    def _overwrite_cursor(self, final: str, text: bytes, full: OSError) -> None:
-        """Rewrite the existing cursor file in place: one 64-byte write inside a block it already owns."""
-        try:
-            fd = os.open(final, os.O_WRONLY | os.O_CLOEXEC)
-        except OSError:
-            self._cursor_error = f"cannot write the cursor in {self.directory}: {full.strerror}"
-            raise full from None
-        try:
-            os.pwrite(fd, text, 0)
-            os.fsync(fd)
-        except OSError as exc:
-            self._cursor_error = f"cannot write the cursor in {self.directory}: {exc.strerror}"
-            raise
-        finally:
-            os.close(fd)
+            self._cursor_file.write(segment, offset)
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -595,7 +388,7 @@ class Spool:
         with self._lock:
             return SpoolStats(self._pending_bytes(), sum(s.pending for s in self._segments),
                               self._dropped, self._corrupt, self._error,
-                              dropped_weight=self._dropped_weight, cursor_error=self._cursor_error)
+                              dropped_weight=self._dropped_weight, cursor_error=self._cursor_file.error)
 
     def pending(self) -> int:
         """Records not yet acknowledged: what the uploader's drain at stop waits for."""
@@ -619,31 +412,3 @@ class Spool:
                 self._fd = None
             self._release()
 
-
-def _lock(directory: str) -> int | None:
-    """Lock ``directory`` for this process (the descriptor holding the lock), or raise SpoolError
-    naming the process that holds it. A lock file that cannot be made (a full disk) locks nothing
-    rather than stopping the sink; the state directory's lock still covers the default spools."""
-    path = os.path.join(directory, LOCK_FILE)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
-    except OSError as exc:
-        log.warning("spool: cannot create %s (%s): the spool is used without its lock", path,
-                    exc.strerror or exc)
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            who = f"pid {holder}" if holder.isdigit() else "another process"
-            raise SpoolError(f"spool directory {directory} is in use by another gpumon ({who}; lock {path}): "
-                             "give each gpumon a spool_dir of its own") from None
-        raise SpoolError(f"cannot lock spool directory {directory}: {exc.strerror or exc}") from None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError:
-        pass  # the PID is only for the message a second process prints
-    return fd
