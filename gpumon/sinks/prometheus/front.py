@@ -602,7 +602,9 @@ class Front:
             except (KeyError, ValueError):
                 pass
             conn.events = 0
-        if conn.peeked and not conn.tls:  # read what was only peeked: a close then sends FIN, not RST
+        # A polite close reads what was only peeked, so that it sends FIN, not RST. A cut one (a stalled
+        # ClientHello at its deadline) is reset: no read, and no TIME_WAIT left for each one a flood makes.
+        if graceful and conn.peeked and not conn.tls:
             try:
                 conn.sock.recv(_TLS_RECORD)
             except OSError:
