@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 INCLUDE = ("python3", "python3-venv", "ca-certificates")
