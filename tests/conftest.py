@@ -357,7 +357,7 @@ def pytest_runtest_protocol(item, nextitem):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
-    from tests.artefacts import run_lock
+    from tests.support.artefacts import run_lock
 
     run = Path(item.config.option.basetemp).parent  # a worker's basetemp is <the run's>/gwN
     alone = item.get_closest_marker("alone") is not None
@@ -372,8 +372,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 @pytest.fixture(scope="session")
 def gpumon_wheel(tmp_path_factory) -> Path:
-    """gpumon's wheel from this checkout, built once per run (tests/artefacts.py); read it, never change it."""
-    from tests import artefacts
+    """gpumon's wheel from this checkout, built once per run (tests/support/artefacts.py); read it, never change it."""
+    from tests.support import artefacts
 
     return artefacts.gpumon_wheel(tmp_path_factory)
 
@@ -381,7 +381,7 @@ def gpumon_wheel(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def gpumon_wheelhouse(tmp_path_factory, gpumon_wheel) -> Path:
     """The wheels of gpumon's dependencies with every extra, for this interpreter, once per run."""
-    from tests import artefacts
+    from tests.support import artefacts
 
     return artefacts.local_wheelhouse(tmp_path_factory, gpumon_wheel)
 
@@ -389,7 +389,7 @@ def gpumon_wheelhouse(tmp_path_factory, gpumon_wheel) -> Path:
 @pytest.fixture(scope="session")
 def bookworm_wheelhouse(tmp_path_factory, gpumon_wheel) -> Path:
     """gpumon's wheel and its dependencies' wheels for Debian 12's python3, once per run."""
-    from tests import artefacts
+    from tests.support import artefacts
 
     return artefacts.bookworm_wheelhouse(tmp_path_factory, gpumon_wheel)
 

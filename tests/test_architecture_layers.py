@@ -338,6 +338,35 @@ def test_the_test_import_rule_finds_planted_imports(tmp_path):
         "tests.test_a", "tests.test_b", "tests.health.test_c", "tests.support.test_d", "tests.test_e"]
 
 
+HELPER_HOMES = ("support", "fakes")
+NOT_TESTS = ("conftest.py", "__init__.py")
+
+
+def helpers_outside_their_homes(root: Path) -> list[str]:
+    """Every module under ``root`` (a ``tests/`` folder) that is neither a ``test_*`` module, a
+    ``conftest.py`` nor an ``__init__.py``, outside tests/support/ and tests/fakes/: a helper there."""
+    return [str(path.relative_to(root)) for path in sorted(root.rglob("*.py"))
+            if path.relative_to(root).parts[0] not in HELPER_HOMES
+            and not path.name.startswith("test_") and path.name not in NOT_TESTS]
+
+
+def test_test_helpers_live_in_support_or_fakes():
+    """A rig, reader or dump lives in tests/support/, a stand-in in tests/fakes/: a helper beside the
+    test modules (tests/outputs_dump.py was one) is a second home for the same kind of thing."""
+    found = helpers_outside_their_homes(TESTS)
+    assert not found, "helper modules outside tests/support/ and tests/fakes/: " + ", ".join(found)
+
+
+def test_the_test_layout_rule_finds_a_planted_helper(tmp_path):
+    """Guards the rule: a helper at tests/ root or in a test folder is found; test modules,
+    conftest.py, __init__.py and the two homes' modules are not."""
+    for name in ("planted_helper.py", "conftest.py", "__init__.py", "test_a.py", "health/rig.py",
+                 "health/test_b.py", "health/__init__.py", "support/rig.py", "fakes/imds.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert helpers_outside_their_homes(tmp_path) == ["health/rig.py", "planted_helper.py"]
+
+
 def test_the_package_imports_nothing_of_the_checkout():
     """gpumon/ is what the wheel ships: it imports nothing from tests/ (the stand-ins) or tools/."""
     found = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import outputs_dump
+from tests.support import outputs_dump
 
 
 @pytest.fixture(autouse=True)
@@ -19,7 +19,7 @@ def _no_gpumon_environment(monkeypatch):
 
 def test_catalogue_outputs_are_unchanged():
     diffs = outputs_dump.differences({"catalogue.txt": outputs_dump.catalogue_dump()})
-    assert not diffs, ("the catalogue's outputs changed (if on purpose: python -m tests.outputs_dump --write)\n"
+    assert not diffs, ("the catalogue's outputs changed (if on purpose: python -m tests.support.outputs_dump --write)\n"
                        + "\n".join(diffs)[:6000])
 
 
@@ -27,5 +27,5 @@ def test_catalogue_outputs_are_unchanged():
 def test_simulated_outputs_are_unchanged(profile):
     name = f"{profile}.txt"
     diffs = outputs_dump.differences({name: outputs_dump.profile_dump(profile)})
-    assert not diffs, (f"{profile}'s outputs changed (if on purpose: python -m tests.outputs_dump --write)\n"
+    assert not diffs, (f"{profile}'s outputs changed (if on purpose: python -m tests.support.outputs_dump --write)\n"
                        + "\n".join(diffs)[:6000])

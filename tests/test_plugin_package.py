@@ -82,7 +82,7 @@ def venv(tmp_path_factory) -> Venv:
     ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
                           *site.getsitepackages()])
     Path(purelib, "_running_interpreter_site.pth").write_text("".join(f"{p}\n" for p in ours))
-    from tests.artefacts import checkout_build_lock
+    from tests.support.artefacts import checkout_build_lock
 
     with checkout_build_lock(tmp_path_factory):  # an editable install writes the checkout's *.egg-info
         pip(python, "-e", REPO)

@@ -1,7 +1,7 @@
 """The Dockerfile builds with Debian's buildah (no Docker engine here) and yields a non-root image.
 
 The build (a local Debian bookworm base in place of python:*-slim, the wheels fetched on the host into
-./wheels) is tests/container_image.py's, shared with the arm64 image's test.
+./wheels) is tests/support/container_image.py's, shared with the arm64 image's test.
 
 Needs (Debian): buildah, debootstrap. Runs as root with buildah's chroot isolation.
 """
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.container_image import built_image, image_config, run_in, working_container
+from tests.support.container_image import built_image, image_config, run_in, working_container
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 

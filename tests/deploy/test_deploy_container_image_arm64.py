@@ -1,7 +1,7 @@
 """The same Dockerfile builds an arm64 image (Grace hosts: ND GB200 v6) and gpumon runs in it.
 
 Built with ``buildah bud --arch arm64`` and run under qemu-user emulation (Debian's qemu-user-static,
-registered with binfmt_misc); tests/container_image.py holds the build, shared with the amd64 test.
+registered with binfmt_misc); tests/support/container_image.py holds the build, shared with the amd64 test.
 Its own module, so a parallel run (pytest-xdist) builds it beside the amd64 image, not after it.
 """
 
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.container_image import built_image, image_config, run_in, working_container
+from tests.support.container_image import built_image, image_config, run_in, working_container
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 

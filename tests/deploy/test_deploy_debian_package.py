@@ -50,7 +50,7 @@ def section(stdout: str, marker: str) -> str:
 def debs(tmp_path_factory, bookworm_wheelhouse) -> dict[str, Path]:
     """Revisions 1 and 2 of the package, built by build.sh inside the Debian 12 root from gpumon's wheel
     and its dependencies for bookworm (made once per run, shared with the VM installer's test)."""
-    from tests.debian_root import debian_root, run_in_root
+    from tests.support.debian_root import debian_root, run_in_root
 
     wheels = bookworm_wheelhouse
     work = tmp_path_factory.mktemp("build")
@@ -66,7 +66,7 @@ def debs(tmp_path_factory, bookworm_wheelhouse) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def lifecycle(debs, tmp_path_factory) -> str:
     """Install, verify, run, edit the config, upgrade, purge: the script's output, by section."""
-    from tests.debian_root import debian_root, run_in_root
+    from tests.support.debian_root import debian_root, run_in_root
 
     apt = "DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends -o Dpkg::Use-Pty=0"
     script = "; ".join([

@@ -240,7 +240,7 @@ def test_kmsg_drop_in_installed_by_default(installed):
 
 @pytest.fixture(scope="module")
 def debian():
-    from tests.debian_root import debian_root
+    from tests.support.debian_root import debian_root
 
     return debian_root()
 
@@ -251,7 +251,7 @@ def bookworm_wheels(bookworm_wheelhouse) -> Path:
 
 
 def in_container(debian: Path, wheels: Path, work: Path, script: str) -> subprocess.CompletedProcess[str]:
-    from tests.debian_root import run_in_root
+    from tests.support.debian_root import run_in_root
 
     return run_in_root(debian, work, script, {"/src": SCRIPT.parent, "/wheels": wheels})
 

@@ -33,7 +33,7 @@ def project() -> dict:
 
 @pytest.fixture(scope="module")
 def bom(tmp_path_factory) -> dict:
-    from tests.artefacts import checkout_build_lock
+    from tests.support.artefacts import checkout_build_lock
 
     out = tmp_path_factory.mktemp("sbom") / "gpumon.cdx.json"
     with checkout_build_lock(tmp_path_factory):  # the script builds the wheel from this checkout in place

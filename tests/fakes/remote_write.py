@@ -1,10 +1,9 @@
-"""Shared by the remote_write tests: a simulated ND H100 v5 snapshot, the sink under test, and a
+"""Shared by the remote_write tests: hand-made snapshots, the sink under test, and a
 decoder for what it sends (the inverse of gpumon.sinks.remote_write.encoding, written from the
 .proto field numbers, not from the encoder)."""
 
 from __future__ import annotations
 
-import os
 import ssl
 import struct
 import threading
@@ -14,26 +13,10 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from gpumon import cli, config, daemon
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Snapshot
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.remote_write import RemoteWriteSink
 from gpumon.sinks.remote_write.encoding import decompress
-
-
-class SimulatedHost:
-    """`gpumon once --simulate nd-h100-v5` in process: each ``snapshot()`` is a fresh collection."""
-
-    def __init__(self, state_dir: str) -> None:
-        os.makedirs(state_dir, exist_ok=True)
-        self.config = config.load(cli.schemas(), None, {"GPUMON_DAEMON_STATE_DIR": state_dir},
-                                  {"simulate": "nd-h100-v5"})
-        self.ctx = daemon.make_context(self.config)
-        self.plan = daemon.plan_collectors(self.ctx.config, self.ctx)
-
-    def snapshot(self) -> Snapshot:
-        return daemon.collect_once(self.config, self.plan, self.ctx)
-
 
 GPU_TEMP = MetricSpec("gpumon_gpu_temperature_celsius", MetricType.GAUGE, "GPU temperature.", "celsius",
                       ("gpu", "uuid"))

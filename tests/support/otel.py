@@ -9,7 +9,7 @@ from typing import Any
 from gpumon.model import CollectorStatus, Event, MetricFamily, MetricSpec, MetricType, Snapshot
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.otel import OtelSink
-from tests.declared_hints import hinted
+from tests.support.declared_hints import hinted
 
 
 def make_sink(endpoint: str, tmp_path, environ: dict[str, str] | None = None, **options: Any) -> OtelSink:

@@ -17,7 +17,7 @@ from gpumon.health.actions import ActionSettings, HealthActions
 from gpumon.health.actions.kube_events import COMBINED, KubeEventsAction
 from tests.conftest import wait_for
 from tests.fakes.kube_api import NODE, KubeApiServer, action_settings, serving
-from tests.health_verdicts import verdict
+from tests.support.health_verdicts import verdict
 
 EVENTS = "/api/v1/namespaces/default/events"
 pytestmark = pytest.mark.timeout(60)

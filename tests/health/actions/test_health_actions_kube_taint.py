@@ -13,7 +13,7 @@ from gpumon.health.actions.kube_taint import KubeTaintAction
 from gpumon.health.actions.process import ActionError
 from tests.conftest import wait_for
 from tests.fakes.kube_api import NODE, KubeApiServer, action_settings, serving
-from tests.health_verdicts import verdict
+from tests.support.health_verdicts import verdict
 
 THEIRS = {"key": "sku", "value": "gpu", "effect": "NoSchedule"}
 pytestmark = pytest.mark.timeout(60)

@@ -23,7 +23,7 @@ from gpumon.health.stage import HealthSettings, HealthStage
 from tests.conftest import clean_env, wait_for
 from tests.fakes.kube_api import NODE, KubeApiServer, action_settings, serving
 from tests.fakes.simulated_host import SimulatedHost
-from tests.health_verdicts import verdict
+from tests.support.health_verdicts import verdict
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,7 @@ import pytest
 
 from gpumon.health.actions import ActionSettings, HealthActions, check
 from tests.conftest import wait_for
-from tests.health_verdicts import verdict
+from tests.support.health_verdicts import verdict
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,7 @@ from gpumon.health.stage import HealthSettings, HealthStage
 from tests.conftest import wait_for
 from tests.fakes.simulated_host import SimulatedHost
 from tests.fakes.slurm import SlurmCluster
-from tests.health_verdicts import verdict
+from tests.support.health_verdicts import verdict
 
 ND_H100 = "Standard_ND96isr_H100_v5"
 pytestmark = pytest.mark.timeout(90)

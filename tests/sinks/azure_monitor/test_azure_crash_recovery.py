@@ -13,7 +13,7 @@ STREAMS = ("Custom-GpuMonGpu_CL", "Custom-GpuMonEvents_CL")
 
 
 def start_child(srv: IngestionServer, state: str, produced: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.azure_crash_child", state, srv.endpoint, srv.ca_path,
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.azure_crash_child", state, srv.endpoint, srv.ca_path,
                              srv.dcr_id, produced], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "started"
     return proc

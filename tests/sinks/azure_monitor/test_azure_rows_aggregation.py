@@ -6,8 +6,8 @@ import json
 
 from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
 from gpumon.sinks.azure_monitor.rows import GPU, IB, RowBuilder
-from tests.declared_hints import hinted
 from tests.fakes.logs_ingestion import load_declarations, validate_row
+from tests.support.declared_hints import hinted
 
 POWER = hinted(MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid")))
 ENERGY = hinted(MetricSpec("gpumon_gpu_energy_joules_total", MetricType.COUNTER, "e", "joules",

@@ -7,8 +7,8 @@ import logging
 
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Snapshot
 from gpumon.sinks.azure_monitor.rows import GPU, METRICS, RowBuilder
-from tests.declared_hints import hinted
 from tests.fakes.logs_ingestion import load_declarations, validate_row
+from tests.support.declared_hints import hinted
 
 INLET = MetricSpec("acme_rack_inlet_temperature_celsius", MetricType.GAUGE, "Inlet.", "celsius", ("sensor",))
 TRIPS = MetricSpec("acme_rack_breaker_trips_total", MetricType.COUNTER, "Trips.", "", ("rack",))

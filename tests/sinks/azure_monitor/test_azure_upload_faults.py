@@ -21,10 +21,10 @@ from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, 
 from gpumon.sinks.azure_monitor import AzureMonitorSink
 from gpumon.sinks.base import SinkContext
 from gpumon.sinks.spool import Spool
-from tests.declared_hints import hinted
 from tests.fakes import logs_ingestion
 from tests.fakes.logs_ingestion import IngestionServer, UndeclaredStreamIs400
 from tests.fakes.tokens import FakeCredential
+from tests.support.declared_hints import hinted
 
 EVENTS = "Custom-GpuMonEvents_CL"
 GPU_STREAM = "Custom-GpuMonGpu_CL"

@@ -24,11 +24,11 @@ from gpumon.sinks import azure_host, otel
 from gpumon.sinks import azure_monitor as am
 from gpumon.sinks.azure_monitor.rows import HOST_COLUMNS
 from gpumon.sinks.base import SinkContext
-from tests.declared_hints import hinted
 from tests.fakes import otlp as receivers
 from tests.fakes.imds import COMPUTE, ImdsServer
 from tests.fakes.logs_ingestion import IngestionServer
 from tests.fakes.tokens import FakeCredential
+from tests.support.declared_hints import hinted
 from tests.support.otel import attrs
 
 http_receiver = receivers.http_receiver

@@ -8,18 +8,14 @@ import os
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpumon import cli, config, daemon
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
 from gpumon.sinks.prometheus.dcgm_compat import FIELDS, DcgmCompat
+from tests.fakes.simulated_host import SimulatedOnce
 
 
 @pytest.fixture(scope="module")
 def snapshot(tmp_path_factory) -> Snapshot:
-    state = str(tmp_path_factory.mktemp("dcgm") / "state")
-    os.makedirs(state)
-    cfg = config.load(cli.schemas(), None, {"GPUMON_DAEMON_STATE_DIR": state}, {"simulate": "nd-h100-v5"})
-    ctx = daemon.make_context(cfg)
-    return daemon.collect_once(cfg, daemon.plan_collectors(ctx.config, ctx), ctx)
+    return SimulatedOnce(str(tmp_path_factory.mktemp("dcgm") / "state")).snapshot()
 
 
 def parsed(text: str) -> dict[str, list]:

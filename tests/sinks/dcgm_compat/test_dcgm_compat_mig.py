@@ -13,10 +13,10 @@ import os
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpumon import cli, config, daemon
 from gpumon.model import MetricFamily, MetricSpec, MetricType, Sample, Snapshot
 from gpumon.simulate import control
 from gpumon.sinks.prometheus.dcgm_compat import DcgmCompat
+from tests.fakes.simulated_host import SimulatedOnce
 
 INSTANCES = ["7", "8", "9"]  # the double's GPU instance ids (gpumon/simulate/nvml.py set_mig)
 
@@ -27,9 +27,7 @@ def snapshot(tmp_path_factory) -> Snapshot:
     os.makedirs(state)
     # dropped before the host starts: the simulation applies it before gpumon discovers the GPUs
     control(os.path.join(state, "simulate", "nd-h100-v5"), {"action": "mig", "gpu": 0, "instances": 3})
-    cfg = config.load(cli.schemas(), None, {"GPUMON_DAEMON_STATE_DIR": state}, {"simulate": "nd-h100-v5"})
-    ctx = daemon.make_context(cfg)
-    return daemon.collect_once(cfg, daemon.plan_collectors(ctx.config, ctx), ctx)
+    return SimulatedOnce(state).snapshot()
 
 
 def parsed(text: str) -> dict[str, list]:

@@ -10,7 +10,7 @@ from gpumon.collectors.attribution import ALLOCATION
 from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
 from gpumon.sinks import otel
 from gpumon.sinks.otel import mapping as m
-from tests.declared_hints import hinted
+from tests.support.declared_hints import hinted
 
 pytest.importorskip("opentelemetry.proto.metrics.v1.metrics_pb2")
 

@@ -10,7 +10,8 @@ from prometheus_client import parser
 
 from gpumon.render import Renderer
 from tests.conftest import http_get, wait_for
-from tests.fakes.remote_write import SimulatedHost, delivered, make_sink
+from tests.fakes.remote_write import delivered, make_sink
+from tests.fakes.simulated_host import SimulatedOnce
 
 RECEIVER = ("--web.enable-remote-write-receiver",)
 
@@ -38,7 +39,7 @@ def same(a: float, b: float) -> bool:
 
 def test_every_sample_on_the_page_arrives_with_its_value_and_labels(prometheus_server, tmp_path):
     prometheus = prometheus_server(None, *RECEIVER)
-    snapshot = SimulatedHost(str(tmp_path / "sim")).snapshot()
+    snapshot = SimulatedOnce(str(tmp_path / "sim")).snapshot()
     sink = make_sink(tmp_path, prometheus.url + "/api/v1/write")
     sink.start()
     try:
@@ -59,7 +60,7 @@ def test_every_sample_on_the_page_arrives_with_its_value_and_labels(prometheus_s
 
 def test_samples_sent_during_an_outage_arrive_after_the_receiver_restarts(prometheus_server, tmp_path):
     prometheus = prometheus_server(None, *RECEIVER)
-    host = SimulatedHost(str(tmp_path / "sim"))
+    host = SimulatedOnce(str(tmp_path / "sim"))
     sink = make_sink(tmp_path, prometheus.url + "/api/v1/write")
     sink.start()
     try:

@@ -9,8 +9,8 @@ template and the column tables of docs/azure-monitor.md. Values that move with t
 timestamps, durations, process ids, temporary paths) become ``<v>``; names, label sets, HELP and TYPE
 stay as they are.
 
-    python -m tests.outputs_dump          # exit 1 and show the difference when the fixture is stale
-    python -m tests.outputs_dump --write  # rewrite tests/fixtures/outputs/ from the current code
+    python -m tests.support.outputs_dump          # exit 1 and show the difference when the fixture is stale
+    python -m tests.support.outputs_dump --write  # rewrite tests/fixtures/outputs/ from the current code
 
 ``tests/test_outputs_unchanged.py`` runs the comparison.
 """
@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "outputs")
 PROFILES = ("nd-h100-v5", "nd-gb200-v6", "nd-a100-v4", "nv-a10-v5", "hbv4")
 HOST = "guard-host"

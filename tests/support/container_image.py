@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 # python3-pip: python:*-slim has a pip of its own, which scripts/sbom.sh uses for its tool in the build

@@ -1,6 +1,6 @@
 """A process that runs the Azure sink on synthetic snapshots, for the kill -9 test.
 
-    python -m tests.azure_crash_child STATE_DIR ENDPOINT CA DCR PRODUCED_FILE
+    python -m tests.support.azure_crash_child STATE_DIR ENDPOINT CA DCR PRODUCED_FILE
 
 It publishes two GPUs' power and energy every 20 ms (rows every 0.2 s) and an event every tenth
 snapshot, and appends to PRODUCED_FILE the RowId of every row once the spool has it, i.e. every row
@@ -18,8 +18,8 @@ import time
 from gpumon.model import Event, MetricFamily, MetricSpec, MetricType, Severity, Snapshot
 from gpumon.sinks.azure_monitor import AzureMonitorSink
 from gpumon.sinks.base import SinkContext
-from tests.declared_hints import hinted
 from tests.fakes.tokens import FakeCredential
+from tests.support.declared_hints import hinted
 
 POWER = hinted(MetricSpec("gpumon_gpu_power_watts", MetricType.GAUGE, "p", "watts", ("gpu", "uuid")))
 ENERGY = hinted(MetricSpec("gpumon_gpu_energy_joules_total", MetricType.COUNTER, "e", "joules",

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -75,7 +75,7 @@ def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callabl
 
 def gpumon_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """gpumon's own wheel, built from this checkout once per run."""
-    from tests.artefacts import build_wheel
+    from tests.support.artefacts import build_wheel
 
     def make(out: Path) -> None:
         with checkout_build_lock(tmp_path_factory):
@@ -88,7 +88,7 @@ def gpumon_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def local_wheelhouse(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
     """Binary wheels of everything gpumon needs with every extra (``[all]``), for this interpreter,
     without gpumon's own wheel: what ``--no-index --find-links`` installs from, whatever the extras."""
-    from tests.artefacts import download_dependencies
+    from tests.support.artefacts import download_dependencies
 
     def make(out: Path) -> None:
         download_dependencies(wheel, out, extras="all")
@@ -97,9 +97,9 @@ def local_wheelhouse(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> P
 
 
 def bookworm_wheelhouse(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
-    """gpumon's wheel and the wheels of its dependencies for Debian 12's python3 (tests/debian_root.py),
+    """gpumon's wheel and the wheels of its dependencies for Debian 12's python3 (tests/support/debian_root.py),
     in one directory: the offline wheelhouse of build.sh and of the installer inside a Debian root."""
-    from tests.debian_root import wheelhouse
+    from tests.support.debian_root import wheelhouse
 
     def make(out: Path) -> None:
         wheelhouse(str(wheel), out)
