@@ -1,6 +1,6 @@
 """deploy/debian/build.sh: gpumon's .deb, built and tried in a throwaway Debian 12 root.
 
-The wheel is built here and its dependencies fetched for bookworm's python3 (tests/debian_root.py);
+The wheel is built here and its dependencies fetched for bookworm's python3 (tests/support/debian_root.py);
 build.sh then runs inside the root (Debian 12: its python3 3.11, its dpkg-deb), twice: revision 1
 and revision 2. In a fresh overlay of that root, where systemd is not PID 1 as in a container,
 ``apt-get install ./gpumon_*.deb`` installs revision 1 (its dependencies are already there or in

@@ -1,6 +1,6 @@
 """deploy/vm/install.sh in a throwaway prefix: installs from a locally built wheel, writes a unit that
 verifies, re-runs idempotently (keeping the operator's config), and uninstalls. Then as root in a
-minimal Debian bookworm where systemd is not PID 1 (tests/debian_root.py: a container's namespaces on
+minimal Debian bookworm where systemd is not PID 1 (tests/support/debian_root.py: a container's namespaces on
 a debootstrap root): it says so, enables the unit for the next boot, installs procps for the unit's
 /bin/kill, and uninstalls there too.
 
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def wheel(gpumon_wheel) -> Path:
-    return gpumon_wheel  # built once per run (tests/artefacts.py), shared with the other install tests
+    return gpumon_wheel  # built once per run (tests/support/artefacts.py), shared with the other install tests
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ def make_wheel(out: Path, name: str, version: str) -> Path:
 
 @pytest.fixture(scope="module")
 def wheel(gpumon_wheel) -> Path:
-    return gpumon_wheel  # built once per run (tests/artefacts.py)
+    return gpumon_wheel  # built once per run (tests/support/artefacts.py)
 
 
 @pytest.fixture(scope="module")
