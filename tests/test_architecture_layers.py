@@ -14,7 +14,8 @@ from gpumon.registry import BUILTIN_COLLECTORS
 from tests.conftest import REPO
 from tests.support.imports import graph
 
-FACE = ("gpumon.cli", "gpumon.__main__", "gpumon.report", "gpumon.confdoc")
+FACE = ("gpumon.cli", "gpumon.cli_commands", "gpumon.cli_config", "gpumon.cli_job", "gpumon.__main__",
+        "gpumon.report", "gpumon.confdoc")
 LOOP = ("gpumon.daemon", "gpumon.registry")
 
 COLLECTOR_MODULES = frozenset(target.partition(":")[0] for target in BUILTIN_COLLECTORS.values())
@@ -72,8 +73,9 @@ def breaches() -> dict[str, set[tuple[str, str]]]:
                     inside(target, "gpumon.sources") or target in ("gpumon.model", "gpumon.config")):
                 breach("sources import only model, config and sources", source, target)
             if inside(target, "gpumon.simulate") and not (
-                    inside(source, "gpumon.simulate") or source in ("gpumon.daemon.context", "gpumon.cli")):
-                breach("simulate is imported only by simulate, daemon.context and cli", source, target)
+                    inside(source, "gpumon.simulate")
+                    or source in ("gpumon.daemon.context", "gpumon.cli", "gpumon.cli_commands")):
+                breach("simulate is imported only by simulate, daemon.context, cli and cli_commands", source, target)
             if inside(source, "gpumon.simulate") and not (
                     inside(target, "gpumon.simulate", "gpumon.sources") or target in (*SELF_CONTAINED, "gpumon")):
                 breach("simulate imports only sources, the core types and itself", source, target)
@@ -107,7 +109,7 @@ def test_the_rules_see_the_modules_they_are_about():
     assert "gpumon.collectors.gpu_directory" in edges["gpumon.collectors.attribution"]
     assert "gpumon.sources.ib_sysfs" in edges["gpumon.collectors.infiniband"]
     assert "gpumon.collectors.infiniband" in edges["gpumon.report.tables"]  # the report owns the tables
-    assert "gpumon.report" in edges["gpumon.cli"]
+    assert "gpumon.report" in edges["gpumon.cli_commands"]
     assert "gpumon.backoff" in edges["gpumon.health.actions.worker"]  # the actions use the shared backoff
     assert "gpumon.backoff" in edges["gpumon.collectors.nvml_session"]  # and so does NVML's re-init
     assert "gpumon.stages" in edges["gpumon.daemon.plan"]  # the plan builds the stages
