@@ -21,11 +21,13 @@ LOOP = ("gpumon.daemon", "gpumon.registry")
 COLLECTOR_MODULES = frozenset(target.partition(":")[0] for target in BUILTIN_COLLECTORS.values())
 """Modules a built-in collector is registered from; every other module in collectors/ is a helper."""
 
-SELF_CONTAINED = ("gpumon.model", "gpumon.config", "gpumon.table", "gpumon.backoff",
+SELF_CONTAINED = ("gpumon.model", "gpumon.config", "gpumon.config_values", "gpumon.table", "gpumon.backoff",
                   "gpumon.catalogue.hints", "gpumon.catalogue.units")
 """The core types, the catalogue's hint and unit types and the one backoff, which every layer may
 import; they import nothing of gpumon (but the model names the hint types its specs carry)."""
 MODEL_MAY_IMPORT = frozenset({"gpumon.catalogue.hints"})
+CONFIG_MAY_IMPORT = frozenset({"gpumon.config_values"})
+"""The config's schema and loader use its value coercion and checks (and re-export them)."""
 
 IMDS_CLIENT = "gpumon.imds"
 IMDS_FREE = ("gpumon.sinks", "gpumon.stages", "gpumon.health", "gpumon.daemon", "gpumon.selfmetrics")
@@ -80,9 +82,10 @@ def breaches() -> dict[str, set[tuple[str, str]]]:
                     inside(target, "gpumon.simulate", "gpumon.sources") or target in (*SELF_CONTAINED, "gpumon")):
                 breach("simulate imports only sources, the core types and itself", source, target)
             if source in SELF_CONTAINED and target != "gpumon" and not (
-                    source == "gpumon.model" and target in MODEL_MAY_IMPORT):
+                    (source == "gpumon.model" and target in MODEL_MAY_IMPORT)
+                    or (source == "gpumon.config" and target in CONFIG_MAY_IMPORT)):
                 breach("model, config, table, backoff and the hint and unit types import nothing of gpumon "
-                       "(the model only the hint types)", source, target)
+                       "(the model only the hint types, the config only its values)", source, target)
             if inside(target, "gpumon.report") and not inside(source, *FACE):
                 breach("the report (once's output, the terminal tables) is imported only by the face",
                        source, target)
