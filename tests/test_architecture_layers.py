@@ -14,17 +14,20 @@ from gpumon.registry import BUILTIN_COLLECTORS
 from tests.conftest import REPO
 from tests.support.imports import graph
 
-FACE = ("gpumon.cli", "gpumon.__main__", "gpumon.report", "gpumon.confdoc")
+FACE = ("gpumon.cli", "gpumon.cli_commands", "gpumon.cli_config", "gpumon.cli_job", "gpumon.__main__",
+        "gpumon.report", "gpumon.confdoc")
 LOOP = ("gpumon.daemon", "gpumon.registry")
 
 COLLECTOR_MODULES = frozenset(target.partition(":")[0] for target in BUILTIN_COLLECTORS.values())
 """Modules a built-in collector is registered from; every other module in collectors/ is a helper."""
 
-SELF_CONTAINED = ("gpumon.model", "gpumon.config", "gpumon.table", "gpumon.backoff",
+SELF_CONTAINED = ("gpumon.model", "gpumon.config", "gpumon.config_values", "gpumon.table", "gpumon.backoff",
                   "gpumon.catalogue.hints", "gpumon.catalogue.units")
 """The core types, the catalogue's hint and unit types and the one backoff, which every layer may
 import; they import nothing of gpumon (but the model names the hint types its specs carry)."""
 MODEL_MAY_IMPORT = frozenset({"gpumon.catalogue.hints"})
+CONFIG_MAY_IMPORT = frozenset({"gpumon.config_values"})
+"""The config's schema and loader use its value coercion and checks (and re-export them)."""
 
 IMDS_CLIENT = "gpumon.imds"
 IMDS_FREE = ("gpumon.sinks", "gpumon.stages", "gpumon.health", "gpumon.daemon", "gpumon.selfmetrics")
@@ -72,15 +75,17 @@ def breaches() -> dict[str, set[tuple[str, str]]]:
                     inside(target, "gpumon.sources") or target in ("gpumon.model", "gpumon.config")):
                 breach("sources import only model, config and sources", source, target)
             if inside(target, "gpumon.simulate") and not (
-                    inside(source, "gpumon.simulate") or source in ("gpumon.daemon.context", "gpumon.cli")):
-                breach("simulate is imported only by simulate, daemon.context and cli", source, target)
+                    inside(source, "gpumon.simulate")
+                    or source in ("gpumon.daemon.context", "gpumon.cli", "gpumon.cli_commands")):
+                breach("simulate is imported only by simulate, daemon.context, cli and cli_commands", source, target)
             if inside(source, "gpumon.simulate") and not (
                     inside(target, "gpumon.simulate", "gpumon.sources") or target in (*SELF_CONTAINED, "gpumon")):
                 breach("simulate imports only sources, the core types and itself", source, target)
             if source in SELF_CONTAINED and target != "gpumon" and not (
-                    source == "gpumon.model" and target in MODEL_MAY_IMPORT):
+                    (source == "gpumon.model" and target in MODEL_MAY_IMPORT)
+                    or (source == "gpumon.config" and target in CONFIG_MAY_IMPORT)):
                 breach("model, config, table, backoff and the hint and unit types import nothing of gpumon "
-                       "(the model only the hint types)", source, target)
+                       "(the model only the hint types, the config only its values)", source, target)
             if inside(target, "gpumon.report") and not inside(source, *FACE):
                 breach("the report (once's output, the terminal tables) is imported only by the face",
                        source, target)
@@ -107,7 +112,7 @@ def test_the_rules_see_the_modules_they_are_about():
     assert "gpumon.collectors.gpu_directory" in edges["gpumon.collectors.attribution"]
     assert "gpumon.sources.ib_sysfs" in edges["gpumon.collectors.infiniband"]
     assert "gpumon.collectors.infiniband" in edges["gpumon.report.tables"]  # the report owns the tables
-    assert "gpumon.report" in edges["gpumon.cli"]
+    assert "gpumon.report" in edges["gpumon.cli_commands"]
     assert "gpumon.backoff" in edges["gpumon.health.actions.worker"]  # the actions use the shared backoff
     assert "gpumon.backoff" in edges["gpumon.collectors.nvml_session"]  # and so does NVML's re-init
     assert "gpumon.stages" in edges["gpumon.daemon.plan"]  # the plan builds the stages
