@@ -49,25 +49,20 @@ from gpumon.sinks.prometheus.connections import (
     Reply,
     Table,
 )
+from gpumon.sinks.prometheus.tls_steps import TLS_RECORD, TlsSteps
 
 log = logging.getLogger("gpumon.sinks.prometheus")
 
 TLS_CHUNK = 16384
 """Bytes per TLS write: a write that would block must be retried with the same length."""
 _ACCEPT_BATCH = 256
-_HANDSHAKE_BUDGET = 0.005
-"""Seconds of TLS steps per turn of the loop (a handshake with a client certificate takes some
-milliseconds of CPU), taken after the turn's requests, answers and accepts: a request that became
-ready meanwhile waits for about this, not for every handshake a flood has pending."""
 _EXPIRE_BATCH = 512
 DEADLINE_SPREAD = 0.25
 """A connection's first-byte and head deadlines fall between the timeout and 1.25 times it: a crowd
 that connected together (a flood) is not cut, and back, together, in one wave a scraper queues behind."""
-_TLS_RECORD = 5 + 16384 + 256
-"""The most a client's first TLS record can be (a header and 2^14 bytes plus expansion)."""
 _RECV = 65536
 
-class Front:
+class Front(TlsSteps):
     """The loop: one thread, one selector, a heap of deadlines and a small worker pool."""
 
     def __init__(self, listener: socket.socket, app: App, limits: Limits,
@@ -160,41 +155,6 @@ class Front:
             log.exception("the Prometheus endpoint's loop failed")
         finally:
             self._shutdown()
-
-    def _handshake_steps(self, ready: list[tuple[Conn, int]]) -> None:
-        """TLS steps: a handshake step (a whole ClientHello to answer, or the next flight) costs
-        milliseconds, so those waiting in the queue go first and this turn takes them for at most
-        ``_HANDSHAKE_BUDGET`` (at least one); the rest are taken off the selector and queued, so
-        that they are neither reported again each turn (a crowd of them would make every turn cost
-        the whole crowd) nor lost. What costs microseconds (a peek at a ClientHello still arriving,
-        a hang-up) is done at once."""
-        queue, done = self._deferred, 0
-        end = time.perf_counter() + _HANDSHAKE_BUDGET
-        while queue and (not done or time.perf_counter() < end):
-            conn, mask, events = queue.popleft()
-            if not conn.closed:
-                self._watch(conn, events)  # back on the selector
-                self._dispatch(conn, mask)
-                done += 1
-        for conn, mask in ready:
-            if conn.closed:
-                continue
-            self._may_handshake = not done or time.perf_counter() < end
-            if conn.state == HANDSHAKE and not self._may_handshake:
-                self._defer(conn, mask)
-                continue
-            self._held = None
-            self._dispatch(conn, mask)
-            if self._held is conn:
-                self._defer(conn, mask)
-            elif not conn.closed and conn.state != WAIT_TLS:
-                done += 1
-        self._may_handshake, self._held = True, None
-
-    def _defer(self, conn: Conn, mask: int) -> None:
-        events = conn.events
-        self._watch(conn, 0)
-        self._deferred.append((conn, mask, events))
 
     def _dispatch(self, data: object, mask: int) -> None:
         try:
@@ -388,71 +348,6 @@ class Front:
         elif conn.out:
             self._write(conn)
 
-    def _start_tls(self, conn: Conn) -> None:
-        """Wrap the socket once the client's whole first TLS record (its ClientHello) has arrived:
-        one that trickles it costs a descriptor and kernel buffer until its deadline, never
-        OpenSSL's per-connection state (tens of KiB). ``SO_RCVLOWAT`` keeps the loop from waking
-        for each byte; a hang-up still wakes it."""
-        try:
-            head = conn.sock.recv(_TLS_RECORD, socket.MSG_PEEK)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._close(conn, graceful=False)
-            return
-        if len(head) <= conn.peeked:  # readable with nothing new: the client hung up
-            self._close(conn, graceful=False)
-            return
-        if not conn.received:
-            self._spoke(conn)  # it spoke: TLS bytes count as sent
-        conn.received = len(head)
-        need = 5 + int.from_bytes(head[3:5], "big") if len(head) >= 5 and head[0] == 0x16 else 5
-        if len(head) < min(need, _TLS_RECORD):
-            conn.peeked = len(head)
-            try:
-                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, need)
-            except OSError:
-                pass
-            return
-        if conn.peeked:
-            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-        if not self._may_handshake:  # a whole ClientHello, this turn's handshake budget spent
-            self._held = conn
-            return
-        context = self.tls()
-        if context is None:  # TLS turned off by a reload meanwhile
-            conn.state = HEAD
-            self._read(conn)
-            return
-        try:
-            conn.sock = context.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
-        except (ssl.SSLError, OSError) as exc:
-            self.count("failures")
-            log.debug("TLS from %s failed: %s", conn.address[0], exc)
-            self._close(conn, graceful=False)
-            return
-        conn.tls = True
-        conn.state = HANDSHAKE
-        self._handshake(conn)
-
-    def _handshake(self, conn: Conn) -> None:
-        try:
-            conn.sock.do_handshake()  # type: ignore[attr-defined]
-        except ssl.SSLWantReadError:
-            self._watch(conn, selectors.EVENT_READ)
-            return
-        except ssl.SSLWantWriteError:
-            self._watch(conn, selectors.EVENT_WRITE)
-            return
-        except (ssl.SSLError, OSError) as exc:
-            self.count("failures")
-            log.debug("TLS handshake from %s failed: %s", conn.address[0], exc)
-            self._close(conn, graceful=False)
-            return
-        conn.state = HEAD
-        self._watch(conn, selectors.EVENT_READ)
-        self._read(conn)  # the request may be decrypted and waiting in the TLS buffer
-
     def _read(self, conn: Conn) -> None:
         eof = False
         cap = self.limits.max_header_bytes + 4
@@ -606,7 +501,7 @@ class Front:
         # ClientHello at its deadline) is reset: no read, and no TIME_WAIT left for each one a flood makes.
         if graceful and conn.peeked and not conn.tls:
             try:
-                conn.sock.recv(_TLS_RECORD)
+                conn.sock.recv(TLS_RECORD)
             except OSError:
                 pass
         try:
