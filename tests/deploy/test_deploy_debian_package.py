@@ -72,7 +72,7 @@ def lifecycle(debs, tmp_path_factory) -> str:
     script = "; ".join([
         "cd /debs",
         "echo === install", f"{apt} install ./{debs['1'].name} 2>&1; echo rc=$?", FACTS,
-        "echo pyc=$(find /opt/gpumon/lib -name 'cli*.pyc' -path '*/gpumon/*' | grep -c pyc)",
+        "echo pyc=$(find /opt/gpumon/lib -name 'cli.cpython-*.pyc' -path '*/gpumon/*' | grep -c pyc)",
         "echo === verify", "systemd-analyze verify /lib/systemd/system/gpumon.service 2>&1; echo rc=$?",
         "echo === once", "gpumon once --simulate nd-h100-v5 --format prometheus --state-dir /var/lib/gpumon 2>&1;"
         " echo rc=$?",
