@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpumon import imds, registry
-from gpumon.config import DAEMON, Config, ConfigError, SectionSchema, load
+from gpumon.config import DAEMON, FLAG_KEYS, Config, ConfigError, SectionSchema, load
 from gpumon.health.settings import HEALTH
 from gpumon.health.settings import check_config as check_health_config
 
@@ -36,9 +36,7 @@ def schemas() -> list[SectionSchema]:
 
 
 def load_config(args: argparse.Namespace) -> Config:
-    flags = {key: getattr(args, key, None) for key in
-             ("collectors", "sinks", "interval", "sysfs_root", "simulate", "log_level", "log_format", "listen",
-              "state_dir")}
+    flags = {key: getattr(args, key, None) for key in FLAG_KEYS}
     config = load(schemas(), args.config, os.environ, flags)
     _check_names(config, "collectors", registry.available_collectors() + ["auto"])
     _check_names(config, "sinks", registry.available_sinks())

@@ -30,9 +30,10 @@ from gpumon.config_values import (
     shown,
 )
 
-__all__ = [  # the names plugins, sinks and sources import from here (config_values' re-exported)
-    "DAEMON", "Config", "ConfigError", "IntList", "Option", "Section", "SectionSchema", "TableList",
-    "format_listen", "listen_check", "load", "parse_listen", "readable_file_check", "regex_check", "shown"]
+__all__ = [  # the public names: plugins, sinks and sources import them from here (config_values' too)
+    "DAEMON", "DEFAULT_CONFIG_PATH", "FLAG_KEYS", "MAX_CONFIG_BYTES", "Config", "ConfigError", "IntList", "Option",
+    "Section", "SectionSchema", "TableList", "deprecated_key", "env_name", "format_listen", "listen_check", "load",
+    "parse_listen", "parsed_section", "readable_file_check", "regex_check", "shown"]
 
 if sys.version_info >= (3, 11):
     import tomllib

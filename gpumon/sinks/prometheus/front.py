@@ -85,10 +85,9 @@ class Front(TlsSteps):
         self._error_log = LogOnce(log)
         self._spare: int | None = self._open_spare()
         self._accept_paused_until = 0.0
-        self._deferred: deque[tuple[Conn, int, int]] = deque()
-        """Connections with a TLS step ready that did not fit a turn's budget, off the selector."""
+        self._deferred = deque()  # the TLS steps' state (tls_steps.TlsSteps declares and uses it)
         self._may_handshake = True
-        self._held: Conn | None = None
+        self._held = None
         self.refused = 0
         self.offloaded = 0
         """Requests answered on a worker (a bcrypt check)."""

@@ -54,8 +54,8 @@ class Spool:
 
     def __init__(self, directory: str, max_bytes: int, segment_bytes: int | None = None,
                  weigh: Callable[[bytes], int] | None = None) -> None:
-        if max_bytes < 4096:
-            raise ValueError("spool max_bytes must be at least 4096")
+        if max_bytes < MIN_SEGMENT_BYTES:
+            raise ValueError(f"spool max_bytes must be at least {MIN_SEGMENT_BYTES}")
         self.directory = directory
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes or max(MIN_SEGMENT_BYTES, max_bytes // 8)
