@@ -30,10 +30,12 @@ def sync(outputs: Mapping[str, str], check: bool, command: str) -> int:
     return 0
 
 
-def splice(text: str, name: str, block: str) -> str:
+def splice(text: str, name: str, block: str, comment: str = "<!--") -> str:
     """``text`` with the lines between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``
-    replaced by ``block``: a generated part of a page that is otherwise written by hand."""
-    begin, end = f"<!-- generated: {name} -->", f"<!-- end: {name} -->"
+    replaced by ``block``: a generated part of a page that is otherwise written by hand. With
+    ``comment="#"`` the markers are ``# generated: NAME`` and ``# end: NAME`` (YAML)."""
+    close = " -->" if comment == "<!--" else ""
+    begin, end = f"{comment} generated: {name}{close}", f"{comment} end: {name}{close}"
     head, found, rest = text.partition(begin)
     _, found_end, tail = rest.partition(end)
     if not found or not found_end:

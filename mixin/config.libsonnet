@@ -11,7 +11,7 @@
     gpuSlowdownRatio: 0.5,  // GpumonGpuThermalSlowdown, GpumonGpuPowerBrake: share of 10 min throttled
     ibPortErrorsPerSecond: 0.1,  // GpumonIBPortErrorsHigh: port:gpumon_ib_errors:rate5m
     powerSwingRatio: 0.6,  // GpumonGpuPowerSwing: min over 10 min of gpu:gpumon_power_swing:ratio
-    jobStragglerScore: 5,  // GpumonJobStraggler: gpumon_job:straggler_score
+    jobStragglerScore: 5,  // GpumonJobStraggler: max without (shard) (gpumon_job:straggler_score)
     remapTableRows: 64,  // GpumonGpuRemapTableFilling: rows remapped in 14 days, as predicted
   },
 }

@@ -91,7 +91,8 @@ def test_job_rules_bench_names_the_throttled_gpu(tmp_path):
     data = json.loads((tmp_path / "job_rules.json").read_text())
     assert "error" not in data, data.get("error")
     assert data["rule_evaluation_failures"] == 0
-    assert {"gpumon-job-straggler", "gpumon-job-stall", "gpumon-job-lemons"} <= set(data["groups"])
+    assert {"gpumon-job-members", "gpumon-job-signal-sm-clock", "gpumon-job-score-gpus-159", "gpumon-job-straggler",
+            "gpumon-job-stall", "gpumon-job-lemons"} <= set(data["groups"])
     assert data["job_series_per_host"] > 0 and data["host_own_series"] > 1000
     top = data["top_straggler"]
     assert (top["instance"], top["gpu"], top["job_id"]) == ("bench-0001", "5", "bench-1"), top

@@ -167,6 +167,17 @@ class JobView:
 
         per_gpu(f"{GPU_SCORE}{{job_id={j}}}", lambda r, s: best(r, s, "score", "signal"))
         per_host(f"{HOST_SCORE}{{job_id={j}}}", lambda r, s: best(r, s, "host_score", "host_signal"))
+        # The host roll-up is its own rule group, which reads the scores as their groups last recorded
+        # them: it can lag a member's newer score by one evaluation. A host is never shown below its worst
+        # member.
+        worst: dict[str, Row] = {}
+        for row in rows.values():
+            if not math.isnan(row.score) and (row.instance not in worst or row.score > worst[row.instance].score):
+                worst[row.instance] = row
+        for row in rows.values():
+            top = worst.get(row.instance)
+            if top is not None and (math.isnan(row.host_score) or top.score > row.host_score):
+                row.host_score, row.host_signal = top.score, top.signal
         per_gpu(f'gpumon_gpu_utilization_ratio{{engine="gpu"}} {on_gpu}', lambda r, s: setattr(r, "activity", s.value))
         per_gpu(f'gpumon_gpu_activity_ratio{{activity="sm"}} {on_gpu}', lambda r, s: setattr(r, "activity", s.value))
         per_gpu(f"{gpu_metrics.POWER.name} {on_gpu}", lambda r, s: setattr(r, "power_watts", s.value))
