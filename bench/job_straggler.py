@@ -10,8 +10,8 @@ exists, else the stand-in of tests/fakes/job_rules.py (the result says which).
    a second where any GPU's score crosses the alert threshold.
 2. **One fault at a time**: throttle GPU 5 of node-3 to 0.7 for each reason, then congest one IB port;
    the clock starts as the control file is dropped and stops at the first instant query whose
-   ``topk(1, ...)`` names the degraded GPU (or, for the port, its host in the roll-up on an ``ib_*``
-   signal), polled every 0.25 s (goal: within 60 s), and then until its score passes the alert threshold
+   ``topk(1, ...)`` is the degraded GPU with its signal named, that is standing out of the job's noise
+   (or, for the port, its host in the roll-up on an ``ib_*`` signal), polled every 0.25 s (goal: within 60 s), and then until its score passes the alert threshold
    (the alert's own ``for:`` comes on top of that). The fault is then undone, and the next one starts
    once no score is past the threshold and the degraded GPU and host are no longer the highest.
 """
@@ -143,7 +143,10 @@ def run(opts: Options) -> dict[str, Any]:
         cases: dict[str, Any] = {}
         def named(metric: str, want: dict[str, str], ib: bool) -> dict[str, str] | None:
             labels = top(client, metric)
-            if labels and all(labels.get(k) == v for k, v in want.items()) and (
+            # the degraded member on top, standing out: its signal is named (the shipped rules name it
+            # past 3 robust standard deviations; below that every member's score is noise, and the top
+            # one is whichever is noisiest)
+            if labels and all(labels.get(k) == v for k, v in want.items()) and labels.get("signal") and (
                     not ib or labels.get("signal", "").startswith("ib_")):
                 return labels
             return None
