@@ -47,6 +47,7 @@ class _Loop(Protocol):
     def _read(self, conn: Conn) -> None: ...
     def _defer(self, conn: Conn, mask: int) -> None: ...
     def _handshake(self, conn: Conn) -> None: ...
+    def _tls_failed(self, conn: Conn, step: str, exc: Exception) -> None: ...
 
 
 class TlsSteps:
@@ -133,13 +134,17 @@ class TlsSteps:
         try:
             conn.sock = context.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
         except (ssl.SSLError, OSError) as exc:
-            self.count("failures")
-            log.debug("TLS from %s failed: %s", conn.address[0], exc)
-            self._close(conn, graceful=False)
+            self._tls_failed(conn, "TLS", exc)
             return
         conn.tls = True
         conn.state = HANDSHAKE
         self._handshake(conn)
+
+    def _tls_failed(self: _Loop, conn: Conn, step: str, exc: Exception) -> None:
+        """A wrap or handshake that failed: counted, logged at debug (a scanner's garbage is not news), reset."""
+        self.count("failures")
+        log.debug("%s from %s failed: %s", step, conn.address[0], exc)
+        self._close(conn, graceful=False)
 
     def _handshake(self: _Loop, conn: Conn) -> None:
         try:
@@ -151,9 +156,7 @@ class TlsSteps:
             self._watch(conn, selectors.EVENT_WRITE)
             return
         except (ssl.SSLError, OSError) as exc:
-            self.count("failures")
-            log.debug("TLS handshake from %s failed: %s", conn.address[0], exc)
-            self._close(conn, graceful=False)
+            self._tls_failed(conn, "TLS handshake", exc)
             return
         conn.state = HEAD
         self._watch(conn, selectors.EVENT_READ)
