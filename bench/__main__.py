@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "memory": "RSS of `gpumon run` per sink after warm-up and growth over time vs node_exporter",
     "azure_volume": "Azure Monitor sink bytes and requests per host per day",
     "kmsg_aer": "kmsg collector CPU at 1,000 lines/s; AER collector time per run for 16 PCI functions",
+    "scheduled_events": "an Azure Scheduled Event posted to the simulated IMDS to /metrics, whole daemon at a 1 s poll",
     "health": "health rules CPU per ND H100 v5 snapshot; XID 79 to an unhealthy /health at the default interval",
     "tuning": "series and CPU per cycle that each opt-in switch adds on a simulated ND H100 v5 (docs/tuning.md)",
     "job_rules": "job rules (straggler, stall, lemons) on a real Prometheus over 1,000 hosts x 8 GPUs: eval time, series",

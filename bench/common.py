@@ -235,6 +235,21 @@ def collector_runs(port: int, collector: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+def simulator_pickup(log: str, needle: str) -> float | None:
+    """When the simulated host applied the control command whose text holds ``needle`` (its log line
+    ``simulate: applied ...``, local time, written by ``gpumon run --simulate`` at ``info``)."""
+    import datetime as dt
+
+    with open(log, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if "simulate: applied" in line and needle in line:
+                try:
+                    return dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                except ValueError:
+                    return None
+    return None
+
+
 def series_count(body: bytes) -> int:
     return sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
 

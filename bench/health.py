@@ -25,6 +25,7 @@ from bench.common import (
     rnd,
     running,
     say,
+    simulator_pickup,
     wait_until,
 )
 from gpumon.health.rules import Thresholds
@@ -85,28 +86,12 @@ def xid_to_health(opts: Options) -> dict:
                 control(os.path.join(tmp, "simulate", "nd-h100-v5"), {"action": "xid", "gpu": 3, "xid": 79})
                 wait_until(lambda p=port: _verdict(p).get("status") == "unhealthy", timeout=30)
                 t1 = time.time()
-            picked = _pickup_time(log)
+            picked = simulator_pickup(log, "'xid'")
             raw.append(t1 - t0)
             less_pickup.append(t1 - (picked if picked and t0 <= picked <= t1 else t0))
     return {"tries": tries, "xid_to_health_s_median": rnd(median(raw)),
             "xid_to_health_less_simulator_pickup_s_median": rnd(median(less_pickup)),
             "target_s": TARGET_XID_TO_HEALTH_S}
-
-
-def _pickup_time(log: str) -> float | None:
-    """When the simulated host applied the XID (its log line ``simulate: applied ...``)."""
-    import datetime as dt
-
-    with open(log, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            if "simulate: applied" in line and "'xid'" in line:
-                stamp = line[:23]
-                try:
-                    local = dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
-                except ValueError:
-                    return None
-                return local.timestamp()
-    return None
 
 
 def run(opts: Options) -> dict:

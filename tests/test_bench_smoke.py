@@ -26,6 +26,7 @@ FAST = {
     "startup": ("cases", "target_met"),
     "cycle": ("without_health", "with_health"),
     "process_util": ("cpu_ms_added_per_run", "series_added", "nvml_calls_per_run_on"),
+    "scheduled_events": ("event_to_metrics_s_median", "after_simulator_pickup_s_median", "target_met"),
 }
 
 

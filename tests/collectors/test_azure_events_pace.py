@@ -1,14 +1,14 @@
-"""The figure: a Scheduled Event reaches a snapshot (so every sink) within the poll interval + 1 s.
+"""A Scheduled Event reaches a snapshot (so every sink) at the collector's own pace, not the daemon's.
 
 The real loop plans the collector (probe through the shared IMDS client) and runs it on its own
-thread; the IMDS is a loopback stand-in. Measured loosely with a 1 s interval.
+thread; the IMDS is a loopback stand-in. The daemon's interval is an hour here, so an event that
+waited for it would never arrive within the test's bound; the figure itself (within the poll
+interval + 1 s, whole daemon) is ``python -m bench scheduled_events``.
 """
 
 from __future__ import annotations
 
 import time
-
-import pytest
 
 from gpumon import imds
 from gpumon.collectors.azure_events import OPTIONS
@@ -21,6 +21,7 @@ from tests.conftest import wait_for
 from tests.fakes.imds import ImdsServer, rfc1123, scheduled_event
 
 INTERVAL = 1.0
+DAEMON_INTERVAL = 3600.0
 
 
 class Recorder(Sink):
@@ -41,11 +42,11 @@ def first_arrival(sink: Recorder, event_id: str) -> float | None:
     return None
 
 
-@pytest.mark.alone  # its 1 s bound is about this daemon's path to the sinks, not another test's load
-def test_a_scheduled_event_reaches_the_sinks_within_the_interval_plus_one_second():
+def test_a_scheduled_event_reaches_the_sinks_at_the_collectors_pace_not_the_daemons():
     server = ImdsServer()
     config = load([DAEMON, imds.OPTIONS, OPTIONS], None,
                   {"GPUMON_DAEMON_COLLECTORS": "azure_events", "GPUMON_AZURE_IMDS_URL": server.url,
+                   "GPUMON_DAEMON_INTERVAL": str(DAEMON_INTERVAL),
                    "GPUMON_AZURE_EVENTS_INTERVAL": str(INTERVAL)}, {})
     ctx = Context("test", config=config)
     plan = plan_collectors(ctx.config, ctx)
@@ -55,14 +56,11 @@ def test_a_scheduled_event_reaches_the_sinks_within_the_interval_plus_one_second
     loop.start()
     try:
         wait_for(lambda: sink.arrivals, timeout=5)
-        worst = 0.0
         for n in range(3):
-            posted = time.monotonic()
             server.set_events(scheduled_event(f"E{n}", "Freeze", not_before=rfc1123(time.time() + 900)))
-            arrived = wait_for(lambda n=n: first_arrival(sink, f"E{n}"), timeout=INTERVAL + 5)
-            worst = max(worst, arrived - posted)
-        print(f"\nScheduled Event to snapshot, worst of 3 at a {INTERVAL:g} s interval: {worst:.3f} s")
-        assert worst < INTERVAL + 1.0
+            # bounded far below the daemon's hour: only the collector's own 1 s pace brings it
+            assert wait_for(lambda n=n: first_arrival(sink, f"E{n}"), timeout=60)
+        assert loop.runners[0].interval == INTERVAL
     finally:
         loop.stop(2)
         server.close()
