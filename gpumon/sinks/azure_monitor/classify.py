@@ -88,9 +88,10 @@ class Classifier:
         return f"{kind} (system-assigned)" if kind == "managed_identity" else kind
 
     def note(self, reason: str, level: int) -> None:
-        """Keep the latest reason for health(); log each distinct reason once, not every retry."""
-        self._counters.last_error = reason
+        """Log each distinct reason once, not every retry; then keep it for health(), so that a
+        health that names the reason means its log line is written."""
         self._log_once.log(level, reason, "azure_monitor: %s", reason)
+        self._counters.last_error = reason
 
 
 def status_verdict(status: int | None, dcr: str, stream: str, identity: str, text: str,

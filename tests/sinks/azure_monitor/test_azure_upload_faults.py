@@ -197,6 +197,7 @@ def test_403_keeps_rows_and_names_role_and_dcr(server, make_sink, caplog):
     detail = wait_health(sink, lambda h: "403" in h.detail).detail
     assert "Monitoring Metrics Publisher" in detail and server.dcr_id in detail
     assert "11111111-2222-3333-4444-555555555555" in detail
+    assert server.wait_for(lambda s: len(s.requests()) >= 3)  # retried
     assert sink.health().extra["rows_queued"] == 3
     assert sum("403 forbidden" in r.getMessage() for r in caplog.records) == 1  # logged once, not per retry
     server.forbid(False)
