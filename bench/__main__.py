@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="job_rules: seconds before measuring (default 390; at least 330 for its windows)")
     parser.add_argument("--faults", default=None, metavar="TEXT",
                         help="job_straggler: only the fault cases whose name contains TEXT (e.g. congest)")
+    parser.add_argument("--prometheus", default=None, metavar="PATH",
+                        help="job_rules, job_straggler: the Prometheus server to run (default: prometheus on PATH)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary line of each benchmark")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = parser.parse_args(argv)
@@ -85,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         opts.extra["window_s"] = args.window
     if args.faults is not None:
         opts.extra["faults"] = args.faults
+    if args.prometheus is not None:
+        opts.extra["prometheus"] = args.prometheus
     if args.warm is not None:
         opts.extra["warm_s"] = args.warm
     if args.flips is not None:

@@ -157,6 +157,13 @@ def node_exporter_command(binary: str, sysfs: str, port: int) -> list[str]:
             "--collector.disable-defaults", "--collector.infiniband"]
 
 
+def prometheus_binary(opts: Options) -> str | None:
+    """The Prometheus server the rule benchmarks run: ``--prometheus PATH``, else ``prometheus`` on PATH
+    (Debian 12's is 2.42; a newer engine costs less per series, so a result names its version)."""
+    chosen = opts.extra.get("prometheus")
+    return str(chosen) if chosen else shutil.which("prometheus")
+
+
 def tool_version(binary: str) -> str:
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
     lines = (out.stdout or out.stderr).splitlines()

@@ -37,9 +37,11 @@ from bench.common import (
     http_get,
     median,
     picked_port,
+    prometheus_binary,
     rnd,
     say,
     stop,
+    tool_version,
     wait_until,
 )
 
@@ -224,7 +226,8 @@ def host_series() -> int:
 
 
 def run(opts: Options) -> dict[str, Any]:
-    if shutil.which("prometheus") is None:
+    server = prometheus_binary(opts)
+    if server is None:
         return {"not_run": "needs the prometheus server (Debian package prometheus)"}
     hosts = int(opts.extra.get("hosts", 4 if opts.smoke else 1000))
     scrape_s = 1 if opts.smoke else 30
@@ -250,7 +253,7 @@ def run(opts: Options) -> dict[str, Any]:
         url = f"http://127.0.0.1:{port}"
         with open(os.path.join(tmp, "prometheus.log"), "wb") as log:
             prometheus = subprocess.Popen(
-                ["prometheus", f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/data",
+                [server, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/data",
                  f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=log)
         wait_until(lambda: http_get(f"{url}/-/ready", timeout=2)[0] == 200, timeout=60, interval=0.2)
         t0 = time.monotonic()
@@ -285,7 +288,7 @@ def run(opts: Options) -> dict[str, Any]:
         # the groups run side by side; their sum is what one round of them costs the server in all
         job_round_s = sum(groups[g]["median_s"] for g in job_groups if g in groups)
         result = {
-            "hosts": hosts, "gpus": hosts * 8, "generated_series": exporter.series, "scrape_interval_s": scrape_s,
+            "prometheus": tool_version(server), "hosts": hosts, "gpus": hosts * 8, "generated_series": exporter.series, "scrape_interval_s": scrape_s,
             "groups": groups, "rule_evaluation_failures": failures,
             "job_series_per_host": rnd(per_host, 2), "host_own_series": own,
             "job_series_share_of_host": rnd(per_host / own, 4),

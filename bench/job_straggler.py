@@ -29,7 +29,19 @@ from typing import Any
 
 import yaml
 
-from bench.common import Options, clean_env, gpumon_serving, picked_port, rnd, say, spawn, stop, wait_until
+from bench.common import (
+    Options,
+    clean_env,
+    gpumon_serving,
+    picked_port,
+    prometheus_binary,
+    rnd,
+    say,
+    spawn,
+    stop,
+    tool_version,
+    wait_until,
+)
 from gpumon.fleet.promql import Client, QueryFailed
 from gpumon.simulate import control
 
@@ -79,7 +91,8 @@ def worst(client: Client) -> float:
 
 
 def run(opts: Options) -> dict[str, Any]:
-    if shutil.which("prometheus") is None:
+    server = prometheus_binary(opts)
+    if server is None:
         return {"not_run": "needs the prometheus server"}
     healthy_seconds = float(opts.extra.get("healthy_seconds", 10 if opts.smoke else 600))
     warmup = 5.0 if opts.smoke else 130.0   # the rules' [2m] averages fill before anything is judged
@@ -107,7 +120,7 @@ def run(opts: Options) -> dict[str, Any]:
         with open(os.path.join(tmp, "prometheus.yml"), "w", encoding="utf-8") as fh:
             yaml.safe_dump(config, fh)
         prom_port = picked_port()  # Prometheus cannot say which port it bound
-        procs.append(spawn(["prometheus", f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/data",
+        procs.append(spawn([server, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/data",
                             f"--web.listen-address=127.0.0.1:{prom_port}"], log=os.path.join(tmp, "prometheus.log")))
         for workdir in workdirs:
             wait_until(lambda workdir=workdir: os.path.isdir(os.path.join(workdir, "control")), 60, 0.1)
@@ -195,7 +208,7 @@ def run(opts: Options) -> dict[str, Any]:
                 wait_until(settled, 300, 1.0)
             except TimeoutError:
                 cases[name]["settled"] = False
-        return {"hosts": HOSTS, "gpus": HOSTS * 8, "scrape_interval_seconds": 1, "rules": which,
+        return {"prometheus": tool_version(server), "hosts": HOSTS, "gpus": HOSTS * 8, "scrape_interval_seconds": 1, "rules": which,
                 "goal_seconds": GOAL_SECONDS, "healthy": healthy, "faults": cases,
                 "target_met": healthy["false_positive_seconds"] == 0
                 and all(c["within_goal"] for c in cases.values())}

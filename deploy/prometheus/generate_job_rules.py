@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the straggler groups of deploy/prometheus/job-rules.yaml from job-signals.yaml: one group per
-signal (each member's value, the job's median, MAD and spread), the score in shards of the members, and
-the host roll-up with the alert. The member table above them and the stall and lemon groups below are
-written by hand.
+signal (each member's value, the job's median, MAD and spread), the score in shards of the members, the
+host roll-up with the alert, and the stalled GPUs in the same shards. The member table above them, the
+stall roll-up with its alert and the lemon groups below are written by hand.
 
 Why so many groups: Prometheus evaluates the rules of one group one after another, and each rule is one
 query on one core; groups run side by side. At 1,000 hosts a single straggler group took 8.8 s per
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -90,7 +91,25 @@ def load(path: str = SIGNALS) -> dict[str, Any]:
         if sorted(digits) != sorted(set(digits)) or set(digits) != set("0123456789"):
             raise ValueError(f"{path}: shards.{kind} must hold every digit 0-9 once, not {doc['shards'][kind]}")
     return {"signals": signals, "alert": doc["alert"], "interval": str(doc["interval"]), "shards": doc["shards"],
-            "named_above": float(doc["named_above"])}
+            "named_above": float(doc["named_above"]), "stall": _stall(doc["stall"], f"{path}: stall")}
+
+
+STALL_KEYS = ("window", "activity_below", "busy_from", "power_share_below", "memory_above_bytes")
+
+
+def _stall(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict) or set(raw) != set(STALL_KEYS):
+        got = ", ".join(sorted(raw)) if isinstance(raw, dict) else repr(raw)
+        raise ValueError(f"{where}: needs exactly {', '.join(STALL_KEYS)} (got {got})")
+    out: dict[str, Any] = {"window": str(raw["window"])}
+    if not re.fullmatch(r"[0-9]+[smh]", out["window"]):
+        raise ValueError(f"{where}.window: a Prometheus duration such as 2m, not {raw['window']!r}")
+    for key in STALL_KEYS[1:]:
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{where}.{key}: a number above 0, not {value!r}")
+        out[key] = float(value)
+    return out
 
 
 def _num(value: float) -> str:
@@ -209,6 +228,42 @@ def _score_group(kind: str, part: str, matcher: str, interval: str) -> str:
     return head + _indent(rule.rstrip("\n"), 4)
 
 
+STALL_SHARD = "gpumon_job_host:stalled_shard:bool"
+
+
+def _stall_group(part: str, matcher: str, interval: str, stall: dict[str, Any]) -> str:
+    """1 when every GPU of the shard that a job holds on the host is stalled, 0 when one is not. The
+    stall group of job-rules.yaml takes the minimum over the shards."""
+    window, m = stall["window"], matcher
+
+    def avg(metric: str, labels: str, drop: str) -> str:
+        inner = f"{labels}, {m}" if labels else m
+        return f"max without ({drop}) (avg_over_time({metric}{{{inner}}}[{window}]))"
+
+    on = "on (cluster, job, instance, gpu)"
+    utilization = avg("gpumon_gpu_utilization_ratio", 'engine="gpu"', "uuid, engine")
+    activity = avg("gpumon_gpu_activity_ratio", 'activity="sm"', "uuid, activity")
+    power = avg("gpumon_gpu_power_watts", "", "uuid")
+    quiet = (f"(\n  {activity}\n"
+             f"  or {utilization}\n) < {_num(stall['activity_below'])}\n"
+             f"or {utilization} >= {_num(stall['busy_from'])}")
+    processes = f"max without (uuid) (gpumon_gpu_compute_processes{{{m}}})"
+    stalled = (f"(\n{_indent(quiet, 2)}\n)\n"
+               f"and {on}\n  (\n    {power}\n"
+               f"      / max without (uuid) (gpumon_gpu_power_limit_watts{{{m}}} > 0)\n"
+               f"  ) < {_num(stall['power_share_below'])}\n"
+               f"and {on} {processes} > 0\n"
+               f"and {on} max without (uuid) (gpumon_gpu_memory_used_bytes{{{m}}}) > {stall['memory_above_bytes']:.0f}")
+    expr = (f"min by (cluster, job_id, instance) (\n"
+            f"  {MEMBER_GPU}{{scope=\"job\", {m}}}\n    * {on} group_left ()\n    (\n"
+            f"      (\n{_indent(stalled, 8)}\n      ) * 0 + 1\n"
+            f"      or {processes} * 0\n    )\n)")
+    head = (f"# Stalled GPUs among those whose index ends in {', '.join(part)}: 1 when all that a job holds on\n"
+            f"# the host are, 0 when one is not.\n"
+            f"- name: gpumon-job-stall-gpus-{part}\n  interval: {interval}\n  rules:\n")
+    return head + _indent(_rule("record", STALL_SHARD, expr, {"shard": f"gpus-{part}"}).rstrip("\n"), 4)
+
+
 ALERT = """\
 - alert: GpumonJobStraggler
   expr: max without (shard) (gpumon_job:straggler_score) > {threshold}
@@ -248,6 +303,8 @@ def render_block(table: dict[str, Any]) -> str:
                         "  topk by (cluster, job_id, instance) (1, gpumon_job:straggler_score)\n)").rstrip("\n"), 4)
         + "\n" + _indent(ALERT.format(threshold=_num(float(table["alert"]["threshold"])), for_=table["alert"]["for"]), 4))
     parts.append(rollup)
+    parts += [_stall_group(part, matcher, interval, table["stall"])
+              for part, matcher in _shard_matchers("gpu", table["shards"]["gpu"])]
     # the groups sit in job-rules.yaml's `groups:` list, two spaces in
     return "\n\n".join(_indent(p, 2) for p in parts)
 

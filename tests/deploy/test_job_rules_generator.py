@@ -1,5 +1,5 @@
-"""The straggler groups of job-rules.yaml are generated from job-signals.yaml: current, complete, sharded
-without a gap or an overlap, and a bad table is refused with the file and the entry named."""
+"""The straggler and stalled-GPU groups of job-rules.yaml are generated from job-signals.yaml: current,
+complete, sharded without a gap or an overlap, and a bad table is refused with the file and the entry named."""
 
 from __future__ import annotations
 
@@ -75,12 +75,33 @@ def test_each_shard_is_its_own_group_scoring_into_one_name() -> None:
     assert len({r["labels"]["shard"] for g in scores for r in g["rules"]}) == len(scores)
 
 
+def test_stalled_gpus_are_judged_in_the_gpu_shards_and_rolled_up_per_host() -> None:
+    table = gen.load()
+    by_name = {g["name"]: g for g in groups()}
+    shards = [g for name, g in by_name.items() if name.startswith("gpumon-job-stall-gpus-")]
+    assert len(shards) == len(table["shards"]["gpu"])
+    for (part, matcher), group in zip(gen._shard_matchers("gpu", table["shards"]["gpu"]), shards):
+        (rule,) = group["rules"]
+        assert rule["record"] == gen.STALL_SHARD and rule["labels"] == {"shard": f"gpus-{part}"}
+        # every series it reads is narrowed to the shard's GPUs
+        selectors = re.findall(r"\b(gpumon_\w+)\{([^}]*)\}", rule["expr"])
+        assert selectors and all(matcher in labels for _, labels in selectors), group["name"]
+        assert f"[{table['stall']['window']}]" in rule["expr"]
+    rollup = by_name["gpumon-job-stall"]["rules"][0]
+    assert rollup["record"] == "gpumon_job_host:stalled:bool" and gen.STALL_SHARD in rollup["expr"]
+    names = list(by_name)
+    assert max(names.index(g["name"]) for g in shards) < names.index("gpumon-job-stall")  # promtool's order
+
+
 @pytest.mark.parametrize("change, named", [
     (lambda d: d["signals"][0].update(colour="red"), "signals[0]: unknown key(s) colour"),
     (lambda d: d["signals"][1].pop("floor"), "signals[1]: missing key 'floor'"),
     (lambda d: d["signals"][2].update(worse="sideways"), "signals[2]: worse must be higher or lower"),
     (lambda d: d["signals"][0].update(sparse=True), "signals[0]: a sparse signal is one where higher is worse"),
     (lambda d: d["shards"].update(gpu=["0123", "4567"]), "shards.gpu must hold every digit 0-9 once"),
+    (lambda d: d["stall"].pop("window"), "stall: needs exactly window, activity_below"),
+    (lambda d: d["stall"].update(window="two minutes"), "stall.window: a Prometheus duration"),
+    (lambda d: d["stall"].update(power_share_below="low"), "stall.power_share_below: a number above 0"),
 ])
 def test_a_bad_table_exits_2_naming_the_file_and_entry(tmp_path, change, named) -> None:
     with open(gen.SIGNALS, encoding="utf-8") as fh:
