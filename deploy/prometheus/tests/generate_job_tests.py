@@ -20,7 +20,9 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(HERE))))
+sys.path.insert(0, os.path.dirname(HERE))  # generate_job_rules, beside the rules
 
+import generate_job_rules  # noqa: E402
 import yaml  # noqa: E402
 
 from gpumon.generated import sync  # noqa: E402
@@ -30,9 +32,8 @@ A100 = "NVIDIA A100-SXM4-80GB"
 STEPS = 20  # 10 minutes of 30 s scrapes
 STEP_S = 30
 RULE_FILES = ["../recording-rules.yaml", "../job-rules.yaml"]
-with open(os.path.join(HERE, "..", "job-signals.yaml"), encoding="utf-8") as _fh:
-    # fault signals: only members above 0 are recorded (job-signals.yaml)
-    SPARSE = {s["name"] for s in yaml.safe_load(_fh)["signals"] if s.get("sparse")}
+# fault signals: only members above 0 are recorded (job-signals.yaml, read by the rules' own generator)
+SPARSE = {s.name for s in generate_job_rules.load()["signals"] if s.sparse}
 Series = dict[str, str]
 
 
