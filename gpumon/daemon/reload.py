@@ -236,12 +236,14 @@ class Daemon:
             self._state_lock.release()
 
     def _halt(self, timeout: float = 5.0, keep: frozenset[str] = frozenset()) -> None:
+        """The loop first, then the simulated host it reads: a collector or the health stage still
+        writing under a simulation's temporary directory would leave it behind once removed."""
         end = time.monotonic() + timeout
-        if self.ctx is not None and self.ctx.simulation is not None:
-            self.ctx.simulation.stop()
         if self.loop is not None:
             self.loop.stop(max(0.5, end - time.monotonic()), keep)
             self.loop = None
+        if self.ctx is not None and self.ctx.simulation is not None:
+            self.ctx.simulation.stop()
 
     def reload(self, new_config: Config) -> None:
         """Swap in a new config. Sinks whose settings (and the files they name) did not change keep
