@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the straggler groups of deploy/prometheus/job-rules.yaml from job-signals.yaml: one group per
 signal (each member's value, the job's median, MAD and spread), the score in shards of the members, the
-host roll-up with the alert, and the stalled GPUs in the same shards. The member table above them, the
-stall roll-up with its alert and the lemon groups below are written by hand.
+host roll-up with the alert, and the stalled GPUs in the same shards; and above them the member table in
+the GPU shards. The host cohorts, the stall roll-up with its alert and the lemon groups are written by hand.
 
 Why so many groups: Prometheus evaluates the rules of one group one after another, and each rule is one
 query on one core; groups run side by side. At 1,000 hosts a single straggler group took 8.8 s per
@@ -34,12 +34,47 @@ SIGNALS = os.path.join(HERE, "job-signals.yaml")
 RULES = os.path.join(HERE, "job-rules.yaml")
 COMMAND = "python deploy/prometheus/generate_job_rules.py"
 BLOCK = "straggler"
+MEMBERS_BLOCK = "members"
 VALUE = "gpumon_job:straggler_signal:value"
 # The labels a job's signal is summarised by, and the ones a member's value is matched to them on.
 PER_JOB = "cluster, cohort, job_id, scope, model, signal"
 MATCH = "cluster, cohort, model, signal"
 MEMBER_GPU = "gpumon_job:gpu_member:info"
 MEMBER_HOST = "gpumon_job:host_cohort:info"
+
+
+# The member table (job-rules.yaml says what each label means); SHARD: the shard's matcher on `gpu`.
+MEMBERS = """\
+label_replace(label_replace(
+label_replace(
+  label_replace(
+    label_join(
+      max by (cluster, job, instance, gpu, gpu_instance, job_id, cohort, model) (
+        (
+          label_replace(gpumon_gpu_allocation_info{job_id!="", SHARD}, "cohort", "$1", "job_id", "(.+)")
+          or
+          label_replace(
+            label_join(
+              label_replace(
+                label_replace(gpumon_gpu_allocation_info{job_id="", pod!="", SHARD}, "owner", "$1", "pod", "(.+)"),
+                "owner", "$1", "pod",
+                "(.+?)(?:-(?:master|worker|launcher|chief|ps|evaluator|driver|executor|leader))?(?:-[0-9]+)+(?:-[a-z0-9]{5})?"),
+              "job_id", "/", "namespace", "owner"),
+            "cohort", "$1", "job_id", "(.+)")
+        )
+        * on (cluster, job, instance, gpu) group_left (model)
+          max by (cluster, job, instance, gpu, model) (gpumon_gpu_info{SHARD})
+        or
+        label_replace(
+          max by (cluster, job, instance, gpu, model) (gpumon_gpu_info{SHARD})
+            unless on (cluster, job, instance, gpu) gpumon_gpu_allocation_info{SHARD},
+          "cohort", "host:$1", "instance", "(.*)")
+      ),
+      "model", " MIG ", "model", "gpu_instance"),
+    "model", "$1", "model", "(.*) MIG "),
+  "model", "$1 MIG", "model", "(.*) MIG .+"),
+  "scope", "job", "", ""),
+"scope", "idle", "cohort", "host:.*")"""
 
 
 @dataclass(frozen=True)
@@ -264,6 +299,21 @@ def _stall_group(part: str, matcher: str, interval: str, stall: dict[str, Any]) 
     return head + _indent(_rule("record", STALL_SHARD, expr, {"shard": f"gpus-{part}"}).rstrip("\n"), 4)
 
 
+def _member_group(part: str, matcher: str, interval: str) -> str:
+    """The member table of the GPUs whose index ends in ``part``: at 8,000 GPUs one table of them all was
+    the slowest job group (docs/job-health.md, Cost). The ``shard`` label keeps the groups' rules apart."""
+    head = (f"# Members among the GPUs whose index ends in {', '.join(part)}.\n"
+            f"- name: gpumon-job-members-gpus-{part}\n  interval: {interval}\n  rules:\n")
+    rule = _rule("record", MEMBER_GPU, MEMBERS.replace("SHARD", matcher).rstrip("\n"), {"shard": f"gpus-{part}"})
+    return head + _indent(rule.rstrip("\n"), 4)
+
+
+def render_members(table: dict[str, Any]) -> str:
+    parts = [_member_group(part, matcher, table["interval"])
+             for part, matcher in _shard_matchers("gpu", table["shards"]["gpu"])]
+    return "\n\n".join(_indent(p, 2) for p in parts)
+
+
 ALERT = """\
 - alert: GpumonJobStraggler
   expr: max without (shard) (gpumon_job:straggler_score) > {threshold}
@@ -310,7 +360,8 @@ def render_block(table: dict[str, Any]) -> str:
 
 
 def render(rules_text: str, table: dict[str, Any]) -> str:
-    return splice(rules_text, BLOCK, render_block(table), comment="#")
+    text = splice(rules_text, MEMBERS_BLOCK, render_members(table), comment="#")
+    return splice(text, BLOCK, render_block(table), comment="#")
 
 
 def main(argv: list[str] | None = None) -> int:

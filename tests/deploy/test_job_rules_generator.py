@@ -93,6 +93,26 @@ def test_stalled_gpus_are_judged_in_the_gpu_shards_and_rolled_up_per_host() -> N
     assert max(names.index(g["name"]) for g in shards) < names.index("gpumon-job-stall")  # promtool's order
 
 
+def test_the_member_table_is_built_in_the_gpu_shards_before_the_groups_that_read_it() -> None:
+    table = gen.load()
+    by_name = {g["name"]: g for g in groups()}
+    shards = [g for name, g in by_name.items() if name.startswith("gpumon-job-members-gpus-")]
+    assert len(shards) == len(table["shards"]["gpu"])
+    for (part, matcher), group in zip(gen._shard_matchers("gpu", table["shards"]["gpu"]), shards):
+        (rule,) = group["rules"]
+        assert rule["record"] == gen.MEMBER_GPU and rule["labels"] == {"shard": f"gpus-{part}"}
+        # the allocation and the GPU info it joins, each narrowed to the shard's GPUs
+        selectors = re.findall(r"\b(gpumon_\w+)\{([^}]*)\}", rule["expr"])
+        assert len(selectors) == 5 and all(matcher in labels for _, labels in selectors), group["name"]
+        assert not re.search(r"\bgpumon_gpu_\w+(?![\w{])", rule["expr"]), group["name"]  # no bare selector
+    # the host cohorts (all shards' members) stay in the hand-written group, after the shards, and the
+    # groups that read the members come after both (the order promtool evaluates them in)
+    assert [r["record"] for r in by_name["gpumon-job-members"]["rules"]] == [gen.MEMBER_HOST]
+    names = list(by_name)
+    readers = [n for n in names if n.startswith(("gpumon-job-signal-", "gpumon-job-stall"))]
+    assert max(names.index(g["name"]) for g in shards) < names.index("gpumon-job-members") < min(map(names.index, readers))
+
+
 @pytest.mark.parametrize("change, named", [
     (lambda d: d["signals"][0].update(colour="red"), "signals[0]: unknown key(s) colour"),
     (lambda d: d["signals"][1].pop("floor"), "signals[1]: missing key 'floor'"),
