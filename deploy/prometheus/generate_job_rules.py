@@ -199,6 +199,12 @@ def _rule(kind: str, name: str, expr: str, labels: dict[str, str] | None = None)
     return text
 
 
+def _group(comment: str, name: str, interval: str, rules: list[str]) -> str:
+    """A rule group of the generated part: its comment lines, name, interval and ``rules`` (:func:`_rule`'s)."""
+    return (f"{comment}\n- name: {name}\n  interval: {interval}\n  rules:\n"
+            + "\n".join(_indent(r.rstrip("\n"), 4) for r in rules))
+
+
 def _signal_group(s: Signal, interval: str, named_above: float) -> str:
     only = f'{{signal="{s.name}"}}'
     spread = f"clamp_min(1.4826 * gpumon_job:straggler_signal:mad{only}, {_num(s.floor)})"
@@ -227,10 +233,9 @@ def _signal_group(s: Signal, interval: str, named_above: float) -> str:
         + _rule("record", "gpumon_job:straggler_signal:named_above",
                 f"gpumon_job:straggler_signal:median{only} + {_num(named_above)} * gpumon_job:straggler_signal:scale{only}", mine),
     ]
-    head = (f"# {s.name} ({s.unit}, {'lower' if s.worse == 'lower' else 'higher'} is worse"
-            f"{'; also among idle GPUs' if s.idle else ''}): each member's value, the job's median and spread.\n"
-            f"- name: gpumon-job-signal-{s.name.replace('_', '-')}\n  interval: {interval}\n  rules:\n")
-    return head + "\n".join(_indent(r.rstrip("\n"), 4) for r in rules)
+    comment = (f"# {s.name} ({s.unit}, {'lower' if s.worse == 'lower' else 'higher'} is worse"
+               f"{'; also among idle GPUs' if s.idle else ''}): each member's value, the job's median and spread.")
+    return _group(comment, f"gpumon-job-signal-{s.name.replace('_', '-')}", interval, rules)
 
 
 def _shard_matchers(label: str, digits: list[str]) -> list[tuple[str, str]]:
@@ -257,10 +262,9 @@ def _score_group(kind: str, part: str, matcher: str, interval: str) -> str:
             f"or ignoring (signal)\n"
             f"max without (cohort, scope, signal) (\n{_indent(distance.format(value=value), 2)}\n)")
     members = "GPUs whose index" if kind == "gpu" else "InfiniBand ports whose device name"
-    head = (f"# Scores of the {members} ends in {', '.join(part)}.\n"
-            f"- name: gpumon-job-score-{kind}s-{part}\n  interval: {interval}\n  rules:\n")
     rule = _rule("record", "gpumon_job:straggler_score", expr, {"shard": f"{kind}s-{part}"})
-    return head + _indent(rule.rstrip("\n"), 4)
+    return _group(f"# Scores of the {members} ends in {', '.join(part)}.", f"gpumon-job-score-{kind}s-{part}",
+                  interval, [rule])
 
 
 STALL_SHARD = "gpumon_job_host:stalled_shard:bool"
@@ -293,19 +297,18 @@ def _stall_group(part: str, matcher: str, interval: str, stall: dict[str, Any]) 
             f"  {MEMBER_GPU}{{scope=\"job\", {m}}}\n    * {on} group_left ()\n    (\n"
             f"      (\n{_indent(stalled, 8)}\n      ) * 0 + 1\n"
             f"      or {processes} * 0\n    )\n)")
-    head = (f"# Stalled GPUs among those whose index ends in {', '.join(part)}: 1 when all that a job holds on\n"
-            f"# the host are, 0 when one is not.\n"
-            f"- name: gpumon-job-stall-gpus-{part}\n  interval: {interval}\n  rules:\n")
-    return head + _indent(_rule("record", STALL_SHARD, expr, {"shard": f"gpus-{part}"}).rstrip("\n"), 4)
+    comment = (f"# Stalled GPUs among those whose index ends in {', '.join(part)}: 1 when all that a job holds on\n"
+               f"# the host are, 0 when one is not.")
+    return _group(comment, f"gpumon-job-stall-gpus-{part}", interval,
+                  [_rule("record", STALL_SHARD, expr, {"shard": f"gpus-{part}"})])
 
 
 def _member_group(part: str, matcher: str, interval: str) -> str:
     """The member table of the GPUs whose index ends in ``part``: at 8,000 GPUs one table of them all was
     the slowest job group (docs/job-health.md, Cost). The ``shard`` label keeps the groups' rules apart."""
-    head = (f"# Members among the GPUs whose index ends in {', '.join(part)}.\n"
-            f"- name: gpumon-job-members-gpus-{part}\n  interval: {interval}\n  rules:\n")
-    rule = _rule("record", MEMBER_GPU, MEMBERS.replace("SHARD", matcher).rstrip("\n"), {"shard": f"gpus-{part}"})
-    return head + _indent(rule.rstrip("\n"), 4)
+    rule = _rule("record", MEMBER_GPU, MEMBERS.replace("SHARD", matcher), {"shard": f"gpus-{part}"})
+    return _group(f"# Members among the GPUs whose index ends in {', '.join(part)}.",
+                  f"gpumon-job-members-gpus-{part}", interval, [rule])
 
 
 def render_members(table: dict[str, Any]) -> str:
@@ -345,13 +348,13 @@ def render_block(table: dict[str, Any]) -> str:
     for kind, label in (("gpu", "gpu"), ("port", "device")):
         parts += [_score_group(kind, part, matcher, interval)
                   for part, matcher in _shard_matchers(label, table["shards"][kind])]
-    rollup = (
-        "# The worst GPU or port of each host of a job, with that member's signal; and the alert.\n"
-        f"- name: gpumon-job-straggler\n  interval: {interval}\n  rules:\n"
-        + _indent(_rule("record", "gpumon_job_host:straggler_score",
-                        "max without (gpu, gpu_instance, device, port, model, shard) (\n"
-                        "  topk by (cluster, job_id, instance) (1, gpumon_job:straggler_score)\n)").rstrip("\n"), 4)
-        + "\n" + _indent(ALERT.format(threshold=_num(float(table["alert"]["threshold"])), for_=table["alert"]["for"]), 4))
+    rollup = _group(
+        "# The worst GPU or port of each host of a job, with that member's signal; and the alert.",
+        "gpumon-job-straggler", interval,
+        [_rule("record", "gpumon_job_host:straggler_score",
+               "max without (gpu, gpu_instance, device, port, model, shard) (\n"
+               "  topk by (cluster, job_id, instance) (1, gpumon_job:straggler_score)\n)"),
+         ALERT.format(threshold=_num(float(table["alert"]["threshold"])), for_=table["alert"]["for"])])
     parts.append(rollup)
     parts += [_stall_group(part, matcher, interval, table["stall"])
               for part, matcher in _shard_matchers("gpu", table["shards"]["gpu"])]

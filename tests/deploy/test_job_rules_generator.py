@@ -75,28 +75,25 @@ def test_each_shard_is_its_own_group_scoring_into_one_name() -> None:
     assert len({r["labels"]["shard"] for g in scores for r in g["rules"]}) == len(scores)
 
 
-def gpu_shard_rules(prefix: str, record: str) -> list[tuple[str, dict]]:
-    """(the shard's matcher, its one rule) of each ``prefix<digits>`` group, one per GPU shard, in the
-    table's order; each records ``record`` labelled with its shard and reads only its GPUs' series."""
+def gpu_shard_groups(prefix: str, record: str) -> list[dict]:
+    """The ``prefix<digits>`` groups, one per GPU shard in the table's order, each checked to hold one
+    rule that records ``record`` labelled with its shard and reads only its GPUs' series."""
     shards = [g for g in groups() if g["name"].startswith(prefix)]
     matchers = gen._shard_matchers("gpu", gen.load()["shards"]["gpu"])
     assert len(shards) == len(matchers)
-    out = []
     for (part, matcher), group in zip(matchers, shards):
         (rule,) = group["rules"]
         assert rule["record"] == record and rule["labels"] == {"shard": f"gpus-{part}"}
         selectors = re.findall(r"\b(gpumon_\w+)\{([^}]*)\}", rule["expr"])
         assert selectors and all(matcher in labels for _, labels in selectors), group["name"]
-        out.append((matcher, rule))
-    return out
+    return shards
 
 
 def test_stalled_gpus_are_judged_in_the_gpu_shards_and_rolled_up_per_host() -> None:
     table = gen.load()
     by_name = {g["name"]: g for g in groups()}
-    for _, rule in gpu_shard_rules("gpumon-job-stall-gpus-", gen.STALL_SHARD):
-        assert f"[{table['stall']['window']}]" in rule["expr"]
-    shards = [g for name, g in by_name.items() if name.startswith("gpumon-job-stall-gpus-")]
+    shards = gpu_shard_groups("gpumon-job-stall-gpus-", gen.STALL_SHARD)
+    assert all(f"[{table['stall']['window']}]" in g["rules"][0]["expr"] for g in shards)
     rollup = by_name["gpumon-job-stall"]["rules"][0]
     assert rollup["record"] == "gpumon_job_host:stalled:bool" and gen.STALL_SHARD in rollup["expr"]
     names = list(by_name)
@@ -105,11 +102,11 @@ def test_stalled_gpus_are_judged_in_the_gpu_shards_and_rolled_up_per_host() -> N
 
 def test_the_member_table_is_built_in_the_gpu_shards_before_the_groups_that_read_it() -> None:
     by_name = {g["name"]: g for g in groups()}
-    for _, rule in gpu_shard_rules("gpumon-job-members-gpus-", gen.MEMBER_GPU):
+    shards = gpu_shard_groups("gpumon-job-members-gpus-", gen.MEMBER_GPU)
+    for expr in (g["rules"][0]["expr"] for g in shards):
         # the allocation and the GPU info it joins, each narrowed to the shard's GPUs, none read whole
-        assert len(re.findall(r"\bgpumon_gpu_\w+\{", rule["expr"])) == 5
-        assert not re.search(r"\bgpumon_gpu_\w+(?![\w{])", rule["expr"])
-    shards = [g for name, g in by_name.items() if name.startswith("gpumon-job-members-gpus-")]
+        assert len(re.findall(r"\bgpumon_gpu_\w+\{", expr)) == 5
+        assert not re.search(r"\bgpumon_gpu_\w+(?![\w{])", expr)
     # the host cohorts (all shards' members) stay in the hand-written group, after the shards, and the
     # groups that read the members come after both (the order promtool evaluates them in)
     assert [r["record"] for r in by_name["gpumon-job-members"]["rules"]] == [gen.MEMBER_HOST]
