@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="real_gpu, job_rules: seconds measured (default 150)")
     parser.add_argument("--warm", type=float, default=None,
                         help="job_rules: seconds before measuring (default 390; at least 330 for its windows)")
+    parser.add_argument("--history", type=float, default=None, metavar="DAYS",
+                        help="job_rules: backfill DAYS of the lemon group's history first (default 0: none)")
     parser.add_argument("--faults", default=None, metavar="TEXT",
                         help="job_straggler: only the fault cases whose name contains TEXT (e.g. congest)")
     parser.add_argument("--prometheus", default=None, metavar="PATH",
@@ -85,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         opts.extra["healthy_seconds"] = args.healthy_seconds
     if args.window is not None:
         opts.extra["window_s"] = args.window
+    if args.history is not None:
+        opts.extra["history_days"] = args.history
     if args.faults is not None:
         opts.extra["faults"] = args.faults
     if args.prometheus is not None:

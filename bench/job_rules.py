@@ -9,8 +9,12 @@ evaluation, median and max) and ``prometheus_rule_group_last_evaluation_samples`
 writes), and ``prometheus_rule_evaluation_failures_total`` (must stay 0). Series added per host are the
 job groups' samples over N, against what one simulated ND H100 v5 exports (``gpumon once``).
 
-The 7-day windows of the lemon group read a few minutes of history here, not 7 days: at steady state
-each of its series holds 2,016 samples (one per 5 minutes), which this run does not show.
+The lemon group's windows (7 days of its own series, the corrected-ECC counters a day ago, the remapped
+rows of the last hour) hold only the run's few minutes unless ``--history DAYS`` backfills them first
+(:func:`backfill`): the series the lemon group writes, one sample per 5 minutes over DAYS, and the raw
+series it reads at the scrape interval over as far back as it reads them, written as OpenMetrics and
+turned into TSDB blocks with ``promtool tsdb create-blocks-from openmetrics`` before Prometheus starts. Their labels are the ones the rules give, so the live evaluations
+continue the same series (``history`` in the result counts how many did).
 """
 
 from __future__ import annotations
@@ -51,10 +55,28 @@ JOB_PREFIX = "gpumon-job-"  # every group of job-rules.yaml
 PARTS = 10
 TARGET_EVAL_S = 1.0
 TARGET_SERIES_SHARE = 0.10
+LEMON_STEP_S = 300  # the lemon group's interval: one sample of its series per 5 minutes
+RAW_HISTORY_S = 86400  # the furthest back the lemon group reads a raw counter (corrected ECC, offset 1d)
+BLOCK_S = 7200  # promtool writes 2-hour blocks; one file per block is parsed once
 PORT_ERRORS = ("symbol_errors", "link_error_recoveries", "receive_errors", "receive_remote_physical_errors",
                "receive_switch_relay_errors", "transmit_discards", "transmit_constraint_errors",
                "receive_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors",
                "vl15_dropped")
+
+
+def ecc_rate(h: int, g: int) -> float:
+    """Corrected ECC errors per second: on a few GPUs only, as in a real fleet."""
+    return 0.001 if (h * 8 + g) % 97 == 0 else 0.0
+
+
+def remapped_rows(h: int, g: int) -> dict[str, float]:
+    """Rows remapped in the GPU's life, by cause: a few on one GPU in 13, none elsewhere."""
+    return {"correctable": 2 if (h * 8 + g) % 13 == 3 else 0, "uncorrectable": 0}
+
+
+def xid_gpu(h: int, g: int) -> bool:
+    """The few GPUs that reported an XID."""
+    return (h * 8 + g) % 211 == 5
 
 
 def host_lines(h: int) -> list[tuple[str, str, float]]:
@@ -81,10 +103,11 @@ def host_lines(h: int) -> list[tuple[str, str, float]]:
             (f'gpumon_gpu_clock_event_reason_active{{{gl},reason="hw_slowdown"}}', "k", 0),
             (f'gpumon_gpu_pcie_replay_total{{{gl}}}', "c", 0),
             # corrected ECC errors on a few GPUs only, as in a real fleet
-            (f'gpumon_gpu_ecc_errors_total{{{gl},type="corrected",counter="aggregate"}}', "c",
-             0.001 if (h * 8 + g) % 97 == 0 else 0.0),
-            (f'gpumon_gpu_remapped_rows{{{gl},cause="correctable"}}', "k", 0),
-            (f'gpumon_gpu_remapped_rows{{{gl},cause="uncorrectable"}}', "k", 0),
+            (f'gpumon_gpu_ecc_errors_total{{{gl},type="corrected",counter="aggregate"}}', "c", ecc_rate(h, g)),
+            # remapped rows on a few, and an XID 79 on fewer (the counter stays at 1: gpumon counts from its start)
+            *((f'gpumon_gpu_remapped_rows{{{gl},cause="{cause}"}}', "k", rows)
+              for cause, rows in remapped_rows(h, g).items()),
+            *([(f'gpumon_gpu_xid_errors_total{{{gl},xid="79"}}', "k", 1)] if xid_gpu(h, g) else []),
         ]
         out += [(f'gpumon_gpu_{m}_throughput_bytes_per_second{{{gl},direction="{d}"}}', "g", v * slow)
                 for m, v in (("nvlink", 1e11), ("pcie", 2e10)) for d in ("tx", "rx")]
@@ -108,11 +131,13 @@ def host_lines(h: int) -> list[tuple[str, str, float]]:
 class Exporter:
     """Serves the generated hosts over loopback, in PARTS pages (``/metrics?part=N``)."""
 
-    def __init__(self, hosts: int) -> None:
+    def __init__(self, hosts: int, origin: float | None = None) -> None:
+        """``origin``: when the counters were at 0 (default now); a backfilled run starts them where its
+        history ends."""
         self.parts = [[line for h in range(hosts) if h % PARTS == part for line in host_lines(h)]
                       for part in range(PARTS)]
         self.series = sum(len(p) for p in self.parts)
-        self.started = time.time()
+        self.origin = time.time() if origin is None else origin
         exporter = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -134,7 +159,7 @@ class Exporter:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def page(self, part: int) -> bytes:
-        elapsed = time.time() - self.started
+        elapsed = time.time() - self.origin
         rng = random.Random()
         out = []
         for series, kind, base in self.parts[part]:
@@ -150,6 +175,89 @@ class Exporter:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def history_series(hosts: int) -> tuple[list[tuple[str, str, float, int]], list[tuple[str, float]]]:
+    """What the lemon group reads over its windows, per series: raw series as the exporter serves them
+    (series, kind as in :func:`host_lines`, base, seconds of history the group reads), and the series the
+    group records with their value, with the labels its rules give them (the ``by`` labels, ``serial`` and
+    ``physical_host`` joined in; no ``cluster`` here)."""
+    raw: list[tuple[str, str, float, int]] = []
+    recorded: list[tuple[str, float]] = []
+    for h in range(hosts):
+        host = f"bench-{h:04d}"
+        recorded.append((f'instance:gpumon_physical_host:info{{instance="{host}",physical_host="PH-{h:04d}"}}', 1))
+        for g in range(8):
+            gl = f'instance="{host}",gpu="{g}",uuid="GPU-{h:04d}-{g}"'
+            placed = f'{gl},serial="SN-{h:04d}-{g}",physical_host="PH-{h:04d}"'
+            raw.append((f'gpumon_gpu_ecc_errors_total{{job="gpumon",{gl},type="corrected",counter="aggregate"}}',
+                        "c", ecc_rate(h, g), RAW_HISTORY_S))
+            for cause, rows in remapped_rows(h, g).items():  # the last hour before the last 5 minutes
+                raw.append((f'gpumon_gpu_remapped_rows{{job="gpumon",{gl},cause="{cause}"}}', "k", rows, 7200))
+            if sum(remapped_rows(h, g).values()):
+                recorded.append((f"serial:gpumon_gpu_remapped_rows:sum{{{placed}}}", sum(remapped_rows(h, g).values())))
+            if xid_gpu(h, g):
+                recorded.append((f"serial:gpumon_gpu_xid_errors:sum{{{placed}}}", 1))
+            if ecc_rate(h, g):
+                recorded.append((f'serial:gpumon_gpu_ecc_corrected:rate1d{{{gl},serial="SN-{h:04d}-{g}"}}',
+                                 ecc_rate(h, g)))
+    return raw, recorded
+
+
+def family(series: str) -> str:
+    return series.split("{", 1)[0]
+
+
+def backfill(promtool: str, data: str, hosts: int, days: float, end: float, scrape_s: int) -> dict[str, Any]:
+    """Writes ``days`` of the lemon group's history ending at ``end`` into the TSDB at ``data``: one
+    OpenMetrics file per 2-hour block (promtool parses its input once per block), each turned into a
+    block and removed. Raw counters count from ``end - RAW_HISTORY_S`` (where the exporter's continue)."""
+    raw, recorded = history_series(hosts)
+    raw.sort(key=lambda r: family(r[0]))
+    recorded.sort(key=lambda r: family(r[0]))
+    start = end - days * 86400
+    origin = end - RAW_HISTORY_S
+    os.makedirs(data, exist_ok=True)
+    samples = 0
+    t0 = time.monotonic()
+    block = int(start // BLOCK_S) * BLOCK_S
+    while block < end:
+        upper = min(block + BLOCK_S, end)
+        lines: list[str] = []
+        for series, value in recorded:  # on the lemon group's grid, counted back from the end
+            first = end - LEMON_STEP_S * ((end - max(block, start)) // LEMON_STEP_S)
+            stamps = range(int(first), int(upper), LEMON_STEP_S)
+            lines.extend(f"{series} {value:g} {t}\n" for t in stamps if t >= start)
+        for series, kind, base, seconds in raw:  # on the scrape grid, over the history each is read for
+            since = max(block, start, end - seconds)
+            first = end - scrape_s * ((end - since) // scrape_s)
+            stamps = range(int(first), int(upper), scrape_s)
+            lines.extend(f"{series} {base * (t - origin) if kind == 'c' else base:g} {t}\n" for t in stamps)
+        if lines:
+            samples += len(lines)
+            path = os.path.join(os.path.dirname(data), f"history-{block}.om")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.writelines(lines)
+                fh.write("# EOF\n")
+            subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet", path, data],
+                           check=True, capture_output=True, timeout=600)
+            os.remove(path)
+        block += BLOCK_S
+    families: dict[str, int] = {}
+    for series, *_ in raw + recorded:
+        families[family(series)] = families.get(family(series), 0) + 1
+    return {"days": days, "samples": samples, "series": families,
+            "seconds": rnd(time.monotonic() - t0, 1), "origin": origin}
+
+
+def history_joined(url: str, backfilled: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Whether the live series continued the backfilled ones: the distinct series of each backfilled family
+    over the whole run (``ever``) equal those backfilled when every label matched, and double when not."""
+    out = {}
+    for name, count in backfilled.items():
+        ever = query(url, f"count(last_over_time({name}[30d]))")
+        out[name] = {"backfilled": count, "ever": int(float(ever[0]["value"][1])) if ever else 0}
+    return out
 
 
 def rule_files(directory: str, fast: bool) -> list[str]:
@@ -203,6 +311,28 @@ def self_metrics(url: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def rule_reads(url: str, group: str) -> list[dict[str, Any]]:
+    """Each recording rule of ``group`` run once more as an instant query with the query API's statistics:
+    the samples it reads (``totalQueryableSamples``, the same whatever else the server does) and its time
+    on the server then."""
+    import json
+    import urllib.parse
+
+    status, body = http_get(f"{url}/api/v1/rules?type=record", timeout=30)
+    if status != 200:
+        return []
+    rules = [r for g in json.loads(body)["data"]["groups"] if g["name"] == group for r in g["rules"]]
+    out = []
+    for rule in rules:
+        status, body = http_get(f"{url}/api/v1/query?stats=all&query={urllib.parse.quote(rule['query'])}", timeout=120)
+        data = json.loads(body).get("data", {}) if status == 200 else {}
+        stats = data.get("stats", {})
+        out.append({"rule": rule["name"], "samples_read": stats.get("samples", {}).get("totalQueryableSamples"),
+                    "seconds": rnd(float(stats.get("timings", {}).get("evalTotalTime", 0.0)), 4),
+                    "series_out": len(data.get("result", []))})
+    return out
+
+
 def rule_times(url: str) -> list[dict[str, Any]]:
     """Each rule's last evaluation time (the rules API's ``evaluationTime``), slowest first: where a
     group's time goes."""
@@ -234,11 +364,23 @@ def run(opts: Options) -> dict[str, Any]:
     # the 5-minute windows full, the 5-minute lemon group run once
     warm_s = 5 if opts.smoke else float(opts.extra.get("warm_s", 390))
     sample_s = 3 if opts.smoke else float(opts.extra.get("window_s", 150))
-    exporter = Exporter(hosts)
-    say(opts, f"   {hosts} hosts, {exporter.series} generated series")
+    days = float(opts.extra.get("history_days", 0.0))
+    promtool = shutil.which("promtool", path=os.path.dirname(server)) or shutil.which("promtool")
+    if days and promtool is None:
+        return {"not_run": "--history needs promtool (Debian package prometheus)"}
+    history_end = int(time.time())
     tmp = tempfile.mkdtemp(prefix="bench-job-rules-")
     prometheus = None
+    exporter = None
     try:
+        history: dict[str, Any] = {}
+        if days:
+            assert promtool is not None
+            say(opts, f"   backfilling {days:g} days of the lemon group's history")
+            history = backfill(promtool, os.path.join(tmp, "data"), hosts, days, history_end, scrape_s)
+            say(opts, f"   {history['samples']} samples in {history['seconds']} s")
+        exporter = Exporter(hosts, origin=history.get("origin"))
+        say(opts, f"   {hosts} hosts, {exporter.series} generated series")
         config = {
             "global": {"scrape_interval": f"{scrape_s}s", "scrape_timeout": f"{min(scrape_s, 25)}s",
                        "evaluation_interval": f"{scrape_s}s"},
@@ -276,6 +418,7 @@ def run(opts: Options) -> dict[str, Any]:
         failures = sum(metrics["prometheus_rule_evaluation_failures_total"].values())
         top = query(url, "topk(1, gpumon_job:straggler_score)")
         slowest = rule_times(url)[:12]
+        lemon_reads = rule_reads(url, "gpumon-job-lemons")
         own = host_series()
         job_groups = sorted(g for g in samples if g.startswith(JOB_PREFIX))
         job_series = sum(samples.get(g, 0.0) for g in job_groups)
@@ -287,8 +430,10 @@ def run(opts: Options) -> dict[str, Any]:
         worst_median = max((groups[g]["median_s"] for g in job_groups if g in groups), default=0.0)
         # the groups run side by side; their sum is what one round of them costs the server in all
         job_round_s = sum(groups[g]["median_s"] for g in job_groups if g in groups)
+        if days:
+            history["joined"] = history_joined(url, history["series"])
         result = {
-            "prometheus": tool_version(server), "hosts": hosts, "gpus": hosts * 8, "generated_series": exporter.series, "scrape_interval_s": scrape_s,
+            "prometheus": tool_version(server), "history": history, "hosts": hosts, "gpus": hosts * 8, "generated_series": exporter.series, "scrape_interval_s": scrape_s,
             "groups": groups, "rule_evaluation_failures": failures,
             "job_series_per_host": rnd(per_host, 2), "host_own_series": own,
             "job_series_share_of_host": rnd(per_host / own, 4),
@@ -298,7 +443,7 @@ def run(opts: Options) -> dict[str, Any]:
             "job_groups_round_s": rnd(job_round_s, 3),
             "server_cpu_cores": rnd(server_cores, 3),
             "top_straggler": top[0]["metric"] if top else {},
-            "slowest_rules": slowest,
+            "slowest_rules": slowest, "lemon_rule_reads": lemon_reads,
             "load_average": os.getloadavg(),
             "targets": {"eval_s": TARGET_EVAL_S, "series_share": TARGET_SERIES_SHARE},
             "target_met": bool(worst < TARGET_EVAL_S and per_host / own < TARGET_SERIES_SHARE and failures == 0),
@@ -311,5 +456,6 @@ def run(opts: Options) -> dict[str, Any]:
     finally:
         if prometheus is not None:
             stop(prometheus)
-        exporter.close()
+        if exporter is not None:
+            exporter.close()
         shutil.rmtree(tmp, ignore_errors=True)

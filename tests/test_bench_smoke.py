@@ -87,10 +87,14 @@ def test_real_gpu_measures_only_where_a_gpu_is(tmp_path):
 def test_job_rules_bench_names_the_throttled_gpu(tmp_path):
     """The job rules on a real Prometheus over generated hosts: every group evaluates without a failure, the
     job groups add series, and the one GPU the generator throttles is the job's worst."""
-    proc = run_bench(tmp_path, "job_rules")
+    proc = run_bench(tmp_path, "job_rules", "--history", "0.1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "job_rules.json").read_text())
     assert "error" not in data, data.get("error")
+    # the backfilled lemon history and the live series are the same series (no label differs)
+    joined = data["history"]["joined"]
+    assert set(joined) >= {"serial:gpumon_gpu_remapped_rows:sum", "gpumon_gpu_ecc_errors_total"}
+    assert all(row["ever"] == row["backfilled"] > 0 for row in joined.values()), joined
     assert data["rule_evaluation_failures"] == 0
     assert {"gpumon-job-members", "gpumon-job-signal-sm-clock", "gpumon-job-score-gpus-159", "gpumon-job-straggler",
             "gpumon-job-stall", "gpumon-job-lemons"} <= set(data["groups"])

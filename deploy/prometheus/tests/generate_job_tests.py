@@ -487,7 +487,8 @@ def lemon_series() -> tuple[list[Series], int]:
     """Two days at 5-minute steps. VM node-a sits on physical host PH1 with GPU SN-1 and sees an XID at
     1 h; it is reallocated at 4 h and comes back on PH2 with SN-9. VM node-c lands on PH1 at 6 h, gets SN-1,
     and SN-1 fails again (a row remapped) at 10 h. SN-7 on node-d remaps rows steadily; SN-9 remapped
-    20 rows long ago and no more."""
+    20 rows long ago and no more. VM node-f (PH5, SN-6) restarts at 8 h and is back at 8.5 h with a row
+    remapped while it was down."""
     steps = 2 * 288
     step_h = 12  # steps per hour
 
@@ -528,6 +529,17 @@ def lemon_series() -> tuple[list[Series], int]:
     vm("node-c", "PH1", "SN-1", 6, None)
     out.append({"series": sel("gpumon_gpu_remapped_rows", instance="node-c", gpu="0", uuid="GPU-SN-1",
                               cause="uncorrectable"), "values": span(6, None, lambda i: 3 if i >= 10 * step_h else 2)})
+    # SN-6 on node-f: every series gone for the 30 minutes of a restart, one row more when it is back.
+    def restarted(value: Callable[[int], float]) -> str:
+        down, up = 8 * step_h, int(8.5 * step_h)
+        return " ".join("stale" if i == down else "_" if down < i < up else f"{value(i):g}" for i in range(steps + 1))
+
+    out.append({"series": sel("gpumon_host_info", instance="node-f", vm_id="vm-node-f", physical_host="PH5"),
+                "values": restarted(one(1))})
+    out.append({"series": sel("gpumon_gpu_info", instance="node-f", gpu="0", uuid="GPU-SN-6", serial="SN-6",
+                              model=H100), "values": restarted(one(1))})
+    out.append({"series": sel("gpumon_gpu_remapped_rows", instance="node-f", gpu="0", uuid="GPU-SN-6",
+                              cause="uncorrectable"), "values": restarted(lambda i: 1 if i >= 8 * step_h else 0)})
     # SN-7: 5 rows a day for correctable errors, and corrected ECC errors at a growing rate.
     vm("node-d", "PH3", "SN-7", 0, None)
     out.append({"series": sel("gpumon_gpu_remapped_rows", instance="node-d", gpu="0", uuid="GPU-SN-7",
@@ -555,15 +567,26 @@ def lemon_test(alerts: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 {"labels": 'serial:gpumon_gpu_faults:increase7d{instance="node-c", kind="row_remap", '
                            'physical_host="PH1", serial="SN-1"}', "value": 1},
                 {"labels": 'serial:gpumon_gpu_faults:increase7d{instance="node-d", kind="row_remap", '
-                           'physical_host="PH3", serial="SN-7"}', "value": 2}]},
-            # Sparse: only GPUs with something to count have lemon or trend series.
+                           'physical_host="PH3", serial="SN-7"}', "value": 2},
+                {"labels": 'serial:gpumon_gpu_faults:increase7d{instance="node-f", kind="row_remap", '
+                           'physical_host="PH5", serial="SN-6"}', "value": 1}]},
+            # Sparse: a GPU with nothing to count (no XID, no remapped row, no corrected error) has no lemon or
+            # trend series at all.
             {"expr": 'count by (__name__) ({__name__=~"serial:.+", serial="SN-8"})', "eval_time": "2d",
-             "exp_samples": [{"labels": '{__name__="serial:gpumon_gpu_remapped_rows:sum"}', "value": 1}]},
+             "exp_samples": []},
+            # The row SN-6 remapped across the restart's gap is counted once, when the VM is back.
+            {"expr": 'serial:gpumon_gpu_remapped_rows:increase5m{serial="SN-6"}', "eval_time": "510m",
+             "exp_samples": [{"labels": 'serial:gpumon_gpu_remapped_rows:increase5m{instance="node-f", gpu="0", '
+                                        'uuid="GPU-SN-6", serial="SN-6", physical_host="PH5"}', "value": 1}]},
+            {"expr": 'serial:gpumon_gpu_remapped_rows:increase5m{serial="SN-6"}', "eval_time": "515m",
+             "exp_samples": []},
             {"expr": "physical_host:gpumon_gpu_faults:increase7d > 0", "eval_time": "12h", "exp_samples": [
                 {"labels": 'physical_host:gpumon_gpu_faults:increase7d{kind="row_remap", physical_host="PH1"}',
                  "value": 1},
                 {"labels": 'physical_host:gpumon_gpu_faults:increase7d{kind="row_remap", physical_host="PH3"}',
                  "value": 2},
+                {"labels": 'physical_host:gpumon_gpu_faults:increase7d{kind="row_remap", physical_host="PH5"}',
+                 "value": 1},
                 {"labels": 'physical_host:gpumon_gpu_faults:increase7d{kind="xid", physical_host="PH1"}',
                  "value": 1}]},
         ],
