@@ -12,9 +12,10 @@ job groups' samples over N, against what one simulated ND H100 v5 exports (``gpu
 The lemon group's windows (7 days of its own series, the corrected-ECC counters a day ago, the remapped
 rows of the last hour) hold only the run's few minutes unless ``--history DAYS`` backfills them first
 (:func:`backfill`): the series the lemon group writes, one sample per 5 minutes over DAYS, and the raw
-series it reads at the scrape interval over as far back as it reads them, written as OpenMetrics and
-turned into TSDB blocks with ``promtool tsdb create-blocks-from openmetrics`` before Prometheus starts. Their labels are the ones the rules give, so the live evaluations
-continue the same series (``history`` in the result counts how many did).
+series it reads at the scrape interval as far back as it reads them, written as OpenMetrics and turned
+into TSDB blocks with ``promtool tsdb create-blocks-from openmetrics`` before Prometheus starts. Their
+labels are the ones the rules give, so the live evaluations continue the same series (``history.joined``
+in the result counts them). ``lemon_rule_reads`` gives the samples each lemon rule reads.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ TARGET_EVAL_S = 1.0
 TARGET_SERIES_SHARE = 0.10
 LEMON_STEP_S = 300  # the lemon group's interval: one sample of its series per 5 minutes
 RAW_HISTORY_S = 86400  # the furthest back the lemon group reads a raw counter (corrected ECC, offset 1d)
+ROWS_HISTORY_S = 7200  # the remapped rows: read over the hour before the last 5 minutes
 BLOCK_S = 7200  # promtool writes 2-hour blocks; one file per block is parsed once
 PORT_ERRORS = ("symbol_errors", "link_error_recoveries", "receive_errors", "receive_remote_physical_errors",
                "receive_switch_relay_errors", "transmit_discards", "transmit_constraint_errors",
@@ -192,10 +194,11 @@ def history_series(hosts: int) -> tuple[list[tuple[str, str, float, int]], list[
             placed = f'{gl},serial="SN-{h:04d}-{g}",physical_host="PH-{h:04d}"'
             raw.append((f'gpumon_gpu_ecc_errors_total{{job="gpumon",{gl},type="corrected",counter="aggregate"}}',
                         "c", ecc_rate(h, g), RAW_HISTORY_S))
-            for cause, rows in remapped_rows(h, g).items():  # the last hour before the last 5 minutes
-                raw.append((f'gpumon_gpu_remapped_rows{{job="gpumon",{gl},cause="{cause}"}}', "k", rows, 7200))
-            if sum(remapped_rows(h, g).values()):
-                recorded.append((f"serial:gpumon_gpu_remapped_rows:sum{{{placed}}}", sum(remapped_rows(h, g).values())))
+            rows = remapped_rows(h, g)
+            raw += [(f'gpumon_gpu_remapped_rows{{job="gpumon",{gl},cause="{cause}"}}', "k", n, ROWS_HISTORY_S)
+                    for cause, n in rows.items()]
+            if sum(rows.values()):
+                recorded.append((f"serial:gpumon_gpu_remapped_rows:sum{{{placed}}}", sum(rows.values())))
             if xid_gpu(h, g):
                 recorded.append((f"serial:gpumon_gpu_xid_errors:sum{{{placed}}}", 1))
             if ecc_rate(h, g):
@@ -211,7 +214,7 @@ def family(series: str) -> str:
 def backfill(promtool: str, data: str, hosts: int, days: float, end: float, scrape_s: int) -> dict[str, Any]:
     """Writes ``days`` of the lemon group's history ending at ``end`` into the TSDB at ``data``: one
     OpenMetrics file per 2-hour block (promtool parses its input once per block), each turned into a
-    block and removed. Raw counters count from ``end - RAW_HISTORY_S`` (where the exporter's continue)."""
+    block and removed. Raw counters count from ``end - RAW_HISTORY_S``, where the exporter's counters continue."""
     raw, recorded = history_series(hosts)
     raw.sort(key=lambda r: family(r[0]))
     recorded.sort(key=lambda r: family(r[0]))
