@@ -87,7 +87,7 @@ def test_real_gpu_measures_only_where_a_gpu_is(tmp_path):
 def test_job_rules_bench_names_the_throttled_gpu(tmp_path):
     """The job rules on a real Prometheus over generated hosts: every group evaluates without a failure, the
     job groups add series, and the one GPU the generator throttles is the job's worst."""
-    proc = run_bench(tmp_path, "job_rules", "--history", "0.1")
+    proc = run_bench(tmp_path, "job_rules", "--history", "0.02")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "job_rules.json").read_text())
     assert "error" not in data, data.get("error")
