@@ -85,8 +85,9 @@ def test_real_gpu_measures_only_where_a_gpu_is(tmp_path):
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server (Debian package prometheus)")
 def test_job_rules_bench_names_the_throttled_gpu(tmp_path):
-    """The job rules on a real Prometheus over generated hosts: every group evaluates without a failure, the
-    job groups add series, and the one GPU the generator throttles is the job's worst."""
+    """The job rules on a real Prometheus over generated hosts, with the lemon group's history backfilled:
+    every group evaluates without a failure, the job groups add series, the one GPU the generator throttles
+    is the job's worst, and each lemon rule's reads are counted."""
     proc = run_bench(tmp_path, "job_rules", "--history", "0.02")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "job_rules.json").read_text())
@@ -95,6 +96,9 @@ def test_job_rules_bench_names_the_throttled_gpu(tmp_path):
     joined = data["history"]["joined"]
     assert set(joined) >= {"serial:gpumon_gpu_remapped_rows:sum", "gpumon_gpu_ecc_errors_total"}
     assert all(row["ever"] == row["backfilled"] > 0 for row in joined.values()), joined
+    reads = {row["rule"]: row["samples_read"] for row in data["lemon_rule_reads"]}
+    assert {"serial:gpumon_gpu_remapped_rows:increase5m", "serial:gpumon_gpu_ecc_corrected:rate1d"} <= set(reads)
+    assert reads["serial:gpumon_gpu_remapped_rows:increase5m"] > 0, reads
     assert data["rule_evaluation_failures"] == 0
     assert {"gpumon-job-members", "gpumon-job-signal-sm-clock", "gpumon-job-score-gpus-159", "gpumon-job-straggler",
             "gpumon-job-stall", "gpumon-job-lemons"} <= set(data["groups"])

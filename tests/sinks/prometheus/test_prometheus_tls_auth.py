@@ -151,7 +151,9 @@ def test_unknown_users_cost_the_same_bcrypt_check(files):
 def test_bad_web_config_exits_2(files):
     web = files / "web.yml"
     web.write_text("basic_auth_users:\n  bob: plaintext\n")
+    # a state directory of its own: the host's /var/lib/gpumon may be held by a gpumon already running there
     result = subprocess.run([sys.executable, "-m", "gpumon", "run", "--listen", "127.0.0.1:0"],
-                            env=clean_env(GPUMON_PROMETHEUS_WEB_CONFIG_FILE=str(web)),
+                            env=clean_env(GPUMON_PROMETHEUS_WEB_CONFIG_FILE=str(web),
+                                          GPUMON_DAEMON_STATE_DIR=str(files / "state")),
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and f"{web}: basic_auth_users.bob" in result.stderr
