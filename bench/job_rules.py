@@ -60,6 +60,8 @@ LEMON_STEP_S = 300  # the lemon group's interval: one sample of its series per 5
 RAW_HISTORY_S = 86400  # the furthest back the lemon group reads a raw counter (corrected ECC, offset 1d)
 ROWS_HISTORY_S = 7200  # the remapped rows: read over the hour before the last 5 minutes
 BLOCK_S = 7200  # promtool writes 2-hour blocks; one file per block is parsed once
+RAW_READ = {"gpumon_gpu_ecc_errors_total": RAW_HISTORY_S, "gpumon_gpu_remapped_rows": ROWS_HISTORY_S}
+"""The raw families the lemon group reads back in time, and how far back (seconds) it reads them."""
 PORT_ERRORS = ("symbol_errors", "link_error_recoveries", "receive_errors", "receive_remote_physical_errors",
                "receive_switch_relay_errors", "transmit_discards", "transmit_constraint_errors",
                "receive_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors",
@@ -181,10 +183,11 @@ class Exporter:
 
 def history_series(hosts: int) -> tuple[list[tuple[str, str, float, int]], list[tuple[str, float]]]:
     """What the lemon group reads over its windows, per series: raw series as the exporter serves them
-    (series, kind as in :func:`host_lines`, base, seconds of history the group reads), and the series the
-    group records with their value, with the labels its rules give them (the ``by`` labels, ``serial`` and
-    ``physical_host`` joined in; no ``cluster`` here)."""
-    raw: list[tuple[str, str, float, int]] = []
+    (:func:`host_lines`' series, kind and base, and the seconds of history the group reads), and the series
+    the group records with their value, with the labels its rules give them (the ``by`` labels, ``serial``
+    and ``physical_host`` joined in; no ``cluster`` here)."""
+    raw = [(series, kind, base, RAW_READ[family(series)])
+           for h in range(hosts) for series, kind, base in host_lines(h) if family(series) in RAW_READ]
     recorded: list[tuple[str, float]] = []
     for h in range(hosts):
         host = f"bench-{h:04d}"
@@ -192,13 +195,9 @@ def history_series(hosts: int) -> tuple[list[tuple[str, str, float, int]], list[
         for g in range(8):
             gl = f'instance="{host}",gpu="{g}",uuid="GPU-{h:04d}-{g}"'
             placed = f'{gl},serial="SN-{h:04d}-{g}",physical_host="PH-{h:04d}"'
-            raw.append((f'gpumon_gpu_ecc_errors_total{{job="gpumon",{gl},type="corrected",counter="aggregate"}}',
-                        "c", ecc_rate(h, g), RAW_HISTORY_S))
-            rows = remapped_rows(h, g)
-            raw += [(f'gpumon_gpu_remapped_rows{{job="gpumon",{gl},cause="{cause}"}}', "k", n, ROWS_HISTORY_S)
-                    for cause, n in rows.items()]
-            if sum(rows.values()):
-                recorded.append((f"serial:gpumon_gpu_remapped_rows:sum{{{placed}}}", sum(rows.values())))
+            rows = sum(remapped_rows(h, g).values())
+            if rows:
+                recorded.append((f"serial:gpumon_gpu_remapped_rows:sum{{{placed}}}", rows))
             if xid_gpu(h, g):
                 recorded.append((f"serial:gpumon_gpu_xid_errors:sum{{{placed}}}", 1))
             if ecc_rate(h, g):
@@ -227,10 +226,11 @@ def backfill(promtool: str, data: str, hosts: int, days: float, end: float, scra
     while block < end:
         upper = min(block + BLOCK_S, end)
         lines: list[str] = []
-        for series, value in recorded:  # on the lemon group's grid, counted back from the end
-            first = end - LEMON_STEP_S * ((end - max(block, start)) // LEMON_STEP_S)
-            stamps = range(int(first), int(upper), LEMON_STEP_S)
-            lines.extend(f"{series} {value:g} {t}\n" for t in stamps if t >= start)
+        first = end - LEMON_STEP_S * ((end - max(block, start)) // LEMON_STEP_S)
+        # the lemon group's grid, counted back from the end
+        grid = [t for t in range(int(first), int(upper), LEMON_STEP_S) if t >= start]
+        for series, value in recorded:
+            lines.extend(f"{series} {value:g} {t}\n" for t in grid)
         for series, kind, base, seconds in raw:  # on the scrape grid, over the history each is read for
             since = max(block, start, end - seconds)
             first = end - scrape_s * ((end - since) // scrape_s)
@@ -436,7 +436,8 @@ def run(opts: Options) -> dict[str, Any]:
         if days:
             history["joined"] = history_joined(url, history["series"])
         result = {
-            "prometheus": tool_version(server), "history": history, "hosts": hosts, "gpus": hosts * 8, "generated_series": exporter.series, "scrape_interval_s": scrape_s,
+            "prometheus": tool_version(server), "history": history, "hosts": hosts, "gpus": hosts * 8,
+            "generated_series": exporter.series, "scrape_interval_s": scrape_s,
             "groups": groups, "rule_evaluation_failures": failures,
             "job_series_per_host": rnd(per_host, 2), "host_own_series": own,
             "job_series_share_of_host": rnd(per_host / own, 4),
