@@ -9,13 +9,14 @@ evaluation, median and max) and ``prometheus_rule_group_last_evaluation_samples`
 writes), and ``prometheus_rule_evaluation_failures_total`` (must stay 0). Series added per host are the
 job groups' samples over N, against what one simulated ND H100 v5 exports (``gpumon once``).
 
-The lemon group's windows (7 days of its own series, the corrected-ECC counters a day ago, the remapped
-rows of the last hour) hold only the run's few minutes unless ``--history DAYS`` backfills them first
-(:func:`backfill`): the series the lemon group writes, one sample per 5 minutes over DAYS, and the raw
-series it reads at the scrape interval as far back as it reads them, written as OpenMetrics and turned
-into TSDB blocks with ``promtool tsdb create-blocks-from openmetrics`` before Prometheus starts. Their
-labels are the ones the rules give, so the live evaluations continue the same series (``history.joined``
-in the result counts them). ``lemon_rule_reads`` gives the samples each lemon rule reads.
+The lemon and trend groups' windows (7 days of faults, a day back for the corrected ECC errors, the hour
+before the last evaluation for the remapped rows, 3 days of them for the trend) read only the series the
+lemon group records, and those hold only the run's few minutes unless ``--history DAYS`` backfills them
+first (:func:`backfill`): one sample per 5 minutes over DAYS, written as OpenMetrics and turned into TSDB
+blocks with ``promtool tsdb create-blocks-from openmetrics`` before Prometheus starts. Their labels are the
+ones the rules give, so the live evaluations continue the same series (``history.joined`` in the result
+counts them). The exporter's counters start with the history, so the lifetime ECC counts it serves continue
+the backfilled ones. ``lemon_rule_reads`` gives the samples each lemon and trend rule reads.
 """
 
 from __future__ import annotations
@@ -57,11 +58,8 @@ PARTS = 10
 TARGET_EVAL_S = 1.0
 TARGET_SERIES_SHARE = 0.10
 LEMON_STEP_S = 300  # the lemon group's interval: one sample of its series per 5 minutes
-RAW_HISTORY_S = 86400  # the furthest back the lemon group reads a raw counter (corrected ECC, offset 1d)
-ROWS_HISTORY_S = 7200  # the remapped rows: read over the hour before the last 5 minutes
+LEMON_GROUPS = ("gpumon-job-lemons", "gpumon-job-trends")  # the groups whose windows --history fills
 BLOCK_S = 7200  # promtool writes 2-hour blocks; one file per block is parsed once
-RAW_READ = {"gpumon_gpu_ecc_errors_total": RAW_HISTORY_S, "gpumon_gpu_remapped_rows": ROWS_HISTORY_S}
-"""The raw families the lemon group reads back in time, and how far back (seconds) it reads them."""
 PORT_ERRORS = ("symbol_errors", "link_error_recoveries", "receive_errors", "receive_remote_physical_errors",
                "receive_switch_relay_errors", "transmit_discards", "transmit_constraint_errors",
                "receive_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors",
@@ -181,61 +179,54 @@ class Exporter:
         self.server.server_close()
 
 
-def history_series(hosts: int) -> tuple[list[tuple[str, str, float, int]], list[tuple[str, float]]]:
-    """What the lemon group reads over its windows, per series: raw series as the exporter serves them
-    (:func:`host_lines`' series, kind and base, and the seconds of history the group reads), and the series
-    the group records with their value, with the labels its rules give them (the ``by`` labels, ``serial``
-    and ``physical_host`` joined in; no ``cluster`` here)."""
-    raw = [(series, kind, base, RAW_READ[family(series)])
-           for h in range(hosts) for series, kind, base in host_lines(h) if family(series) in RAW_READ]
-    recorded: list[tuple[str, float]] = []
+def history_series(hosts: int) -> list[tuple[str, str, float]]:
+    """The series the lemon group records, as (series, kind, base) like :func:`host_lines` (k: the value is
+    ``base``; c: ``base`` per second since the counters' origin, only once above 0, as the rule keeps it),
+    with the labels its rules give them (the ``by`` labels, ``serial`` and ``physical_host`` joined in; no
+    ``cluster`` here)."""
+    recorded: list[tuple[str, str, float]] = []
     for h in range(hosts):
         host = f"bench-{h:04d}"
-        recorded.append((f'instance:gpumon_physical_host:info{{instance="{host}",physical_host="PH-{h:04d}"}}', 1))
+        recorded.append((f'instance:gpumon_physical_host:info{{instance="{host}",physical_host="PH-{h:04d}"}}',
+                         "k", 1))
         for g in range(8):
-            gl = f'instance="{host}",gpu="{g}",uuid="GPU-{h:04d}-{g}"'
-            placed = f'{gl},serial="SN-{h:04d}-{g}",physical_host="PH-{h:04d}"'
+            placed = (f'instance="{host}",gpu="{g}",uuid="GPU-{h:04d}-{g}",serial="SN-{h:04d}-{g}",'
+                      f'physical_host="PH-{h:04d}"')
             rows = sum(remapped_rows(h, g).values())
             if rows:
-                recorded.append((f"serial:gpumon_gpu_remapped_rows:sum{{{placed}}}", rows))
+                recorded.append((f"serial:gpumon_gpu_remapped_rows:sum{{{placed}}}", "k", rows))
             if xid_gpu(h, g):
-                recorded.append((f"serial:gpumon_gpu_xid_errors:sum{{{placed}}}", 1))
+                recorded.append((f"serial:gpumon_gpu_xid_errors:sum{{{placed}}}", "k", 1))
             if ecc_rate(h, g):
-                recorded.append((f'serial:gpumon_gpu_ecc_corrected:rate1d{{{gl},serial="SN-{h:04d}-{g}"}}',
-                                 ecc_rate(h, g)))
-    return raw, recorded
+                recorded.append((f"serial:gpumon_gpu_ecc_corrected:max{{{placed}}}", "c", ecc_rate(h, g)))
+                recorded.append((f"serial:gpumon_gpu_ecc_corrected:rate1d{{{placed}}}", "k", ecc_rate(h, g)))
+    return recorded
 
 
 def family(series: str) -> str:
     return series.split("{", 1)[0]
 
 
-def backfill(promtool: str, data: str, hosts: int, days: float, end: float, scrape_s: int) -> dict[str, Any]:
-    """Writes ``days`` of the lemon group's history ending at ``end`` into the TSDB at ``data``: one
-    OpenMetrics file per 2-hour block (promtool parses its input once per block), each turned into a
-    block and removed. Raw counters count from ``end - RAW_HISTORY_S``, where the exporter's counters continue."""
-    raw, recorded = history_series(hosts)
-    raw.sort(key=lambda r: family(r[0]))
-    recorded.sort(key=lambda r: family(r[0]))
+def backfill(promtool: str, data: str, hosts: int, days: float, end: float) -> dict[str, Any]:
+    """Writes ``days`` of the lemon group's history ending at ``end`` into the TSDB at ``data``, on the
+    group's 5-minute grid counted back from ``end``: one OpenMetrics file per 2-hour block (promtool parses
+    its input once per block), each turned into a block and removed. Counters start at the history's start
+    (``origin``), where the exporter's continue."""
+    recorded = sorted(history_series(hosts), key=lambda r: family(r[0]))
     start = end - days * 86400
-    origin = end - RAW_HISTORY_S
+    origin = start
     os.makedirs(data, exist_ok=True)
     samples = 0
     t0 = time.monotonic()
     block = int(start // BLOCK_S) * BLOCK_S
     while block < end:
         upper = min(block + BLOCK_S, end)
-        lines: list[str] = []
         first = end - LEMON_STEP_S * ((end - max(block, start)) // LEMON_STEP_S)
-        # the lemon group's grid, counted back from the end
         grid = [t for t in range(int(first), int(upper), LEMON_STEP_S) if t >= start]
-        for series, value in recorded:
-            lines.extend(f"{series} {value:g} {t}\n" for t in grid)
-        for series, kind, base, seconds in raw:  # on the scrape grid, over the history each is read for
-            since = max(block, start, end - seconds)
-            first = end - scrape_s * ((end - since) // scrape_s)
-            stamps = range(int(first), int(upper), scrape_s)
-            lines.extend(f"{series} {base * (t - origin) if kind == 'c' else base:g} {t}\n" for t in stamps)
+        lines: list[str] = []
+        for series, kind, base in recorded:
+            values = ((t, base * (t - origin) if kind == "c" else base) for t in grid)
+            lines.extend(f"{series} {value:g} {t}\n" for t, value in values if value > 0)
         if lines:
             samples += len(lines)
             path = os.path.join(os.path.dirname(data), f"history-{block}.om")
@@ -247,7 +238,7 @@ def backfill(promtool: str, data: str, hosts: int, days: float, end: float, scra
             os.remove(path)
         block += BLOCK_S
     families: dict[str, int] = {}
-    for series, *_ in raw + recorded:
+    for series, *_ in recorded:
         families[family(series)] = families.get(family(series), 0) + 1
     return {"days": days, "samples": samples, "series": families,
             "seconds": rnd(time.monotonic() - t0, 1), "origin": origin}
@@ -380,7 +371,7 @@ def run(opts: Options) -> dict[str, Any]:
         if days:
             assert promtool is not None
             say(opts, f"   backfilling {days:g} days of the lemon group's history")
-            history = backfill(promtool, os.path.join(tmp, "data"), hosts, days, history_end, scrape_s)
+            history = backfill(promtool, os.path.join(tmp, "data"), hosts, days, history_end)
             say(opts, f"   {history['samples']} samples in {history['seconds']} s")
         exporter = Exporter(hosts, origin=history.get("origin"))
         say(opts, f"   {hosts} hosts, {exporter.series} generated series")
@@ -421,7 +412,7 @@ def run(opts: Options) -> dict[str, Any]:
         failures = sum(metrics["prometheus_rule_evaluation_failures_total"].values())
         top = query(url, "topk(1, gpumon_job:straggler_score)")
         slowest = rule_times(url)[:12]
-        lemon_reads = rule_reads(url, "gpumon-job-lemons")
+        lemon_reads = [row for group in LEMON_GROUPS for row in rule_reads(url, group)]
         own = host_series()
         job_groups = sorted(g for g in samples if g.startswith(JOB_PREFIX))
         job_series = sum(samples.get(g, 0.0) for g in job_groups)

@@ -94,7 +94,7 @@ def test_job_rules_bench_names_the_throttled_gpu(tmp_path):
     assert "error" not in data, data.get("error")
     # the backfilled lemon history and the live series are the same series (no label differs)
     joined = data["history"]["joined"]
-    assert set(joined) >= {"serial:gpumon_gpu_remapped_rows:sum", "gpumon_gpu_ecc_errors_total"}
+    assert set(joined) >= {"serial:gpumon_gpu_remapped_rows:sum", "serial:gpumon_gpu_ecc_corrected:max"}
     assert all(row["ever"] == row["backfilled"] > 0 for row in joined.values()), joined
     reads = {row["rule"]: row["samples_read"] for row in data["lemon_rule_reads"]}
     assert {"serial:gpumon_gpu_remapped_rows:increase5m", "serial:gpumon_gpu_ecc_corrected:rate1d"} <= set(reads)
