@@ -31,6 +31,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import yaml
@@ -81,18 +82,35 @@ def xid_gpu(h: int, g: int) -> bool:
     return (h * 8 + g) % 211 == 5
 
 
+def host_name(h: int) -> str:
+    return f"bench-{h:04d}"
+
+
+def physical_host(h: int) -> str:
+    return f"PH-{h:04d}"
+
+
+def gpu_labels(h: int, g: int) -> str:
+    """The labels that name GPU g of host h, as the exporter serves them (without ``job``)."""
+    return f'instance="{host_name(h)}",gpu="{g}",uuid="GPU-{h:04d}-{g}"'
+
+
+def serial(h: int, g: int) -> str:
+    return f"SN-{h:04d}-{g}"
+
+
 def host_lines(h: int) -> list[tuple[str, str, float]]:
     """(series, kind, base) of one host: kind g = gauge with noise, c = counter at base per second,
     k = constant."""
-    host = f"bench-{h:04d}"
-    base = f'job="gpumon",instance="{host}"'
+    base = f'job="gpumon",instance="{host_name(h)}"'
     out: list[tuple[str, str, float]] = [
-        (f'gpumon_host_info{{{base},vm_id="vm-{h}",physical_host="PH-{h:04d}",placement_group="pg-1"}}', "k", 1)]
+        (f'gpumon_host_info{{{base},vm_id="vm-{h}",physical_host="{physical_host(h)}",placement_group="pg-1"}}',
+         "k", 1)]
     for g in range(8):
-        gl = f'{base},gpu="{g}",uuid="GPU-{h:04d}-{g}"'
+        gl = f'job="gpumon",{gpu_labels(h, g)}'
         slow = 0.7 if (h, g) == (1, 5) else 1.0  # one throttled GPU
         out += [
-            (f'gpumon_gpu_info{{{gl},model="NVIDIA H100 80GB HBM3",serial="SN-{h:04d}-{g}"}}', "k", 1),
+            (f'gpumon_gpu_info{{{gl},model="NVIDIA H100 80GB HBM3",serial="{serial(h, g)}"}}', "k", 1),
             (f'gpumon_gpu_allocation_info{{{gl},job_id="bench-1"}}', "k", 1),
             (f'gpumon_gpu_activity_ratio{{{gl},activity="sm"}}', "g", 0.9 * slow),
             (f'gpumon_gpu_utilization_ratio{{{gl},engine="gpu"}}', "g", 1.0),
@@ -186,12 +204,10 @@ def history_series(hosts: int) -> list[tuple[str, str, float]]:
     ``cluster`` here)."""
     recorded: list[tuple[str, str, float]] = []
     for h in range(hosts):
-        host = f"bench-{h:04d}"
-        recorded.append((f'instance:gpumon_physical_host:info{{instance="{host}",physical_host="PH-{h:04d}"}}',
-                         "k", 1))
+        recorded.append((f'instance:gpumon_physical_host:info{{instance="{host_name(h)}",'
+                         f'physical_host="{physical_host(h)}"}}', "k", 1))
         for g in range(8):
-            placed = (f'instance="{host}",gpu="{g}",uuid="GPU-{h:04d}-{g}",serial="SN-{h:04d}-{g}",'
-                      f'physical_host="PH-{h:04d}"')
+            placed = f'{gpu_labels(h, g)},serial="{serial(h, g)}",physical_host="{physical_host(h)}"'
             rows = sum(remapped_rows(h, g).values())
             if rows:
                 recorded.append((f"serial:gpumon_gpu_remapped_rows:sum{{{placed}}}", "k", rows))
@@ -237,10 +253,8 @@ def backfill(promtool: str, data: str, hosts: int, days: float, end: float) -> d
                            check=True, capture_output=True, timeout=600)
             os.remove(path)
         block += BLOCK_S
-    families: dict[str, int] = {}
-    for series, *_ in recorded:
-        families[family(series)] = families.get(family(series), 0) + 1
-    return {"days": days, "samples": samples, "series": families,
+    families = Counter(family(series) for series, *_ in recorded)
+    return {"days": days, "samples": samples, "series": dict(families),
             "seconds": rnd(time.monotonic() - t0, 1), "origin": origin}
 
 
@@ -305,8 +319,8 @@ def self_metrics(url: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def rule_reads(url: str, group: str) -> list[dict[str, Any]]:
-    """Each recording rule of ``group`` run once more as an instant query with the query API's statistics:
+def rule_reads(url: str, groups: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Each recording rule of ``groups`` run once more as an instant query with the query API's statistics:
     the samples it reads (``totalQueryableSamples``, the same whatever else the server does) and its time
     on the server then."""
     import json
@@ -315,7 +329,7 @@ def rule_reads(url: str, group: str) -> list[dict[str, Any]]:
     status, body = http_get(f"{url}/api/v1/rules?type=record", timeout=30)
     if status != 200:
         return []
-    rules = [r for g in json.loads(body)["data"]["groups"] if g["name"] == group for r in g["rules"]]
+    rules = [r for g in json.loads(body)["data"]["groups"] if g["name"] in groups for r in g["rules"]]
     out = []
     for rule in rules:
         status, body = http_get(f"{url}/api/v1/query?stats=all&query={urllib.parse.quote(rule['query'])}", timeout=120)
@@ -412,7 +426,7 @@ def run(opts: Options) -> dict[str, Any]:
         failures = sum(metrics["prometheus_rule_evaluation_failures_total"].values())
         top = query(url, "topk(1, gpumon_job:straggler_score)")
         slowest = rule_times(url)[:12]
-        lemon_reads = [row for group in LEMON_GROUPS for row in rule_reads(url, group)]
+        lemon_reads = rule_reads(url, LEMON_GROUPS)
         own = host_series()
         job_groups = sorted(g for g in samples if g.startswith(JOB_PREFIX))
         job_series = sum(samples.get(g, 0.0) for g in job_groups)
